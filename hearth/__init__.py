@@ -1,0 +1,16 @@
+"""hearth: a CPU-first LLM inference and serving engine."""
+__version__ = "0.1.0"
+
+from hearth.sampling_params import SamplingParams  # noqa: E402
+
+
+def __getattr__(name: str):
+    # LLM pulls in torch and the model code; import it only when asked for.
+    if name == "LLM":
+        from hearth.entrypoints.llm import LLM
+
+        return LLM
+    raise AttributeError(name)
+
+
+__all__ = ["LLM", "SamplingParams", "__version__"]

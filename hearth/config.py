@@ -1,0 +1,131 @@
+"""Engine configuration: small dataclasses, validated once in __post_init__."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+
+class HFConfig(dict):
+    """The model's HF-style config (from config.json, or mapped from GGUF metadata).
+
+    Attribute access with a default of None keeps model code short: `cfg.rope_scaling`.
+    """
+
+    def __getattr__(self, name: str) -> Any:
+        return self.get(name)
+
+    def get_text_config(self) -> "HFConfig":
+        inner = self.get("text_config")
+        return HFConfig({**self, **inner}) if isinstance(inner, dict) else self
+
+    @property
+    def head_dim_(self) -> int:
+        return self.get("head_dim") or self["hidden_size"] // self["num_attention_heads"]
+
+    @property
+    def num_kv_heads_(self) -> int:
+        return self.get("num_key_value_heads") or self["num_attention_heads"]
+
+
+_DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "half": torch.float16,
+           "fp16": torch.float16, "float32": torch.float32, "float": torch.float32, "fp32": torch.float32}
+
+
+def resolve_dtype(name: str | torch.dtype) -> torch.dtype:
+    """auto = bfloat16 where the CPU computes it natively (AVX512-BF16 or AMX), else float32."""
+    if isinstance(name, torch.dtype):
+        return name
+    if name == "auto":
+        from hearth.platform import cpu_info
+
+        return torch.bfloat16 if cpu_info().has_native_bf16 else torch.float32
+    if name not in _DTYPES:
+        raise ValueError(f"--dtype must be one of auto, bfloat16, float16, float32; got {name!r}")
+    return _DTYPES[name]
+
+
+@dataclass
+class ModelConfig:
+    model: str
+    hf_config: HFConfig
+    architecture: str
+    dtype: torch.dtype
+    max_model_len: int
+    eos_token_ids: list[int] = field(default_factory=list)
+    bos_token_id: int | None = None
+    is_gguf: bool = False
+    served_model_name: str = ""
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.hf_config["vocab_size"])
+
+    @property
+    def num_layers(self) -> int:
+        return int(self.hf_config["num_hidden_layers"])
+
+    @property
+    def num_kv_heads(self) -> int:
+        return int(self.hf_config.num_kv_heads_)
+
+    @property
+    def head_dim(self) -> int:
+        return int(self.hf_config.head_dim_)
+
+
+@dataclass
+class CacheConfig:
+    block_size: int = 16
+    kv_cache_space_gib: float | None = None  # None: from available memory
+    enable_prefix_caching: bool = True
+    num_blocks: int = 0  # decided at start-up from the space and the model's shape
+
+    def __post_init__(self) -> None:
+        if self.block_size < 1 or self.block_size & (self.block_size - 1):
+            raise ValueError(f"--block-size must be a power of two, got {self.block_size}")
+        if self.kv_cache_space_gib is not None and self.kv_cache_space_gib <= 0:
+            raise ValueError(f"--kv-cache-space must be > 0 GiB, got {self.kv_cache_space_gib}")
+
+
+@dataclass
+class SchedulerConfig:
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    max_model_len: int = 2048
+    max_waiting_requests: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_num_seqs < 1:
+            raise ValueError(f"--max-num-seqs must be >= 1, got {self.max_num_seqs}")
+        if self.max_num_batched_tokens < 1:
+            raise ValueError(f"--max-num-batched-tokens must be >= 1, got {self.max_num_batched_tokens}")
+
+
+@dataclass
+class ParallelConfig:
+    threads: int | None = None  # None: physical cores
+    omp_threads_bind: str = "auto"  # auto | nobind | core list
+
+
+@dataclass
+class EngineArgs:
+    """Everything a user can set, by vLLM's names. `hearth.LLM(model, **engine_args)` takes these."""
+
+    model: str | None = None
+    tokenizer: str | None = None
+    dtype: str = "auto"
+    max_model_len: int | None = None
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int | None = None
+    block_size: int = 16
+    kv_cache_space: float | None = None
+    enable_prefix_caching: bool = True
+    threads: int | None = None
+    omp_threads_bind: str | None = None
+    seed: int = 0
+    served_model_name: str | None = None
+    chat_template: str | None = None
+    max_waiting_requests: int | None = None
+    quantization: str | None = None

@@ -1,0 +1,176 @@
+"""Paged KV-cache blocks: ref counts, an LRU free list, and automatic prefix caching. Pure Python, no torch.
+
+Prefix caching (vLLM v1's scheme): a full block's hash chains its parent's hash with its token ids, so equal
+hashes mean equal whole prefixes. A hit re-compares the tokens (hash collisions never corrupt output). A freed
+block keeps its hash and stays findable until it is reused: the free list is an LRU, and requests free their
+blocks tail first, so the ends of prefixes are evicted before their beginnings.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from hearth.engine.request import Request
+
+
+class NoFreeBlocksError(RuntimeError):
+    pass
+
+
+@dataclass
+class Block:
+    block_id: int
+    ref_cnt: int = 0
+    block_hash: int | None = None
+    token_ids: tuple[int, ...] = field(default=())
+
+
+def hash_block(parent_hash: int | None, token_ids: tuple[int, ...]) -> int:
+    return hash((parent_hash, token_ids))
+
+
+class BlockManager:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
+        if num_blocks < 1:
+            raise ValueError("the KV cache needs at least one block")
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        self.enable_prefix_caching = enable_prefix_caching
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        # NOTE: free blocks in LRU order (oldest first); cached blocks with ref_cnt 0 live here too.
+        self.free_blocks: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
+        self.cached: dict[int, int] = {}  # block hash -> block id
+        self.req_blocks: dict[str, list[int]] = {}
+        # Counters for metrics.
+        self.prefix_queries = 0
+        self.prefix_hits = 0
+
+    # ---- queries ----
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free_blocks)
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_blocks - len(self.free_blocks)
+
+    @property
+    def usage(self) -> float:
+        return self.num_used_blocks / self.num_blocks
+
+    def block_table(self, request_id: str) -> list[int]:
+        return self.req_blocks.get(request_id, [])
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    # ---- hashing ----
+    def _full_block_hashes(self, req: Request, num_tokens: int) -> list[int]:
+        """Chained hashes of the request's full blocks within its first num_tokens tokens (memoized on req)."""
+        hashes = req.block_hashes
+        bs = self.block_size
+        while (len(hashes) + 1) * bs <= num_tokens:
+            i = len(hashes)
+            parent = hashes[-1] if hashes else None
+            hashes.append(hash_block(parent, tuple(req.all_token_ids[i * bs:(i + 1) * bs])))
+        return hashes[: num_tokens // bs]
+
+    # ---- allocation ----
+    def get_computed_blocks(self, req: Request) -> tuple[list[int], int]:
+        """Prefix-cache lookup for a request about to be scheduled from scratch.
+
+        Returns (block ids, number of tokens they cover). The last token is never served from the cache:
+        its logits are needed, so at most num_tokens - 1 tokens hit.
+        """
+        if not self.enable_prefix_caching:
+            return [], 0
+        hits: list[int] = []
+        hashes = self._full_block_hashes(req, req.num_tokens - 1)
+        bs = self.block_size
+        for i, h in enumerate(hashes):
+            block_id = self.cached.get(h)
+            if block_id is None:
+                break
+            block = self.blocks[block_id]
+            if block.token_ids != tuple(req.all_token_ids[i * bs:(i + 1) * bs]):
+                break  # hash collision: treat as a miss
+            hits.append(block_id)
+        self.prefix_queries += req.num_tokens
+        self.prefix_hits += len(hits) * bs
+        return hits, len(hits) * bs
+
+    def _take_free_block(self) -> int:
+        block_id, _ = self.free_blocks.popitem(last=False)
+        block = self.blocks[block_id]
+        if block.block_hash is not None:  # evict from the prefix cache
+            if self.cached.get(block.block_hash) == block_id:
+                del self.cached[block.block_hash]
+            block.block_hash = None
+            block.token_ids = ()
+        block.ref_cnt = 1
+        return block_id
+
+    def _touch(self, block_id: int) -> None:
+        block = self.blocks[block_id]
+        if block.ref_cnt == 0:
+            del self.free_blocks[block_id]
+        block.ref_cnt += 1
+
+    def can_allocate(self, req: Request, num_new_tokens: int, computed_blocks: list[int] = ()) -> bool:
+        held = len(self.req_blocks.get(req.request_id, ())) or len(computed_blocks)
+        need = self.blocks_needed(req.num_computed_tokens + num_new_tokens) - held
+        # Cached hits that sit in the free list are taken out of it, so they don't count as free.
+        reusable_free = sum(1 for b in computed_blocks if self.blocks[b].ref_cnt == 0)
+        return need <= self.num_free_blocks - reusable_free
+
+    def allocate(self, req: Request, num_new_tokens: int, computed_blocks: list[int] = ()) -> bool:
+        """Make room for num_new_tokens more tokens of req (after num_computed_tokens). False if out of blocks.
+
+        computed_blocks: prefix-cache hits from get_computed_blocks, on the request's first allocation.
+        """
+        if not self.can_allocate(req, num_new_tokens, computed_blocks):
+            return False
+        table = self.req_blocks.setdefault(req.request_id, [])
+        if not table:
+            for b in computed_blocks:
+                self._touch(b)
+            table.extend(computed_blocks)
+        total = req.num_computed_tokens + num_new_tokens
+        while len(table) < self.blocks_needed(total):
+            table.append(self._take_free_block())
+        if self.enable_prefix_caching:
+            self._cache_full_blocks(req, table, min(total, req.num_tokens))
+        return True
+
+    def _cache_full_blocks(self, req: Request, table: list[int], num_tokens: int) -> None:
+        """Register the request's full blocks (tokens known) in the prefix cache.
+
+        NOTE: a block is registered when it is allocated, before its KV is written. That is safe because every
+        layer writes all of a step's KV before any attention reads it, so a request that hits this block in the
+        same step still reads finished values.
+        """
+        hashes = self._full_block_hashes(req, num_tokens)
+        bs = self.block_size
+        for i, h in enumerate(hashes):
+            block = self.blocks[table[i]]
+            if block.block_hash is not None:
+                continue
+            block.block_hash = h
+            block.token_ids = tuple(req.all_token_ids[i * bs:(i + 1) * bs])
+            self.cached.setdefault(h, block.block_id)
+
+    def free(self, request_id: str) -> None:
+        """Release a request's blocks, tail first, so prefix tails are evicted before their heads."""
+        table = self.req_blocks.pop(request_id, [])
+        for block_id in reversed(table):
+            block = self.blocks[block_id]
+            block.ref_cnt -= 1
+            if block.ref_cnt == 0:
+                self.free_blocks[block_id] = None  # most recently used: evicted last
+
+    def reset_prefix_cache(self) -> None:
+        for block in self.blocks:
+            if block.ref_cnt == 0 and block.block_hash is not None:
+                block.block_hash = None
+                block.token_ids = ()
+        self.cached.clear()

@@ -1,0 +1,233 @@
+"""LLMEngine: add_request / step / abort. One engine behind both the offline API and the server."""
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from hearth import envs
+from hearth.config import CacheConfig, EngineArgs, SchedulerConfig
+from hearth.detokenizer import IncrementalDetokenizer, find_stop, partial_stop_len
+from hearth.engine.block_manager import BlockManager
+from hearth.engine.kv_sizing import num_kv_blocks
+from hearth.engine.model_runner import ModelRunner
+from hearth.engine.outputs import StepOutput
+from hearth.engine.request import Request, RequestStatus
+from hearth.engine.scheduler import Scheduler
+from hearth.loader.model_loader import load_model
+from hearth.platform import cpu_info, setup_threads
+from hearth.sampling_params import SamplingParams
+
+logger = logging.getLogger("hearth")
+
+
+@dataclass
+class _Sequence:
+    """Engine-side state of one of a request's n sequences."""
+
+    request: Request
+    parent_id: str
+    index: int
+    detok: IncrementalDetokenizer | None
+    emitted_chars: int = 0
+    sent_prompt_logprobs: bool = False
+    prompt_logprobs: list = field(default_factory=list)
+
+
+@dataclass
+class EngineStats:
+    num_running: int
+    num_waiting: int
+    kv_usage: float
+    num_used_blocks: int
+    num_preemptions: int
+    prefix_queries: int
+    prefix_hits: int
+
+
+class LLMEngine:
+    def __init__(self, args: EngineArgs) -> None:
+        self.args = args
+        bind = args.omp_threads_bind or envs.omp_threads_bind()
+        self.threads, self.bound_cores = setup_threads(args.threads, bind)
+        torch.manual_seed(args.seed)
+        loaded = load_model(args)
+        self.model_config = loaded.model_config
+        self.tokenizer = loaded.tokenizer
+        self.model = loaded.model
+        mc = self.model_config
+        space = args.kv_cache_space if args.kv_cache_space is not None else envs.kv_cache_space_gib()
+        self.cache_config = CacheConfig(args.block_size, space, args.enable_prefix_caching)
+        self.scheduler_config = SchedulerConfig(
+            max_num_seqs=args.max_num_seqs,
+            max_num_batched_tokens=args.max_num_batched_tokens or max(2048, args.max_num_seqs),
+            max_model_len=mc.max_model_len, max_waiting_requests=args.max_waiting_requests)
+        per_block = ModelRunner.kv_bytes_per_block(self.model, args.block_size, mc.dtype)
+        self.cache_config.num_blocks = num_kv_blocks(per_block, args.block_size, mc.max_model_len,
+                                                     args.max_num_seqs, space)
+        self.block_manager = BlockManager(self.cache_config.num_blocks, args.block_size, args.enable_prefix_caching)
+        self.scheduler = Scheduler(self.scheduler_config, self.block_manager)
+        self.runner = ModelRunner(self.model, self.cache_config.num_blocks, args.block_size, mc.dtype,
+                                  mc.vocab_size, args.seed)
+        self.seqs: dict[str, _Sequence] = {}  # engine request id -> sequence
+        self.parents: dict[str, list[str]] = {}  # user request id -> engine request ids
+        self._ids = itertools.count()
+        logger.info("%s", self.startup_summary())
+
+    @classmethod
+    def from_engine_args(cls, args: EngineArgs) -> "LLMEngine":
+        return cls(args)
+
+    def startup_summary(self) -> str:
+        mc, cc = self.model_config, self.cache_config
+        tokens = cc.num_blocks * cc.block_size
+        cores = ",".join(map(str, self.bound_cores)) or "unbound"
+        return (f"hearth ready: {mc.architecture}, dtype {str(mc.dtype).removeprefix('torch.')}, "
+                f"{self.threads} threads (cores {cores}; {cpu_info().isa}), KV cache {cc.num_blocks} blocks x "
+                f"{cc.block_size} = {tokens} tokens, max concurrency {tokens / mc.max_model_len:.1f}x at "
+                f"max-model-len {mc.max_model_len}")
+
+    # ---- requests ----
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                    arrival_time: float | None = None) -> None:
+        """Queue a request. Raises ValueError (a user error) for an empty or too-long prompt, bad token ids."""
+        if request_id in self.parents:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        mc = self.model_config
+        n_prompt = len(prompt_token_ids)
+        if n_prompt == 0:
+            raise ValueError("the prompt is empty: give at least one token")
+        vocab = mc.vocab_size
+        if any(not 0 <= t < vocab for t in prompt_token_ids):
+            raise ValueError(f"prompt token ids must be in [0, {vocab})")
+        params.check_vocab(vocab)
+        max_tokens = params.max_tokens
+        if n_prompt >= mc.max_model_len:
+            raise ValueError(f"the prompt has {n_prompt} tokens, but this model's context is {mc.max_model_len} "
+                             "tokens (the prompt must leave room for at least one generated token)")
+        if max_tokens is not None and n_prompt + max_tokens > mc.max_model_len:
+            raise ValueError(f"this model's maximum context length is {mc.max_model_len} tokens, but the request "
+                             f"asks for {n_prompt + max_tokens} ({n_prompt} in the prompt and {max_tokens} to "
+                             "generate): shorten the prompt or lower max_tokens")
+        children = []
+        for i in range(params.n):
+            child_params = params
+            if params.n > 1:
+                child_params = _child_params(params, i)
+            rid = f"{request_id}#{i}" if params.n > 1 else request_id
+            req = Request(rid, prompt_token_ids, child_params, mc.eos_token_ids, arrival_time)
+            detok = (IncrementalDetokenizer(self.tokenizer, prompt_token_ids, params.skip_special_tokens)
+                     if params.detokenize else None)
+            self.seqs[rid] = _Sequence(req, request_id, i, detok)
+            children.append(rid)
+        self.parents[request_id] = children
+        for rid in children:
+            self.scheduler.add_request(self.seqs[rid].request)
+
+    def abort_request(self, request_id: str) -> None:
+        """Abort a user request (all its n sequences); frees their KV blocks at once. Unknown ids are ignored."""
+        for rid in self.parents.pop(request_id, []):
+            seq = self.seqs.pop(rid, None)
+            if seq is not None:
+                self.scheduler.finish(seq.request, RequestStatus.FINISHED_ABORTED)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def stats(self) -> EngineStats:
+        bm = self.block_manager
+        return EngineStats(len(self.scheduler.running), len(self.scheduler.waiting), bm.usage, bm.num_used_blocks,
+                           self.scheduler.num_preemptions, bm.prefix_queries, bm.prefix_hits)
+
+    # ---- the loop ----
+    def step(self) -> list[StepOutput]:
+        sched = self.scheduler.schedule()
+        if sched.is_empty:
+            return []
+        result = self.runner.execute(sched, self.block_manager)
+        self.scheduler.commit(sched)
+        now = time.monotonic()
+        outputs: list[StepOutput] = []
+        for rid, entries in result.prompt_logprobs.items():
+            self.seqs[rid].prompt_logprobs.extend(entries)
+        for req, token, lp in result.sampled:
+            seq = self.seqs.get(req.request_id)
+            if seq is None:
+                continue
+            outputs.append(self._process_token(seq, token, lp, now))
+        return outputs
+
+    def _process_token(self, seq: _Sequence, token: int, lp, now: float) -> StepOutput:
+        req, p = seq.request, seq.request.params
+        req.append_output_token(token)
+        if req.first_token_time is None:
+            req.first_token_time = now
+        req.last_token_time = now
+        status, stop_reason = self._check_stop_token(req, token)
+        new_text = ""
+        if seq.detok is not None:
+            hide_token = status is not None and not p.include_stop_str_in_output and stop_reason is not None
+            if not hide_token and not (status is not None and token in req.eos_token_ids and not p.ignore_eos):
+                seq.detok.add([token])
+            if status is not None:
+                seq.detok.flush()
+            text = seq.detok.text
+            if p.stop_strings and req.num_output_tokens >= p.min_tokens and status is None:
+                hit = find_stop(text, len(text) - seq.emitted_chars + 64, p.stop_strings)
+                if hit is not None:
+                    start, stop = hit
+                    end = start + len(stop) if p.include_stop_str_in_output else start
+                    seq.detok.text = text = text[:end]
+                    status, stop_reason = RequestStatus.FINISHED_STOPPED, stop
+            visible = len(text)
+            if status is None and p.stop_strings:
+                visible -= partial_stop_len(text, p.stop_strings)  # hold back what may become a stop string
+            if visible > seq.emitted_chars:
+                new_text = text[seq.emitted_chars:visible]
+                seq.emitted_chars = visible
+        if status is None and req.num_tokens >= self.model_config.max_model_len:
+            status = RequestStatus.FINISHED_LENGTH
+        prompt_lp = None
+        if p.prompt_logprobs is not None and not seq.sent_prompt_logprobs:
+            prompt_lp = [None] + seq.prompt_logprobs
+            seq.sent_prompt_logprobs = True
+        out = StepOutput(seq.parent_id, seq.index, [token], new_text, [lp] if lp is not None else [],
+                         finished=status is not None, num_prompt_tokens=req.num_prompt_tokens,
+                         num_output_tokens=req.num_output_tokens, num_cached_tokens=req.num_cached_tokens,
+                         prompt_logprobs=prompt_lp)
+        if status is not None:
+            self.scheduler.finish(req, status)
+            out.finish_reason, out.stop_reason = status.finish_reason, stop_reason
+            self._forget(seq)
+        return out
+
+    @staticmethod
+    def _check_stop_token(req: Request, token: int) -> tuple[RequestStatus | None, int | None]:
+        p = req.params
+        if req.num_output_tokens >= p.min_tokens:
+            if not p.ignore_eos and token in req.eos_token_ids:
+                return RequestStatus.FINISHED_STOPPED, None
+            if token in p.stop_token_ids:
+                return RequestStatus.FINISHED_STOPPED, token
+        if p.max_tokens is not None and req.num_output_tokens >= p.max_tokens:
+            return RequestStatus.FINISHED_LENGTH, None
+        return None, None
+
+    def _forget(self, seq: _Sequence) -> None:
+        self.seqs.pop(seq.request.request_id, None)
+        siblings = self.parents.get(seq.parent_id)
+        if siblings is not None and all(rid not in self.seqs for rid in siblings):
+            del self.parents[seq.parent_id]
+
+
+def _child_params(params: SamplingParams, index: int) -> SamplingParams:
+    """The i-th of n sequences: its own seed (seed + i), so seeded n > 1 gives n different, reproducible texts."""
+    import dataclasses
+
+    child = dataclasses.replace(params, n=1, stop=params.stop_strings or None)
+    if params.seed is not None:
+        child.seed = params.seed + index
+    return child

@@ -1,0 +1,76 @@
+"""A request as the engine sees it: token ids in, token ids out, plus bookkeeping for the scheduler."""
+from __future__ import annotations
+
+import time
+from enum import IntEnum
+
+from hearth.sampling_params import SamplingParams
+
+
+class RequestStatus(IntEnum):
+    WAITING = 0
+    RUNNING = 1
+    PREEMPTED = 2
+    # NOTE: everything past PREEMPTED is finished.
+    FINISHED_STOPPED = 3
+    FINISHED_LENGTH = 4
+    FINISHED_ABORTED = 5
+
+    @property
+    def is_finished(self) -> bool:
+        return self > RequestStatus.PREEMPTED
+
+    @property
+    def finish_reason(self) -> str | None:
+        return {RequestStatus.FINISHED_STOPPED: "stop", RequestStatus.FINISHED_LENGTH: "length",
+                RequestStatus.FINISHED_ABORTED: "abort"}.get(self)
+
+
+class Request:
+    def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                 eos_token_ids: list[int], arrival_time: float | None = None) -> None:
+        self.request_id = request_id
+        self.prompt_token_ids = list(prompt_token_ids)
+        self.output_token_ids: list[int] = []
+        self.all_token_ids: list[int] = list(prompt_token_ids)
+        self.params = params
+        self.eos_token_ids = eos_token_ids
+        self.status = RequestStatus.WAITING
+        self.stop_reason: int | str | None = None
+        # Tokens whose KV is in the cache. The scheduler advances it; preemption resets it to 0.
+        self.num_computed_tokens = 0
+        self.num_cached_tokens = 0  # prompt tokens served from the prefix cache (first schedule)
+        self.num_preemptions = 0
+        self.arrival_time = arrival_time if arrival_time is not None else time.monotonic()
+        self.first_scheduled_time: float | None = None
+        self.first_token_time: float | None = None
+        self.last_token_time: float | None = None
+        # Per-step results not yet handed to the caller.
+        self.pending_logprobs: list = []
+        self.prompt_logprobs: list | None = None
+        self.prompt_logprobs_cursor = 0  # prompt positions whose logprobs are computed
+        self.block_hashes: list[int] = []  # chained hashes of this request's full blocks, grown lazily
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status.is_finished
+
+    def append_output_token(self, token_id: int) -> None:
+        self.output_token_ids.append(token_id)
+        self.all_token_ids.append(token_id)
+
+    def __repr__(self) -> str:
+        return (f"Request({self.request_id!r}, status={self.status.name}, prompt={self.num_prompt_tokens}, "
+                f"out={self.num_output_tokens}, computed={self.num_computed_tokens})")

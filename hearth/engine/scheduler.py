@@ -1,0 +1,140 @@
+"""Token-budget continuous batching (vLLM v1's idea): each step spends up to max_num_batched_tokens.
+
+There are no prefill or decode phases. Every request has num_computed_tokens and num_tokens; a step gives each
+request some of the difference. Running requests go first (decodes cost one token), then waiting ones, whose
+prompts may be split across steps (chunked prefill). When blocks run out, the most recently admitted running
+request is preempted: its blocks are freed and it is recomputed later from its prompt plus its outputs so far.
+"""
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from hearth.config import SchedulerConfig
+from hearth.engine.block_manager import BlockManager
+from hearth.engine.request import Request, RequestStatus
+
+
+@dataclass
+class ScheduledRequest:
+    request: Request
+    num_new_tokens: int
+    # True when this chunk reaches the end of the request's known tokens: its last logits are sampled.
+    sample: bool
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled: list[ScheduledRequest] = field(default_factory=list)
+    preempted: list[Request] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.num_new_tokens for s in self.scheduled)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, block_manager: BlockManager) -> None:
+        self.config = config
+        self.block_manager = block_manager
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.num_preemptions = 0
+
+    # ---- admission ----
+    def add_request(self, req: Request) -> None:
+        self.waiting.append(req)
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self.waiting) + len(self.running)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # ---- scheduling ----
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.config.max_num_batched_tokens
+        bm = self.block_manager
+        now = time.monotonic()
+
+        # 1. Running requests, oldest first. Preempt from the back when blocks run out.
+        scheduled_running: list[Request] = []
+        i = 0
+        while i < len(self.running) and budget > 0:
+            req = self.running[i]
+            num_new = min(req.num_tokens - req.num_computed_tokens, budget)
+            if num_new <= 0:
+                i += 1
+                continue
+            while not bm.allocate(req, num_new):
+                victim = self.running.pop()  # never one already scheduled this step: we walk from the front
+                self._preempt(victim)
+                out.preempted.append(victim)
+                if victim is req:
+                    break
+            else:
+                scheduled_running.append(req)
+                out.scheduled.append(ScheduledRequest(req, num_new, req.num_computed_tokens + num_new == req.num_tokens))
+                budget -= num_new
+                i += 1
+                continue
+            # req itself was preempted: everything after it is gone too.
+            break
+
+        # 2. Waiting requests, in arrival order, while there is budget, a sequence slot and blocks.
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            req = self.waiting[0]
+            if out.preempted and req in out.preempted:
+                break  # don't re-admit what this step just preempted
+            computed_blocks, num_cached = ([], 0)
+            if req.num_computed_tokens == 0 and req.params.prompt_logprobs is None:
+                # NOTE: prompt logprobs need every prompt position computed, so such requests skip the cache.
+                computed_blocks, num_cached = bm.get_computed_blocks(req)
+            num_new = min(req.num_tokens - num_cached, budget)
+            req.num_computed_tokens = num_cached
+            if not bm.allocate(req, num_new, computed_blocks):
+                req.num_computed_tokens = 0
+                break
+            self.waiting.popleft()
+            if req.first_scheduled_time is None:
+                req.first_scheduled_time = now
+                req.num_cached_tokens = num_cached
+            req.status = RequestStatus.RUNNING
+            self.running.append(req)
+            out.scheduled.append(ScheduledRequest(req, num_new, num_cached + num_new == req.num_tokens))
+            budget -= num_new
+        return out
+
+    def _preempt(self, req: Request) -> None:
+        self.block_manager.free(req.request_id)
+        req.status = RequestStatus.PREEMPTED
+        req.num_computed_tokens = 0
+        req.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(req)
+
+    def commit(self, out: SchedulerOutput) -> None:
+        """After the model ran: the scheduled tokens now have KV in the cache."""
+        for s in out.scheduled:
+            s.request.num_computed_tokens += s.num_new_tokens
+
+    def finish(self, req: Request, status: RequestStatus) -> None:
+        """Mark a request finished (stopped, length, aborted) and free its blocks at once."""
+        if req.status.is_finished:
+            return
+        req.status = status
+        if req in self.running:
+            self.running.remove(req)
+        else:
+            try:
+                self.waiting.remove(req)
+            except ValueError:
+                pass
+        self.block_manager.free(req.request_id)

@@ -1,0 +1,79 @@
+"""The offline API: hearth.LLM(model=...).generate(prompts, SamplingParams(...)), and .chat(messages)."""
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+
+from tqdm import tqdm
+
+from hearth.config import EngineArgs
+from hearth.engine.llm_engine import LLMEngine
+from hearth.engine.outputs import CompletionOutput, RequestOutput
+from hearth.sampling_params import SamplingParams
+
+Prompt = str | list[int] | dict
+
+
+class LLM:
+    def __init__(self, model: str | None = None, **engine_args) -> None:
+        self.engine = LLMEngine(EngineArgs(model=model, **engine_args))
+        self.tokenizer = self.engine.tokenizer
+        self._ids = itertools.count()
+
+    def generate(self, prompts: Prompt | Sequence[Prompt], sampling_params: SamplingParams | list | None = None,
+                 use_tqdm: bool = False) -> list[RequestOutput]:
+        """prompts: a string, a list of token ids, {"prompt_token_ids": [...]}, or a list of those."""
+        if isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        params_list = sampling_params if isinstance(sampling_params, list) else [sampling_params] * len(prompts)
+        if len(params_list) != len(prompts):
+            raise ValueError("give one SamplingParams, or one per prompt")
+        results: dict[str, RequestOutput] = {}
+        order: list[str] = []
+        for prompt, params in zip(prompts, params_list):
+            params = params or SamplingParams()
+            text, ids = self._tokenize(prompt)
+            rid = str(next(self._ids))
+            self.engine.add_request(rid, ids, params)
+            results[rid] = RequestOutput(rid, text, ids, [CompletionOutput(i) for i in range(params.n)])
+            order.append(rid)
+        return self._run(results, order, use_tqdm)
+
+    def chat(self, messages: list[dict] | list[list[dict]], sampling_params: SamplingParams | None = None,
+             add_generation_prompt: bool = True, chat_template: str | None = None,
+             use_tqdm: bool = False) -> list[RequestOutput]:
+        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        prompts = []
+        for conv in conversations:
+            text = self.tokenizer.apply_chat_template(conv, add_generation_prompt=add_generation_prompt,
+                                                      chat_template=chat_template)
+            prompts.append({"prompt": text, "prompt_token_ids": self.tokenizer.encode(text, add_special_tokens=False)})
+        return self.generate(prompts, sampling_params, use_tqdm)
+
+    def _tokenize(self, prompt: Prompt) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, str):
+            return prompt, self.tokenizer.encode(prompt)
+        if isinstance(prompt, dict):
+            if "prompt_token_ids" in prompt:
+                return prompt.get("prompt"), list(prompt["prompt_token_ids"])
+            return prompt["prompt"], self.tokenizer.encode(prompt["prompt"])
+        return None, list(prompt)
+
+    def _run(self, results: dict[str, RequestOutput], order: list[str], use_tqdm: bool) -> list[RequestOutput]:
+        bar = tqdm(total=len(order), desc="generate", disable=not use_tqdm)
+        try:
+            while self.engine.has_unfinished_requests():
+                for step in self.engine.step():
+                    res = results.get(step.request_id)
+                    if res is None:
+                        continue
+                    res.add(step)
+                    if res.finished:
+                        bar.update(1)
+        except BaseException:
+            for rid in order:
+                self.engine.abort_request(rid)
+            raise
+        finally:
+            bar.close()
+        return [results[rid] for rid in order]

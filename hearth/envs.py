@@ -1,0 +1,38 @@
+"""Every environment variable hearth reads, typed, in one place.
+
+vLLM's CPU names are accepted as aliases so a vLLM user's environment keeps working.
+"""
+import os
+
+
+def _first(*names: str) -> str | None:
+    for name in names:
+        value = os.environ.get(name)
+        if value not in (None, ""):
+            return value
+    return None
+
+
+def kv_cache_space_gib() -> float | None:
+    """KV-cache space in GiB (HEARTH_KVCACHE_SPACE, alias VLLM_CPU_KVCACHE_SPACE); None = size automatically."""
+    value = _first("HEARTH_KVCACHE_SPACE", "VLLM_CPU_KVCACHE_SPACE")
+    if value is None:
+        return None
+    try:
+        gib = float(value)
+    except ValueError:
+        raise ValueError(f"HEARTH_KVCACHE_SPACE must be a number of GiB, got {value!r}") from None
+    return gib if gib > 0 else None  # vLLM treats 0 as "choose for me"
+
+
+def omp_threads_bind() -> str:
+    """auto | nobind | a core list such as '0-3' or '0,2,4'."""
+    return _first("HEARTH_CPU_OMP_THREADS_BIND", "VLLM_CPU_OMP_THREADS_BIND") or "auto"
+
+
+def api_key() -> str | None:
+    return _first("HEARTH_API_KEY", "VLLM_API_KEY")
+
+
+def log_level() -> str:
+    return (_first("HEARTH_LOGGING_LEVEL", "VLLM_LOGGING_LEVEL") or "INFO").upper()

@@ -1,0 +1,46 @@
+"""Linear layers. The layer owns its weight format; models never branch on quantization.
+
+Merged projections (qkv, gate_up) are one weight whose output rows are split into named shards; the loader
+fills each shard from the checkpoint tensor of that name.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class Linear(nn.Module):
+    """y = x W^T (+ b), W: [out_features, in_features] in the compute dtype."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = False,
+                 shard_sizes: dict[str, int] | None = None) -> None:
+        super().__init__()
+        self.in_features = in_features
+        self.out_features = out_features
+        self.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
+        self.bias = nn.Parameter(torch.zeros(out_features), requires_grad=False) if bias else None
+        # shard name -> (row offset, rows). Only merged layers have shards.
+        self.shards: dict[str, tuple[int, int]] = {}
+        offset = 0
+        for name, size in (shard_sizes or {}).items():
+            self.shards[name] = (offset, size)
+            offset += size
+        if shard_sizes and offset != out_features:
+            raise ValueError(f"shard sizes {shard_sizes} do not add up to {out_features}")
+
+    def load_shard(self, param: str, shard: str | None, tensor: torch.Tensor) -> None:
+        """Copy a checkpoint tensor into the weight or bias, or into one shard of it."""
+        target = self.weight if param == "weight" else self.bias
+        if target is None:
+            raise ValueError(f"checkpoint has a {param} this layer does not expect")
+        if shard is not None:
+            start, size = self.shards[shard]
+            target = target.data.narrow(0, start, size)
+        if tuple(target.shape) != tuple(tensor.shape):
+            raise ValueError(f"shape mismatch for {param}[{shard}]: checkpoint {tuple(tensor.shape)}, "
+                             f"model {tuple(target.shape)}")
+        target.data.copy_(tensor)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)

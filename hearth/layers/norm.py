@@ -1,0 +1,38 @@
+"""Normalization layers. Computed in float32 like HF, returned in the input dtype."""
+import torch
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, hidden_size: int, eps: float = 1e-6, offset: float = 0.0) -> None:
+        super().__init__()
+        self.eps = eps
+        self.offset = offset  # Gemma stores weight - 1: its norm multiplies by (1 + weight)
+        self.weight = nn.Parameter(torch.ones(hidden_size) if offset == 0 else torch.zeros(hidden_size),
+                                   requires_grad=False)
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor | tuple:
+        """With residual: returns (norm(x + residual), x + residual), the pre-norm transformer's fused step."""
+        if residual is not None:
+            x = x + residual
+            residual = x
+        dtype = x.dtype
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        h = h * (self.weight.float() + self.offset)
+        h = h.to(dtype)
+        return h if residual is None else (h, residual)
+
+
+class LayerNorm(nn.LayerNorm):
+    def __init__(self, hidden_size: int, eps: float = 1e-5, bias: bool = True) -> None:
+        super().__init__(hidden_size, eps=eps, bias=bias)
+        self.requires_grad_(False)
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor | tuple:
+        if residual is not None:
+            x = x + residual
+            residual = x
+        h = nn.functional.layer_norm(x.float(), self.normalized_shape, self.weight.float(),
+                                     None if self.bias is None else self.bias.float(), self.eps).to(x.dtype)
+        return h if residual is None else (h, residual)

@@ -1,0 +1,139 @@
+"""From logits to next tokens: logits processors, then greedy or random sampling, plus logprobs.
+
+Reproducibility: a request with a seed draws from its own torch.Generator, one draw per sampled token, so its
+tokens do not depend on which other requests share the batch.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from hearth.engine.request import Request
+from hearth.sampling_params import SamplingType
+
+
+@dataclass
+class TokenLogprobs:
+    """Logprob of the chosen token, its rank (1 = most likely), and the top-k alternatives."""
+
+    token_id: int
+    logprob: float
+    rank: int
+    top: list[tuple[int, float]]
+
+
+@dataclass
+class SamplerOutput:
+    token_ids: list[int]
+    logprobs: list[TokenLogprobs | None]
+
+
+def logprobs_of(logprobs: torch.Tensor, token_ids: torch.Tensor, k: int) -> list[TokenLogprobs]:
+    """logprobs: [N, V] (already log-softmaxed); token_ids: [N]."""
+    chosen = logprobs.gather(1, token_ids.unsqueeze(1)).squeeze(1)  # [N]
+    ranks = (logprobs > chosen.unsqueeze(1)).sum(1) + 1
+    top_v, top_i = logprobs.topk(k, dim=-1) if k > 0 else (None, None)
+    out = []
+    for r in range(token_ids.shape[0]):
+        top = list(zip(top_i[r].tolist(), top_v[r].tolist())) if k > 0 else []
+        out.append(TokenLogprobs(int(token_ids[r]), float(chosen[r]), int(ranks[r]), top))
+    return out
+
+
+class Sampler:
+    def __init__(self, vocab_size: int, seed: int = 0) -> None:
+        self.vocab_size = vocab_size
+        self.generator = torch.Generator().manual_seed(seed)  # for requests without their own seed
+
+    def __call__(self, logits: torch.Tensor, reqs: list[Request]) -> SamplerOutput:
+        """logits: [len(reqs), V] float32 (the model's raw output for each request's last token)."""
+        logits = logits[:, : self.vocab_size]
+        want_lp = [r.params.logprobs is not None for r in reqs]
+        raw_logprobs = torch.log_softmax(logits, dim=-1) if any(want_lp) else None
+        logits = self._apply_processors(logits.clone(), reqs)
+
+        token_ids = torch.empty(len(reqs), dtype=torch.long)
+        greedy = [i for i, r in enumerate(reqs) if r.params.sampling_type == SamplingType.GREEDY]
+        rand = [i for i, r in enumerate(reqs) if r.params.sampling_type != SamplingType.GREEDY]
+        if greedy:
+            token_ids[greedy] = logits[greedy].argmax(dim=-1)
+        if rand:
+            token_ids[rand] = self._sample(logits[rand], [reqs[i] for i in rand])
+
+        logprobs: list[TokenLogprobs | None] = [None] * len(reqs)
+        if raw_logprobs is not None:
+            rows = [i for i, w in enumerate(want_lp) if w]
+            k = max(reqs[i].params.logprobs for i in rows)
+            for i, entry in zip(rows, logprobs_of(raw_logprobs[rows], token_ids[rows], k)):
+                entry.top = entry.top[: reqs[i].params.logprobs]
+                logprobs[i] = entry
+        return SamplerOutput(token_ids.tolist(), logprobs)
+
+    # ---- logits processors ----
+    def _apply_processors(self, logits: torch.Tensor, reqs: list[Request]) -> torch.Tensor:
+        for i, r in enumerate(reqs):
+            p = r.params
+            if p.logit_bias:
+                ids = torch.tensor(list(p.logit_bias.keys()), dtype=torch.long)
+                logits[i, ids] += torch.tensor(list(p.logit_bias.values()), dtype=logits.dtype)
+            if r.num_output_tokens < p.min_tokens:
+                banned = list(p.stop_token_ids or []) + ([] if p.ignore_eos else list(r.eos_token_ids))
+                if banned:
+                    logits[i, banned] = float("-inf")
+            if p.needs_penalties:
+                self._apply_penalties(logits[i], r)
+        return logits
+
+    def _apply_penalties(self, row: torch.Tensor, r: Request) -> None:
+        """vLLM/OpenAI semantics: repetition over prompt + output; presence and frequency over output only."""
+        p = r.params
+        if p.repetition_penalty != 1.0:
+            seen = torch.tensor(sorted(set(r.all_token_ids)), dtype=torch.long)
+            seen = seen[seen < row.shape[0]]
+            vals = row[seen]
+            row[seen] = torch.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
+        if (p.presence_penalty or p.frequency_penalty) and r.output_token_ids:
+            counts = torch.bincount(torch.tensor(r.output_token_ids, dtype=torch.long), minlength=row.shape[0])
+            counts = counts[: row.shape[0]].to(row.dtype)
+            row -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(row.dtype)
+
+    def _sample(self, logits: torch.Tensor, reqs: list[Request]) -> torch.Tensor:
+        temps = torch.tensor([r.params.temperature for r in reqs], dtype=logits.dtype).unsqueeze(1)
+        logits = logits / temps
+        if any(r.params.top_k > 0 or r.params.top_p < 1.0 or r.params.min_p > 0.0 for r in reqs):
+            logits = self._top_k_top_p_min_p(logits, reqs)
+        probs = torch.softmax(logits, dim=-1)
+        # Exponential race: argmax(p / E) with E ~ Exp(1) samples from p, one independent draw per row.
+        q = torch.empty_like(probs)
+        for i, r in enumerate(reqs):
+            q[i].exponential_(generator=self._generator_for(r))
+        return (probs / q).argmax(dim=-1)
+
+    def _generator_for(self, r: Request) -> torch.Generator:
+        if r.params.seed is None:
+            return self.generator
+        gen = getattr(r, "generator", None)
+        if gen is None:
+            gen = torch.Generator().manual_seed(r.params.seed)
+            r.generator = gen
+        return gen
+
+    @staticmethod
+    def _top_k_top_p_min_p(logits: torch.Tensor, reqs: list[Request]) -> torch.Tensor:
+        v = logits.shape[1]
+        top_k = torch.tensor([r.params.top_k if 0 < r.params.top_k < v else v for r in reqs])
+        top_p = torch.tensor([r.params.top_p for r in reqs], dtype=logits.dtype)
+        min_p = torch.tensor([r.params.min_p for r in reqs], dtype=logits.dtype)
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        ranks = torch.arange(v).unsqueeze(0)
+        drop = ranks >= top_k.unsqueeze(1)
+        probs = torch.softmax(sorted_logits.masked_fill(drop, float("-inf")), dim=-1)
+        # top-p: keep the smallest prefix whose mass reaches p (the first token always stays).
+        cum_before = probs.cumsum(dim=-1) - probs
+        drop |= cum_before >= top_p.unsqueeze(1)
+        # min-p: drop tokens below min_p times the top probability.
+        drop |= probs < (min_p * probs[:, :1])
+        drop[:, 0] = False
+        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+        return torch.empty_like(logits).scatter_(1, order, sorted_logits)

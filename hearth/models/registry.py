@@ -1,0 +1,25 @@
+"""HF architecture name -> model class. The one place that knows which families exist."""
+from __future__ import annotations
+
+import importlib
+
+from torch import nn
+
+# architecture -> (module under hearth.models, class name)
+_MODELS: dict[str, tuple[str, str]] = {
+    "LlamaForCausalLM": ("llama", "LlamaForCausalLM"),
+    "MistralForCausalLM": ("llama", "MistralForCausalLM"),
+    "Qwen2ForCausalLM": ("llama", "Qwen2ForCausalLM"),
+}
+
+
+def supported_architectures() -> list[str]:
+    return sorted(_MODELS)
+
+
+def get_model_class(architecture: str) -> type[nn.Module]:
+    if architecture not in _MODELS:
+        raise ValueError(f"unsupported architecture {architecture!r}; hearth supports: "
+                         f"{', '.join(supported_architectures())}")
+    module, cls = _MODELS[architecture]
+    return getattr(importlib.import_module(f"hearth.models.{module}"), cls)

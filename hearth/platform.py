@@ -1,0 +1,165 @@
+"""What this CPU can do, read once from /proc/cpuinfo and lscpu-level facts; thread setup and core binding."""
+from __future__ import annotations
+
+import ctypes
+import functools
+import logging
+import os
+from dataclasses import dataclass
+
+logger = logging.getLogger("hearth")
+
+
+@dataclass(frozen=True)
+class CPUInfo:
+    model_name: str
+    flags: frozenset[str]
+    physical_cores: int
+    numa_nodes: int
+
+    @property
+    def has_avx2(self) -> bool:
+        return "avx2" in self.flags and "fma" in self.flags
+
+    @property
+    def has_avx512(self) -> bool:
+        return "avx512f" in self.flags and "avx512bw" in self.flags
+
+    @property
+    def has_avx512_bf16(self) -> bool:
+        return "avx512_bf16" in self.flags
+
+    @property
+    def has_amx(self) -> bool:
+        return "amx_bf16" in self.flags
+
+    @property
+    def has_vnni(self) -> bool:
+        return "avx512_vnni" in self.flags or "avx_vnni" in self.flags
+
+    @property
+    def has_native_bf16(self) -> bool:
+        return self.has_avx512_bf16 or self.has_amx
+
+    @property
+    def isa(self) -> str:
+        """The best vector ISA hearth's kernels can use here."""
+        if self.has_avx512:
+            return "avx512" + ("_bf16" if self.has_avx512_bf16 else "")
+        return "avx2" if self.has_avx2 else "generic"
+
+    def summary(self) -> str:
+        extras = [name for name, ok in [("avx512_bf16", self.has_avx512_bf16), ("amx", self.has_amx),
+                                        ("vnni", self.has_vnni)] if ok]
+        return f"{self.model_name}; {self.physical_cores} physical cores; isa={self.isa} {' '.join(extras)}".strip()
+
+
+@functools.cache
+def cpu_info() -> CPUInfo:
+    flags: set[str] = set()
+    model = "unknown CPU"
+    cores: set[tuple[str, str]] = set()
+    physical_id = core_id = "0"
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                key, value = key.strip(), value.strip()
+                if key == "flags" and not flags:
+                    flags = set(value.split())
+                elif key == "model name":
+                    model = value
+                elif key == "physical id":
+                    physical_id = value
+                elif key == "core id":
+                    core_id = value
+                    cores.add((physical_id, core_id))
+    except OSError:
+        pass
+    usable = len(os.sched_getaffinity(0))
+    physical = min(len(cores) or usable, usable)
+    numa = len([d for d in os.listdir("/sys/devices/system/node") if d.startswith("node")]) \
+        if os.path.isdir("/sys/devices/system/node") else 1
+    return CPUInfo(model, frozenset(flags), max(1, physical), max(1, numa))
+
+
+def parse_core_list(spec: str) -> list[int]:
+    """'0-3,6' -> [0, 1, 2, 3, 6]. Raises ValueError naming the bad part."""
+    cores: list[int] = []
+    for part in spec.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        try:
+            if "-" in part:
+                lo, hi = part.split("-")
+                cores.extend(range(int(lo), int(hi) + 1))
+            else:
+                cores.append(int(part))
+        except ValueError:
+            raise ValueError(f"bad core list {spec!r}: use e.g. '0-3' or '0,2,4' (or 'auto' / 'nobind')") from None
+    return cores
+
+
+def _bind_omp_threads(cores: list[int]) -> bool:
+    """Pin OpenMP thread i of torch's pool to cores[i].
+
+    Runs one parallel region through libgomp's GOMP_parallel; each worker pins itself (pid 0 = calling thread).
+    Returns False where torch's OpenMP runtime cannot be found (binding is then skipped, never fatal).
+    """
+    import torch  # noqa: F401  (loads libgomp)
+
+    lib_path = None
+    with open("/proc/self/maps") as f:
+        for line in f:
+            if "libgomp" in line or "libiomp" in line:
+                lib_path = line.split()[-1]
+                break
+    if lib_path is None:
+        return False
+    gomp = ctypes.CDLL(lib_path)
+    if not hasattr(gomp, "GOMP_parallel"):
+        return False
+    gomp.omp_get_thread_num.restype = ctypes.c_int
+    errors: list[str] = []
+
+    @ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+    def pin(_: ctypes.c_void_p) -> None:
+        i = gomp.omp_get_thread_num()
+        try:
+            os.sched_setaffinity(0, {cores[i % len(cores)]})
+        except OSError as e:
+            errors.append(str(e))
+
+    gomp.GOMP_parallel(pin, None, ctypes.c_uint(len(cores)), ctypes.c_uint(0))
+    if errors:
+        logger.warning("core binding failed: %s", errors[0])
+        return False
+    return True
+
+
+def setup_threads(threads: int | None, bind: str) -> tuple[int, list[int]]:
+    """Set torch's thread count and bind OpenMP threads to cores. Returns (threads, bound cores or [])."""
+    import torch
+
+    info = cpu_info()
+    allowed = sorted(os.sched_getaffinity(0))
+    if threads is None:
+        threads = info.physical_cores
+    if threads < 1:
+        raise ValueError(f"--threads must be >= 1, got {threads}")
+    bind = (bind or "auto").strip()
+    cores: list[int] = []
+    if bind == "auto":
+        cores = allowed[:threads]
+    elif bind != "nobind":
+        cores = parse_core_list(bind)
+        missing = [c for c in cores if c not in allowed]
+        if missing:
+            raise ValueError(f"HEARTH_CPU_OMP_THREADS_BIND names cores {missing} this process may not use "
+                             f"(allowed: {allowed})")
+        threads = len(cores)
+    torch.set_num_threads(threads)
+    if cores and not _bind_omp_threads(cores[:threads]):
+        cores = []
+    return threads, cores[:threads]

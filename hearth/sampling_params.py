@@ -1,0 +1,109 @@
+"""SamplingParams: what one request asks of the sampler and the stop logic. Validated once, here."""
+from dataclasses import dataclass, field
+from enum import IntEnum
+
+_GREEDY_EPS = 1e-5
+
+
+class SamplingType(IntEnum):
+    GREEDY = 0
+    RANDOM = 1
+    RANDOM_SEED = 2
+
+
+@dataclass
+class SamplingParams:
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 or -1: disabled
+    min_p: float = 0.0
+    seed: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: dict[int, float] | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    include_stop_str_in_output: bool = False
+    ignore_eos: bool = False
+    max_tokens: int | None = 16
+    min_tokens: int = 0
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
+    skip_special_tokens: bool = True
+    detokenize: bool = True
+    # Filled by the engine, not the user: stop strings as a list, resolved max_tokens.
+    _stop_list: list[str] = field(default_factory=list, repr=False)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            self._stop_list = [self.stop]
+        elif self.stop is None:
+            self._stop_list = []
+        else:
+            self._stop_list = list(self.stop)
+        if self.top_k is None or self.top_k == -1:
+            self.top_k = 0
+        self.stop_token_ids = list(self.stop_token_ids or [])
+        self._validate()
+
+    def _validate(self) -> None:
+        def bad(msg: str) -> ValueError:
+            return ValueError(msg)
+
+        if not isinstance(self.n, int) or self.n < 1:
+            raise bad(f"n must be an integer >= 1, got {self.n!r}")
+        if self.temperature < 0:
+            raise bad(f"temperature must be >= 0, got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise bad(f"top_p must be in (0, 1], got {self.top_p}")
+        if not isinstance(self.top_k, int) or self.top_k < 0:
+            raise bad(f"top_k must be -1 (disabled), 0 (disabled) or a positive integer, got {self.top_k!r}")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise bad(f"min_p must be in [0, 1], got {self.min_p}")
+        if not -2.0 <= self.presence_penalty <= 2.0:
+            raise bad(f"presence_penalty must be in [-2, 2], got {self.presence_penalty}")
+        if not -2.0 <= self.frequency_penalty <= 2.0:
+            raise bad(f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}")
+        if not 0.0 < self.repetition_penalty <= 2.0:
+            raise bad(f"repetition_penalty must be in (0, 2], got {self.repetition_penalty}")
+        if self.max_tokens is not None and (not isinstance(self.max_tokens, int) or self.max_tokens < 1):
+            raise bad(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
+        if not isinstance(self.min_tokens, int) or self.min_tokens < 0:
+            raise bad(f"min_tokens must be an integer >= 0, got {self.min_tokens!r}")
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise bad(f"min_tokens ({self.min_tokens}) must be <= max_tokens ({self.max_tokens})")
+        if self.logprobs is not None and (self.logprobs < 0 or self.logprobs > 20):
+            raise bad(f"logprobs must be in [0, 20], got {self.logprobs}")
+        if self.prompt_logprobs is not None and (self.prompt_logprobs < 0 or self.prompt_logprobs > 20):
+            raise bad(f"prompt_logprobs must be in [0, 20], got {self.prompt_logprobs}")
+        if self.seed is not None and not isinstance(self.seed, int):
+            raise bad(f"seed must be an integer, got {self.seed!r}")
+        if any(not isinstance(s, str) or not s for s in self._stop_list):
+            raise bad("stop must be a non-empty string or a list of non-empty strings")
+        if self.logit_bias:
+            for tok, bias in self.logit_bias.items():
+                if not -100.0 <= float(bias) <= 100.0:
+                    raise bad(f"logit_bias values must be in [-100, 100], got {bias} for token {tok}")
+            self.logit_bias = {int(k): float(v) for k, v in self.logit_bias.items()}
+
+    @property
+    def sampling_type(self) -> SamplingType:
+        if self.temperature < _GREEDY_EPS:
+            return SamplingType.GREEDY
+        return SamplingType.RANDOM_SEED if self.seed is not None else SamplingType.RANDOM
+
+    @property
+    def stop_strings(self) -> list[str]:
+        return self._stop_list
+
+    @property
+    def needs_penalties(self) -> bool:
+        return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or self.repetition_penalty != 1.0
+
+    def check_vocab(self, vocab_size: int) -> None:
+        """Token ids the user named must exist in the model's vocabulary."""
+        for tok in list(self.logit_bias or {}) + list(self.stop_token_ids or []):
+            if not 0 <= tok < vocab_size:
+                raise ValueError(f"token id {tok} is out of range for this model's vocabulary (size {vocab_size})")
