@@ -19,11 +19,15 @@ class Tokenizer:
     @classmethod
     def from_folder(cls, folder: str, chat_template: str | None = None) -> "Tokenizer":
         os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for a hub
-        from transformers import AutoTokenizer
+        from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
         try:
             hf = AutoTokenizer.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
         except Exception as e:  # transformers raises many kinds here
+            # AutoTokenizer also reads config.json (e.g. it rejects a UTF-8 BOM that hearth accepts): a plain
+            # fast tokenizer needs only tokenizer.json.
+            if os.path.exists(os.path.join(folder, "tokenizer.json")):
+                return cls(PreTrainedTokenizerFast.from_pretrained(folder, local_files_only=True), chat_template)
             raise LoadError(f"cannot load the tokenizer from {folder} ({type(e).__name__}: {str(e).splitlines()[0]}); "
                             "the folder needs tokenizer.json or tokenizer.model with tokenizer_config.json") from None
         return cls(hf, chat_template)

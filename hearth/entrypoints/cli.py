@@ -1,0 +1,94 @@
+"""`hearth serve | generate | chat | bench | doctor`. Flag names follow vLLM's where they mean the same thing.
+
+CLI errors are one line naming the fix (no traceback): ValueError/LoadError from config and loading are caught here.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from hearth import __version__
+
+
+def add_engine_args(p: argparse.ArgumentParser, model_optional: bool = False) -> None:
+    if model_optional:
+        p.add_argument("model", nargs="?", default=None,
+                       help="HF model folder or .gguf file (default: the bundled SmolLM2-135M-Instruct)")
+    else:
+        p.add_argument("model", help="HF model folder or .gguf file")
+    g = p.add_argument_group("engine")
+    g.add_argument("--tokenizer", default=None, help="tokenizer folder, if not the model's own")
+    g.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"],
+                   help="compute dtype; auto = bfloat16 where the CPU has AVX512-BF16/AMX, else float32")
+    g.add_argument("--max-model-len", type=int, default=None, help="context length (default: the model's)")
+    g.add_argument("--max-num-seqs", type=int, default=64, help="sequences in flight at once")
+    g.add_argument("--max-num-batched-tokens", type=int, default=None, help="token budget of one engine step")
+    g.add_argument("--block-size", type=int, default=16, help="tokens per KV-cache block")
+    g.add_argument("--kv-cache-space", type=float, default=None,
+                   help="KV-cache size in GiB (env HEARTH_KVCACHE_SPACE / VLLM_CPU_KVCACHE_SPACE; default: "
+                        "from available memory)")
+    g.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching", action="store_false",
+                   help="turn automatic prefix caching off")
+    g.add_argument("--threads", type=int, default=None, help="compute threads (default: physical cores)")
+    g.add_argument("--omp-threads-bind", default=None,
+                   help="auto | nobind | core list like 0-3 (env HEARTH_CPU_OMP_THREADS_BIND)")
+    g.add_argument("--seed", type=int, default=0, help="seed for requests without their own")
+    g.add_argument("--chat-template", default=None, help="chat template: a file or a Jinja string")
+    g.add_argument("--served-model-name", default=None, help="model name the API reports and accepts")
+
+
+ENGINE_ARG_NAMES = ["model", "tokenizer", "dtype", "max_model_len", "max_num_seqs", "max_num_batched_tokens",
+                    "block_size", "kv_cache_space", "enable_prefix_caching", "threads", "omp_threads_bind", "seed",
+                    "chat_template", "served_model_name"]
+
+
+def engine_args_from(ns: argparse.Namespace):
+    from hearth.config import EngineArgs
+
+    kwargs = {k: getattr(ns, k) for k in ENGINE_ARG_NAMES if hasattr(ns, k)}
+    if hasattr(ns, "max_waiting_requests"):
+        kwargs["max_waiting_requests"] = ns.max_waiting_requests
+    return EngineArgs(**kwargs)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hearth", description="CPU-first LLM inference and serving")
+    parser.add_argument("--version", action="version", version=f"hearth {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    from hearth.entrypoints.openai import cli_serve
+
+    cli_serve.register(sub)
+    from hearth.entrypoints import cli_generate
+
+    cli_generate.register(sub)
+    try:
+        from hearth.benchmarks import cli_bench
+
+        cli_bench.register(sub)
+    except ImportError:
+        pass
+    from hearth.entrypoints import cli_doctor
+
+    cli_doctor.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(asctime)s %(message)s", datefmt="%H:%M:%S")
+    parser = build_parser()
+    ns = parser.parse_args(argv)
+    from hearth.loader.errors import LoadError
+
+    try:
+        return int(ns.func(ns) or 0)
+    except (ValueError, LoadError, FileNotFoundError) as e:
+        print(f"hearth {ns.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,44 @@
+"""`hearth doctor`: what hearth detected about this machine and what it would set."""
+from __future__ import annotations
+
+import argparse
+import os
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("doctor", help="print detected CPU facts and the settings hearth would use")
+    p.set_defaults(func=run)
+
+
+def run(ns: argparse.Namespace) -> int:
+    import psutil
+    import torch
+
+    from hearth import envs
+    from hearth.config import resolve_dtype
+    from hearth.platform import cpu_info
+
+    info = cpu_info()
+    mem = psutil.virtual_memory()
+    rows = [
+        ("cpu", info.model_name),
+        ("isa", info.isa),
+        ("avx2 / avx512 / avx512_bf16 / amx / vnni",
+         " / ".join("yes" if x else "no" for x in (info.has_avx2, info.has_avx512, info.has_avx512_bf16,
+                                                    info.has_amx, info.has_vnni))),
+        ("physical cores (usable)", str(info.physical_cores)),
+        ("numa nodes", str(info.numa_nodes)),
+        ("memory available", f"{mem.available / 2**30:.1f} GiB of {mem.total / 2**30:.1f} GiB"),
+        ("torch", f"{torch.__version__} ({torch.backends.cpu.get_cpu_capability()})"),
+        ("default --threads", str(info.physical_cores)),
+        ("default --dtype auto ->", str(resolve_dtype("auto")).removeprefix("torch.")),
+        ("core binding", envs.omp_threads_bind()),
+        ("HEARTH_KVCACHE_SPACE", str(envs.kv_cache_space_gib() or "auto")),
+        ("allowed cores", ",".join(map(str, sorted(os.sched_getaffinity(0))))),
+    ]
+    width = max(len(k) for k, _ in rows)
+    for k, v in rows:
+        print(f"{k:<{width}}  {v}")
+    if not info.has_avx2:
+        print("warning: this CPU lacks AVX2/FMA; hearth runs on PyTorch's generic kernels only (slow)")
+    return 0
