@@ -22,8 +22,8 @@ def num_kv_blocks(bytes_per_block: int, block_size: int, max_model_len: int, max
     else:
         avail = psutil.virtual_memory().available - HEADROOM_BYTES
         budget = int(max(avail, 0) * AUTO_FRACTION)
-        # No point reserving more than every sequence slot at full length (plus as much again for the prefix cache).
-        budget = min(budget, 2 * per_seq * max_num_seqs * bytes_per_block)
+        # No point reserving more than every sequence slot at full length.
+        budget = min(budget, per_seq * max_num_seqs * bytes_per_block)
         source = f"automatic sizing ({budget / GiB:.2f} GiB of {avail / GiB:.1f} GiB available)"
     blocks = budget // bytes_per_block
     if blocks < per_seq:

@@ -33,7 +33,12 @@ class ModelRunner:
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         for layer in self.attn_layers:
             shape = (num_blocks, block_size, layer.num_kv_heads, layer.head_dim)
-            kv = (torch.zeros(shape, dtype=kv_dtype), torch.zeros(shape, dtype=kv_dtype))
+            # NOTE: empty, not zeros: pages are committed only when a block is first written, so RSS tracks the
+            # KV actually used. Only block 0 is zeroed: padded decode gathers read slot 0 (masked, but a NaN
+            # bit pattern there would still poison softmax(-inf) * V).
+            kv = (torch.empty(shape, dtype=kv_dtype), torch.empty(shape, dtype=kv_dtype))
+            kv[0][0].zero_()
+            kv[1][0].zero_()
             layer.kv_cache = kv
             self.kv_caches.append(kv)
 

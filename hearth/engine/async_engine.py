@@ -1,0 +1,314 @@
+"""AsyncEngine: the LLMEngine in one background thread; one asyncio stream per HTTP request.
+
+NOTE: LLMEngine is not thread-safe. Only the engine thread calls it. The event loop talks to it through a
+command list (add / abort) guarded by a Condition; the engine thread drains it between steps and sleeps on the
+Condition when idle (no busy loop). Results go back through each stream's asyncio.Queue via
+loop.call_soon_threadsafe, so the event loop never blocks on the model.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from hearth.engine.llm_engine import EngineStats, LLMEngine
+from hearth.engine.outputs import StepOutput
+from hearth.engine.request import Request
+from hearth.metrics import ServerMetrics
+from hearth.sampling_params import SamplingParams
+
+logger = logging.getLogger("hearth")
+
+_END = object()  # queued after a stream's last output
+
+
+class QueueFullError(Exception):
+    """The waiting queue is over --max-waiting-requests: the client should retry later."""
+
+    retry_after = 1
+
+
+class EngineDeadError(RuntimeError):
+    """The engine loop crashed (a hearth bug, never a user error)."""
+
+
+@dataclass
+class _StreamState:
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue
+    remaining: int  # sequences not yet finished, over all the stream's requests
+
+    def post(self, item: object) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+        except RuntimeError:  # the loop is closed: nobody is listening any more
+            pass
+
+
+@dataclass
+class _Track:
+    """Engine-thread bookkeeping of one engine request (all its n sequences), for the stream and the metrics."""
+
+    state: _StreamState
+    arrival: float
+    requests: list[Request]
+    n_left: int
+    first_token: float | None = None
+    last_token: dict[int, float] = field(default_factory=dict)
+
+
+@dataclass
+class _Add:
+    subs: list[tuple[str, list[int], SamplingParams]]
+    state: _StreamState
+    accepted: asyncio.Future
+    arrival: float
+
+
+@dataclass
+class _Abort:
+    request_ids: list[str]
+
+
+class RequestStream:
+    """The outputs of one HTTP request's engine requests (several for a list of prompts), in step order.
+
+    Iterate it to get StepOutputs until every sequence has finished. abort() is idempotent and safe after the end.
+    """
+
+    def __init__(self, engine: AsyncEngine, request_ids: list[str], state: _StreamState) -> None:
+        self.engine = engine
+        self.request_ids = request_ids
+        self._state = state
+        self.finished = False  # the last output arrived, or aborted
+        self.aborted = False
+
+    def __aiter__(self) -> AsyncIterator[StepOutput]:
+        return self._iter()
+
+    async def _iter(self) -> AsyncIterator[StepOutput]:
+        while True:
+            item = await self._state.queue.get()
+            if item is _END:
+                self.finished = True
+                return
+            if isinstance(item, BaseException):
+                self.finished = True
+                raise item
+            for out in item:
+                yield out
+
+    def __del__(self) -> None:
+        # NOTE: safety net for a response that never started iterating (client gone before the first byte).
+        if not self.finished:
+            self.engine.abort(self.request_ids)
+
+    def abort(self) -> None:
+        """Call on the event loop. Ends iteration (a waiting consumer wakes up) and frees the engine's blocks."""
+        if not self.finished:
+            self.finished = self.aborted = True
+            self.engine.abort(self.request_ids)
+            self._state.queue.put_nowait(_END)
+
+
+class AsyncEngine:
+    def __init__(self, engine: LLMEngine, metrics: ServerMetrics | None = None,
+                 max_waiting_requests: int | None = None) -> None:
+        self.engine = engine
+        self.metrics = metrics
+        self.max_waiting_requests = max_waiting_requests
+        self._cond = threading.Condition()
+        self._cmds: list[_Add | _Abort] = []
+        self._stop = False
+        self._tracks: dict[str, _Track] = {}  # engine thread only
+        self._thread: threading.Thread | None = None
+        self._stats: EngineStats = engine.stats()
+        self.dead: BaseException | None = None
+        if metrics is not None:
+            from hearth.platform import cpu_info
+
+            metrics.set_cpu(cpu_info().isa, engine.threads, engine.bound_cores, engine.cache_config.num_blocks)
+            metrics.observe_stats(self._stats)
+
+    # ---- lifecycle ----
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="hearth-engine", daemon=True)
+            self._thread.start()
+
+    def shutdown(self, timeout: float = 30.0) -> None:
+        """Let in-flight requests finish (up to timeout), then stop the engine thread."""
+        with self._cond:
+            self._stop = True
+            self._cond.notify()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            if self._thread.is_alive():
+                logger.warning("engine thread still busy after %.0f s; abandoning it", timeout)
+
+    @property
+    def stats(self) -> EngineStats:
+        """The snapshot taken after the engine thread's last step or command (never touches the engine)."""
+        return self._stats
+
+    # ---- the event-loop side ----
+    async def generate(self, subs: list[tuple[str, list[int], SamplingParams]]) -> RequestStream:
+        """Queue engine requests (request_id, prompt ids, params) that share one output stream.
+
+        All or nothing: raises ValueError (a user error: too long, bad ids) or QueueFullError, and then none of
+        them runs. Returns once the engine thread has accepted them.
+        """
+        if self.dead is not None:
+            raise EngineDeadError("the engine loop has stopped after an internal error; restart the server")
+        if self._stop:
+            raise QueueFullError("the server is shutting down")
+        loop = asyncio.get_running_loop()
+        state = _StreamState(loop, asyncio.Queue(), sum(p.n for _, _, p in subs))
+        accepted = loop.create_future()
+        ids = [rid for rid, _, _ in subs]
+        self._submit(_Add(subs, state, accepted, time.monotonic()))
+        try:
+            await accepted
+        except asyncio.CancelledError:
+            self.abort(ids)
+            raise
+        return RequestStream(self, ids, state)
+
+    def abort(self, request_ids: list[str]) -> None:
+        """Abort requests (thread-safe): the engine frees their blocks before its next step."""
+        self._submit(_Abort(list(request_ids)))
+
+    def _submit(self, cmd: _Add | _Abort) -> None:
+        with self._cond:
+            self._cmds.append(cmd)
+            self._cond.notify()
+
+    # ---- the engine thread ----
+    def _run(self) -> None:
+        engine = self.engine
+        while True:
+            with self._cond:
+                while not self._cmds and not self._stop and not engine.has_unfinished_requests():
+                    self._cond.wait()
+                cmds, self._cmds = self._cmds, []
+                stop = self._stop
+            for cmd in cmds:
+                self._apply(cmd)
+            if stop and not engine.has_unfinished_requests():
+                break
+            if engine.has_unfinished_requests() and self.dead is None:
+                try:
+                    outputs = engine.step()
+                except Exception as e:  # a hearth bug: fail the requests in flight, keep serving new ones
+                    logger.exception("engine step failed; aborting the %d requests in flight", len(self._tracks))
+                    self._fail_all(e)
+                else:
+                    self._dispatch(outputs)
+            self._publish_stats()
+
+    def _apply(self, cmd: _Add | _Abort) -> None:
+        if isinstance(cmd, _Abort):
+            for rid in cmd.request_ids:
+                self.engine.abort_request(rid)
+                track = self._tracks.pop(rid, None)
+                if track is not None and self.metrics is not None:
+                    self.metrics.request_success["abort"].inc()
+            return
+        error = self._admit(cmd)
+        if error is None:
+            cmd.state.loop.call_soon_threadsafe(_resolve, cmd.accepted, None)
+        else:
+            cmd.state.loop.call_soon_threadsafe(_resolve, cmd.accepted, error)
+
+    def _admit(self, cmd: _Add) -> BaseException | None:
+        if self.dead is not None:
+            return EngineDeadError("the engine loop has stopped after an internal error")
+        sched = self.engine.scheduler
+        if self.max_waiting_requests is not None:
+            # Requests that will wait: the queue plus these, minus the sequence slots free right now.
+            free_slots = max(0, sched.config.max_num_seqs - len(sched.running))
+            backlog = len(sched.waiting) + sum(p.n for _, _, p in cmd.subs) - free_slots
+            if backlog > self.max_waiting_requests:
+                return QueueFullError(f"the server is busy: {len(sched.waiting)} requests are waiting "
+                                      f"(--max-waiting-requests {self.max_waiting_requests}); retry shortly")
+        added: list[str] = []
+        for rid, ids, params in cmd.subs:
+            try:
+                self.engine.add_request(rid, ids, params, arrival_time=cmd.arrival)
+            except ValueError as e:
+                for done in added:
+                    self.engine.abort_request(done)
+                    self._tracks.pop(done, None)
+                return e
+            added.append(rid)
+            reqs = [self.engine.seqs[child].request for child in self.engine.parents.get(rid, [])]
+            self._tracks[rid] = _Track(cmd.state, cmd.arrival, reqs, params.n)
+        return None
+
+    def _dispatch(self, outputs: list[StepOutput]) -> None:
+        now = time.monotonic()
+        batches: dict[int, tuple[_StreamState, list[StepOutput]]] = {}
+        for out in outputs:
+            track = self._tracks.get(out.request_id)
+            if track is None:
+                continue  # aborted meanwhile
+            self._observe(track, out, now)
+            batches.setdefault(id(track.state), (track.state, []))[1].append(out)
+            if out.finished:
+                track.state.remaining -= 1
+                track.n_left -= 1
+                if track.n_left == 0:
+                    del self._tracks[out.request_id]
+        for state, outs in batches.values():
+            state.post(outs)
+            if state.remaining == 0:
+                state.post(_END)
+
+    def _observe(self, track: _Track, out: StepOutput, now: float) -> None:
+        m = self.metrics
+        if m is None:
+            return
+        if track.first_token is None:
+            track.first_token = now
+            m.ttft.observe(now - track.arrival)
+            m.prompt_tokens.inc(out.num_prompt_tokens)
+        last = track.last_token.get(out.index)
+        if last is not None:
+            m.itl.observe(now - last)
+        track.last_token[out.index] = now
+        m.generation_tokens.inc(len(out.new_token_ids))
+        if out.finished and track.n_left == 1:
+            m.e2e.observe(now - track.arrival)
+            scheduled = [r.first_scheduled_time for r in track.requests if r.first_scheduled_time is not None]
+            if scheduled:
+                m.queue_time.observe(max(0.0, min(scheduled) - track.arrival))
+            reason = out.finish_reason if out.finish_reason in m.request_success else "stop"
+            m.request_success[reason].inc()
+
+    def _fail_all(self, error: Exception) -> None:
+        """Fail every stream in flight. Only if their blocks cannot be freed is the engine declared dead."""
+        for rid, track in list(self._tracks.items()):
+            try:
+                self.engine.abort_request(rid)
+            except Exception:
+                logger.exception("abort after a failed step failed too: the engine is dead")
+                self.dead = error
+            track.state.post(EngineDeadError(f"internal engine error: {type(error).__name__}: {error}"))
+        self._tracks.clear()
+
+    def _publish_stats(self) -> None:
+        self._stats = self.engine.stats()
+        if self.metrics is not None:
+            self.metrics.observe_stats(self._stats)
+
+
+def _resolve(fut: asyncio.Future, error: BaseException | None) -> None:
+    if fut.done():  # the caller went away (cancelled) before the engine answered
+        return
+    if error is None:
+        fut.set_result(None)
+    else:
+        fut.set_exception(error)

@@ -1,0 +1,114 @@
+"""`hearth serve [MODEL]`: the OpenAI-compatible server on FastAPI + uvicorn, with vLLM's flag names.
+
+Also runnable alone: `python -m hearth.entrypoints.openai.cli_serve [MODEL] --port 8000`.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import threading
+import time
+
+logger = logging.getLogger("hearth")
+
+
+def add_serve_args(p: argparse.ArgumentParser) -> None:
+    from hearth.entrypoints.cli import add_engine_args
+    from hearth.entrypoints.openai.server import DEFAULT_MAX_BODY_BYTES
+
+    add_engine_args(p, model_optional=True)
+    g = p.add_argument_group("server")
+    g.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    g.add_argument("--port", type=int, default=8000, help="port to bind (default 8000)")
+    g.add_argument("--api-key", default=None,
+                   help="require 'Authorization: Bearer <key>' on /v1 (env HEARTH_API_KEY / VLLM_API_KEY)")
+    g.add_argument("--max-waiting-requests", type=int, default=None,
+                   help="refuse requests with 503 + Retry-After when this many are already waiting")
+    g.add_argument("--max-request-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES,
+                   help="larger request bodies get 413")
+    g.add_argument("--drain-timeout", type=float, default=30.0,
+                   help="on SIGTERM, seconds to let in-flight requests finish")
+    g.add_argument("--uvicorn-log-level", default="info",
+                   choices=["critical", "error", "warning", "info", "debug", "trace"])
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API",
+                       description="Serve a model over an OpenAI-compatible HTTP API (vLLM's flag names).")
+    add_serve_args(p)
+    p.set_defaults(func=run_serve)
+
+
+def _load_engine(ns: argparse.Namespace):
+    """Build the LLMEngine behind a progress bar (elapsed time; the loader reports no finer progress)."""
+    from tqdm import tqdm
+
+    from hearth.engine.llm_engine import LLMEngine
+    from hearth.entrypoints.cli import engine_args_from
+
+    args = engine_args_from(ns)
+    done = threading.Event()
+    bar = tqdm(desc=f"loading {args.model or 'SmolLM2-135M-Instruct (default)'}", unit="s", file=sys.stderr,
+               bar_format="{desc}: {elapsed}", mininterval=0.5,
+               disable=not sys.stderr.isatty())
+
+    def tick() -> None:
+        while not done.wait(0.5):
+            bar.update(0)
+            bar.refresh()
+
+    ticker = threading.Thread(target=tick, daemon=True)
+    ticker.start()
+    try:
+        return LLMEngine(args)
+    finally:
+        done.set()
+        ticker.join()
+        bar.close()
+
+
+def run_serve(ns: argparse.Namespace) -> int:
+    import uvicorn
+
+    from hearth import envs
+    from hearth.engine.async_engine import AsyncEngine
+    from hearth.entrypoints.openai.server import ServerConfig, build_app
+    from hearth.entrypoints.openai.serving_common import ServingContext
+    from hearth.metrics import ServerMetrics
+
+    if ns.max_waiting_requests is not None and ns.max_waiting_requests < 0:
+        raise ValueError(f"--max-waiting-requests must be >= 0, got {ns.max_waiting_requests}")
+    if not 0 <= ns.port < 65536:
+        raise ValueError(f"--port must be in [0, 65535], got {ns.port}")
+    t0 = time.perf_counter()
+    llm = _load_engine(ns)
+    mc = llm.model_config
+    metrics = ServerMetrics(mc.served_model_name)
+    engine = AsyncEngine(llm, metrics, ns.max_waiting_requests)
+    ctx = ServingContext(engine, llm.tokenizer, mc.served_model_name, mc.model, mc.max_model_len)
+    api_key = ns.api_key or envs.api_key()
+    app = build_app(engine, ctx, ServerConfig(api_key, ns.max_request_body_bytes, ns.drain_timeout))
+    logger.info("serving %r on http://%s:%d/v1 (ready in %.1f s%s)", mc.served_model_name, ns.host, ns.port,
+                time.perf_counter() - t0, ", API key required" if api_key else "")
+    uvicorn.run(app, host=ns.host, port=ns.port, log_level=ns.uvicorn_log_level,
+                timeout_graceful_shutdown=ns.drain_timeout)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    from hearth.loader.errors import LoadError
+
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(asctime)s %(message)s", datefmt="%H:%M:%S")
+    p = argparse.ArgumentParser(prog="hearth serve")
+    add_serve_args(p)
+    ns = p.parse_args(argv)
+    try:
+        return run_serve(ns)
+    except (ValueError, LoadError, FileNotFoundError) as e:
+        print(f"hearth serve: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

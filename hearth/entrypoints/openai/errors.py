@@ -1,0 +1,79 @@
+"""OpenAI-style errors: {"error": {"message", "type", "param", "code"}}, and the handlers that make every user
+mistake a 4xx (never a 500)."""
+from __future__ import annotations
+
+import logging
+import re
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+logger = logging.getLogger("hearth")
+
+
+class APIError(Exception):
+    def __init__(self, status: int, message: str, type: str = "invalid_request_error", param: str | None = None,
+                 code: str | None = None, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+        self.headers = headers
+
+
+def error_body(message: str, type: str = "invalid_request_error", param: str | None = None,
+               code: str | int | None = None) -> dict:
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+def error_response(err: APIError) -> JSONResponse:
+    return JSONResponse(error_body(err.message, err.type, err.param, err.code), status_code=err.status,
+                        headers=err.headers)
+
+
+_PARAM_RE = re.compile(r"^([a-z_]+) ")
+
+
+def bad_request(e: ValueError, known_params: set[str] | None = None) -> APIError:
+    """A ValueError from SamplingParams or the engine as a 400; its first word names the parameter when it is one."""
+    message = str(e)
+    m = _PARAM_RE.match(message)
+    param = m.group(1) if m and (known_params is None or m.group(1) in known_params) else None
+    return APIError(400, message, param=param)
+
+
+def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
+    errors = exc.errors()
+    if not errors:
+        return "invalid request body", None
+    first = errors[0]
+    loc = [str(x) for x in first.get("loc", ()) if x != "body"]
+    if first.get("type") == "json_invalid":
+        return f"the request body is not valid JSON: {first.get('msg')}", None
+    param = loc[0] if loc else None  # OpenAI names the top-level field; the message has the full path
+    where = f"{'.'.join(loc)}: " if loc else ""
+    more = f" (and {len(errors) - 1} more problems)" if len(errors) > 1 else ""
+    return f"{where}{first.get('msg')}{more}", param
+
+
+def install_handlers(app: FastAPI) -> None:
+    @app.exception_handler(APIError)
+    async def _api_error(_: Request, exc: APIError) -> JSONResponse:
+        return error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+        message, param = _validation_message(exc)
+        return JSONResponse(error_body(message, param=param), status_code=400)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        return JSONResponse(error_body(str(exc.detail), kind), status_code=exc.status_code,
+                            headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def _internal(_: Request, exc: Exception) -> JSONResponse:
+        logger.exception("internal error")
+        return JSONResponse(error_body(f"internal server error: {type(exc).__name__}", "server_error"),
+                            status_code=500)

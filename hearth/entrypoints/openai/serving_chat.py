@@ -1,0 +1,111 @@
+"""POST /v1/chat/completions: chat template -> token ids -> one engine request with n sequences."""
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from hearth.entrypoints.openai.errors import APIError, bad_request
+from hearth.entrypoints.openai.protocol import ChatCompletionRequest, ChatMessage
+from hearth.entrypoints.openai.serving_common import (
+    SAMPLING_PARAMS,
+    Guarded,
+    ServingContext,
+    new_id,
+    sse,
+    sse_stream,
+    usage,
+)
+from hearth.layers.sampler import TokenLogprobs
+
+
+def render_chat(ctx: ServingContext, messages: list[ChatMessage], add_generation_prompt: bool,
+                continue_final_message: bool = False, chat_template: str | None = None,
+                kwargs: dict | None = None) -> str:
+    """Apply the chat template; a bad message list or template is the user's error (400), not ours."""
+    from jinja2 import TemplateError
+
+    try:
+        dicts = [m.as_dict() for m in messages]
+        return ctx.tokenizer.apply_chat_template(dicts, add_generation_prompt=add_generation_prompt,
+                                                 chat_template=chat_template or ctx.chat_template,
+                                                 continue_final_message=continue_final_message, **(kwargs or {}))
+    except (ValueError, TemplateError, TypeError) as e:
+        raise APIError(400, f"cannot apply the chat template: {e}", param="messages") from None
+
+
+def _logprob_entry(ctx: ServingContext, token_id: int, logprob: float) -> dict:
+    text = ctx.token_text(token_id)
+    return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+
+
+def _logprobs_content(ctx: ServingContext, entries: list[TokenLogprobs]) -> list[dict]:
+    return [{**_logprob_entry(ctx, lp.token_id, lp.logprob),
+             "top_logprobs": [_logprob_entry(ctx, t, v) for t, v in lp.top]} for lp in entries]
+
+
+async def create_chat_completion(ctx: ServingContext, req: ChatCompletionRequest, raw: Request):
+    ctx.check_model(req.model)
+    if req.top_logprobs is not None and not req.logprobs:
+        raise APIError(400, "top_logprobs requires logprobs to be true", param="top_logprobs")
+    if req.top_logprobs is not None and not 0 <= req.top_logprobs <= 20:
+        raise APIError(400, f"top_logprobs must be in [0, 20], got {req.top_logprobs}", param="top_logprobs")
+    text = render_chat(ctx, req.messages, req.add_generation_prompt, req.continue_final_message,
+                       req.chat_template, req.chat_template_kwargs)
+    ids = ctx.tokenizer.encode(text, add_special_tokens=req.add_special_tokens)
+    max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+    logprobs = (req.top_logprobs or 0) if req.logprobs else None
+    try:
+        params = req.sampling_params(max_tokens, logprobs)
+    except ValueError as e:
+        err = bad_request(e, SAMPLING_PARAMS)
+        if err.param == "max_tokens" and req.max_completion_tokens is not None:
+            err.param = "max_completion_tokens"
+        raise err from None
+    request_id = new_id("chatcmpl")
+    stream = await ctx.generate([(request_id, ids, params)])
+    n = params.n
+    head = {"id": request_id, "object": "chat.completion.chunk" if req.stream else "chat.completion",
+            "created": int(time.time()), "model": ctx.model_name}
+
+    if req.stream:
+        async def chunks() -> AsyncIterator[str]:
+            completion_tokens = 0
+            async with Guarded(raw, stream) as outputs:
+                for i in range(n):
+                    yield sse({**head, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
+                                                    "logprobs": None, "finish_reason": None}]})
+                async for out in outputs:
+                    completion_tokens += len(out.new_token_ids)
+                    lp = {"content": _logprobs_content(ctx, out.new_logprobs)} if req.logprobs else None
+                    delta = {"content": out.new_text} if out.new_text or not out.finished else {}
+                    choice = {"index": out.index, "delta": delta, "logprobs": lp,
+                              "finish_reason": out.finish_reason if out.finished else None}
+                    if out.finished:
+                        choice["stop_reason"] = out.stop_reason
+                    yield sse({**head, "choices": [choice]})
+            if req.include_usage and not stream.aborted:
+                yield sse({**head, "choices": [], "usage": usage(len(ids), completion_tokens)})
+        return StreamingResponse(sse_stream(chunks()), media_type="text/event-stream")
+
+    texts = [""] * n
+    token_counts = [0] * n
+    lps: list[list[TokenLogprobs]] = [[] for _ in range(n)]
+    finish: list[tuple[str | None, int | str | None]] = [(None, None)] * n
+    cached = 0
+    async with Guarded(raw, stream) as outputs:
+        async for out in outputs:
+            texts[out.index] += out.new_text
+            token_counts[out.index] += len(out.new_token_ids)
+            lps[out.index].extend(out.new_logprobs)
+            cached = max(cached, out.num_cached_tokens)
+            if out.finished:
+                finish[out.index] = (out.finish_reason, out.stop_reason)
+    if stream.aborted:
+        return JSONResponse({}, status_code=499)  # the client is gone; nobody reads this
+    choices = [{"index": i, "message": {"role": "assistant", "content": texts[i]},
+                "logprobs": {"content": _logprobs_content(ctx, lps[i])} if req.logprobs else None,
+                "finish_reason": finish[i][0], "stop_reason": finish[i][1]} for i in range(n)]
+    return JSONResponse({**head, "choices": choices, "usage": usage(len(ids), sum(token_counts), cached)})

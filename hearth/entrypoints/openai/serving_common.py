@@ -1,0 +1,123 @@
+"""What every generating endpoint shares: the model check, submitting to the engine, disconnect handling, SSE."""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from fastapi import Request
+
+from hearth.engine.async_engine import AsyncEngine, EngineDeadError, QueueFullError, RequestStream
+from hearth.engine.outputs import StepOutput
+from hearth.entrypoints.openai.errors import APIError, bad_request, error_body
+from hearth.sampling_params import SamplingParams
+from hearth.tokenizer import Tokenizer
+
+# Parameter names a SamplingParams / engine message may start with (its first word names the field).
+SAMPLING_PARAMS = {"n", "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
+                   "repetition_penalty", "max_tokens", "min_tokens", "logprobs", "prompt_logprobs", "seed", "stop",
+                   "logit_bias", "top_logprobs", "max_completion_tokens", "messages", "prompt"}
+
+
+@dataclass
+class ServingContext:
+    engine: AsyncEngine
+    tokenizer: Tokenizer
+    model_name: str
+    model_path: str
+    max_model_len: int
+    chat_template: str | None = None
+    created: int = field(default_factory=lambda: int(time.time()))
+    _token_texts: dict[int, str] = field(default_factory=dict)  # bounded by the vocabulary
+
+    def check_model(self, name: str | None) -> None:
+        # NOTE: an absent model is accepted (vLLM does the same); a wrong one is a 404.
+        if name is not None and name != self.model_name:
+            raise APIError(404, f"the model {name!r} does not exist; this server serves {self.model_name!r}",
+                           param="model", code="model_not_found")
+
+    def token_text(self, token_id: int) -> str:
+        text = self._token_texts.get(token_id)
+        if text is None:
+            text = self._token_texts[token_id] = self.tokenizer.decode([token_id], skip_special_tokens=False)
+        return text
+
+    async def generate(self, subs: list[tuple[str, list[int], SamplingParams]]) -> RequestStream:
+        """Submit; user errors become 400, a full queue 503 with Retry-After."""
+        try:
+            return await self.engine.generate(subs)
+        except ValueError as e:
+            err = bad_request(e, SAMPLING_PARAMS)
+            if "context length" in err.message:
+                err.param = "max_tokens" if "max_tokens" in err.message else "prompt"
+            raise err from None
+        except QueueFullError as e:
+            raise APIError(503, str(e), "server_overloaded", code="queue_full",
+                           headers={"Retry-After": str(e.retry_after)}) from None
+        except EngineDeadError as e:
+            raise APIError(500, str(e), "server_error") from None
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def sse(obj: dict | str) -> str:
+    data = obj if isinstance(obj, str) else json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+    return f"data: {data}\n\n"
+
+
+async def _watch_disconnect(raw: Request, stream: RequestStream) -> None:
+    """Abort the stream the moment the client goes away (frees its KV blocks at once)."""
+    while True:
+        message = await raw.receive()
+        if message.get("type") == "http.disconnect":
+            stream.abort()
+            return
+
+
+class Guarded:
+    """Iterates a RequestStream while watching the connection; always aborts what is unfinished at the end.
+
+    `async with Guarded(raw, stream) as outputs: async for out in outputs: ...`
+    """
+
+    def __init__(self, raw: Request, stream: RequestStream) -> None:
+        self.raw, self.stream = raw, stream
+        self._watcher: asyncio.Task | None = None
+
+    async def __aenter__(self) -> AsyncIterator[StepOutput]:
+        self._watcher = asyncio.create_task(_watch_disconnect(self.raw, self.stream))
+        return aiter(self.stream)
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._watcher is not None:
+            self._watcher.cancel()
+        self.stream.abort()  # NOTE: a no-op when the stream ended normally
+
+    @property
+    def aborted(self) -> bool:
+        return self.stream.aborted
+
+
+async def sse_stream(chunks: AsyncIterator[str]) -> AsyncIterator[str]:
+    """Wrap an SSE generator: an engine failure mid-stream becomes an error event, then [DONE]."""
+    try:
+        async for chunk in chunks:
+            yield chunk
+    except APIError as e:
+        yield sse(error_body(e.message, e.type, e.param, e.code))
+    except EngineDeadError as e:
+        yield sse(error_body(str(e), "server_error"))
+    yield "data: [DONE]\n\n"
+
+
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict:
+    out = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+           "total_tokens": prompt_tokens + completion_tokens}
+    if cached_tokens:
+        out["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
+    return out

@@ -1,0 +1,100 @@
+"""Prometheus metrics with vLLM's names and meanings, so vLLM dashboards and autoscalers work unchanged.
+
+Every server gets its own CollectorRegistry (tests start several in one process). Counters are exposed with
+prometheus-client's `_total` suffix, exactly as vLLM's are. The engine thread writes; the HTTP thread reads
+(prometheus-client metrics are thread-safe).
+"""
+from __future__ import annotations
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    Info,
+    disable_created_metrics,
+    generate_latest,
+)
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from hearth.engine.llm_engine import EngineStats
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+disable_created_metrics()  # no *_created series (as vLLM's exposition); process-wide, harmless
+FINISH_REASONS = ("stop", "length", "abort")
+
+# vLLM's bucket boundaries (vllm/v1/metrics/loggers.py).
+_TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0]
+_ITL_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+                40.0, 80.0]
+_LATENCY_BUCKETS = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
+                    240.0, 480.0, 960.0, 1920.0, 7680.0]
+
+
+class ServerMetrics:
+    """All of one server's metrics. `labels` are vLLM's: model_name and engine (always "0" here)."""
+
+    def __init__(self, model_name: str, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        names = ["model_name", "engine"]
+        values = {"model_name": model_name, "engine": "0"}
+        r = self.registry
+
+        def gauge(name: str, doc: str) -> Gauge:
+            return Gauge(name, doc, names, registry=r).labels(**values)
+
+        def counter(name: str, doc: str) -> Counter:
+            return Counter(name, doc, names, registry=r).labels(**values)
+
+        def histogram(name: str, doc: str, buckets: list[float]) -> Histogram:
+            return Histogram(name, doc, names, buckets=buckets, registry=r).labels(**values)
+
+        self.num_running = gauge("vllm:num_requests_running", "Number of requests in model execution batches.")
+        self.num_waiting = gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.")
+        self.kv_usage = gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.")
+        self.used_blocks = gauge("hearth:kv_cache_used_blocks", "KV-cache blocks held by requests right now.")
+        self.total_blocks = gauge("hearth:kv_cache_total_blocks", "KV-cache blocks in the pool.")
+        self.prefix_queries = counter("vllm:prefix_cache_queries",
+                                      "Prefix cache queries, in terms of number of queried tokens.")
+        self.prefix_hits = counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.")
+        self.preemptions = counter("vllm:num_preemptions", "Cumulative number of preemptions from the engine.")
+        self.prompt_tokens = counter("vllm:prompt_tokens", "Number of prefill tokens processed.")
+        self.generation_tokens = counter("vllm:generation_tokens", "Number of generation tokens processed.")
+        success = Counter("vllm:request_success", "Count of successfully processed requests.",
+                          names + ["finished_reason"], registry=r)
+        self.request_success = {reason: success.labels(**values, finished_reason=reason) for reason in FINISH_REASONS}
+        self.ttft = histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
+                              _TTFT_BUCKETS)
+        self.itl = histogram("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
+                             _ITL_BUCKETS)
+        self.e2e = histogram("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.",
+                             _LATENCY_BUCKETS)
+        self.queue_time = histogram("vllm:request_queue_time_seconds",
+                                    "Histogram of time spent in WAITING phase for request.", _LATENCY_BUCKETS)
+        self.cpu = Info("hearth:cpu", "The CPU hearth runs on: detected ISA, compute threads, bound cores.",
+                        registry=r)
+        self.threads = gauge("hearth:threads", "Compute threads the engine uses.")
+        self.bound_cores = gauge("hearth:bound_cores", "CPU cores the compute threads are pinned to (0 = unbound).")
+        self._last: EngineStats | None = None
+
+    def set_cpu(self, isa: str, threads: int, bound_cores: list[int], num_blocks: int) -> None:
+        self.cpu.info({"isa": isa, "threads": str(threads), "bound_cores": ",".join(map(str, bound_cores)) or "none"})
+        self.threads.set(threads)
+        self.bound_cores.set(len(bound_cores))
+        self.total_blocks.set(num_blocks)
+
+    def observe_stats(self, stats: EngineStats) -> None:
+        """Gauges take the snapshot; counters advance by what the engine's cumulative counts grew since the last."""
+        self.num_running.set(stats.num_running)
+        self.num_waiting.set(stats.num_waiting)
+        self.kv_usage.set(stats.kv_usage)
+        self.used_blocks.set(stats.num_used_blocks)
+        last = self._last
+        self.preemptions.inc(max(0, stats.num_preemptions - (last.num_preemptions if last else 0)))
+        self.prefix_queries.inc(max(0, stats.prefix_queries - (last.prefix_queries if last else 0)))
+        self.prefix_hits.inc(max(0, stats.prefix_hits - (last.prefix_hits if last else 0)))
+        self._last = stats
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
