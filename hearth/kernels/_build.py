@@ -1,0 +1,79 @@
+"""Compile (once) and load the C++ kernels; None when that is impossible here.
+
+The library is built by torch.utils.cpp_extension (ninja, per-content cache directory) but includes no torch
+headers, which alone take over a minute to compile: it exports a small C ABI that hearth.kernels calls through
+ctypes with data pointers. Its OpenMP runtime is torch's own libgomp (same soname, already loaded by torch).
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import time
+from pathlib import Path
+
+import torch
+
+logger = logging.getLogger("hearth")
+
+CSRC = Path(__file__).parent / "csrc"
+SOURCES = ["linear.cpp"]
+HEADERS = ["linear_impl.h"]
+# No -march: every vector instruction lives under a per-ISA `#pragma GCC target` and is chosen at run time.
+CFLAGS = ["-O3", "-fopenmp", "-Wno-unused-function"]
+LDFLAGS = ["-fopenmp"]
+
+# Set in-process after a load: seconds spent compiling (0.0 when the cache was warm).
+build_seconds: float | None = None
+
+
+def cache_dir() -> Path:
+    """~/.cache/hearth/kernels/<hash of sources, flags and torch version>: rebuilt only when one of those changes."""
+    h = hashlib.sha256()
+    for name in SOURCES + HEADERS:
+        h.update(name.encode())
+        h.update((CSRC / name).read_bytes())
+    h.update(" ".join(CFLAGS + LDFLAGS).encode())
+    h.update(torch.__version__.encode())
+    root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return root / "hearth" / "kernels" / h.hexdigest()[:16]
+
+
+@functools.cache
+def load() -> ctypes.CDLL | None:
+    global build_seconds
+    if os.environ.get("HEARTH_KERNELS", "1").strip().lower() in ("0", "false", "no", "off"):
+        logger.info("hearth kernels disabled by HEARTH_KERNELS=0; using torch F.linear")
+        return None
+    try:
+        from torch.utils import cpp_extension
+
+        build_dir = cache_dir()
+        build_dir.mkdir(parents=True, exist_ok=True)
+        start = time.perf_counter()
+        cpp_extension.load(
+            name="hearth_kernels",
+            sources=[str(CSRC / s) for s in SOURCES],
+            extra_cflags=list(CFLAGS),  # (copies: load() appends to the lists it is given)
+            extra_ldflags=list(LDFLAGS),
+            extra_include_paths=[str(CSRC)],
+            build_directory=str(build_dir),
+            is_python_module=False,
+            verbose=False,
+        )
+        build_seconds = time.perf_counter() - start
+        lib = ctypes.CDLL(str(build_dir / "hearth_kernels.so"))
+        i64, i32, ptr = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p
+        lib.hk_linear.argtypes = [ptr, i32, i64, i64, i64, ptr, i32, i64, i64, ptr, ptr, i32, i64, i32]
+        lib.hk_linear.restype = i32
+        lib.hk_read_sum.argtypes = [ptr, i64, i32]
+        lib.hk_read_sum.restype = ctypes.c_double
+        if build_seconds > 2.0:
+            logger.info("compiled hearth kernels in %.1f s (cached in %s)", build_seconds, build_dir)
+        return lib
+    except Exception as e:  # no compiler, no ninja, compile error: never fatal
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        logger.warning("hearth kernels unavailable (%s: %s); using torch F.linear", type(e).__name__, first[:200])
+        return None

@@ -1,0 +1,157 @@
+// hearth decode-shape linear kernels: y = x w^T (+ b) for bf16 / f16 / f32 weights, fp32 accumulate.
+// Built without -march: each ISA body is compiled under its own `#pragma GCC target` and chosen at run time by
+// the caller (Python reads the CPU flags); the generic code here uses no vector instructions beyond the baseline.
+// Deliberately free of torch headers (they alone take ~70 s to compile): a C ABI called through ctypes with data
+// pointers; threads are OpenMP regions on torch's own libgomp (same soname, already loaded), sized by the caller
+// from torch.get_num_threads().
+#include <immintrin.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+enum class WKind { kBF16, kF16, kF32 };
+
+enum DType { kF32 = 0, kBF16 = 1, kF16 = 2 };
+
+struct Problem {
+  const float* x;  // packed: [M][K] fp32, full chunks deinterleaved (bf16 weights), tail in natural order
+  const void* w;   // [N][ldw] weights, unit stride along K
+  int64_t ldw;
+  const float* bias;  // [N] or nullptr
+  float* out;         // [M][N]
+  int64_t M, N, K;
+  int64_t kblock_chunks;  // K block in chunks; 0 = whole K
+  WKind wkind;
+};
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+namespace hk_avx2 {
+struct T {
+  using V = __m256;
+  static constexpr int L = 8;
+  static constexpr int kMR = 2, kNR = 4;  // 16 ymm: 8 accumulators, 4 x, 2 weights
+  static constexpr int kNR1 = 8;          // M == 1: 8 weight rows in flight
+  static inline V zero() { return _mm256_setzero_ps(); }
+  static inline V add(V a, V b) { return _mm256_add_ps(a, b); }
+  static inline V load(const float* p) { return _mm256_loadu_ps(p); }
+  static inline void store(float* p, V v) { _mm256_storeu_ps(p, v); }
+  static inline V fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
+  static inline float hsum(V v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+  }
+  static inline void load_bf16(const uint16_t* p, V& lo, V& hi) {
+    __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    lo = _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+    hi = _mm256_castsi256_ps(_mm256_and_si256(w, _mm256_set1_epi32(int(0xFFFF0000u))));
+  }
+  static inline void load_f16(const uint16_t* p, V& lo, V& hi) {
+    lo = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    hi = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8)));
+  }
+  static inline void load_f32(const float* p, V& lo, V& hi) {
+    lo = _mm256_loadu_ps(p);
+    hi = _mm256_loadu_ps(p + 8);
+  }
+};
+#include "linear_impl.h"
+}  // namespace hk_avx2
+#pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl")
+namespace hk_avx512 {
+struct T {
+  using V = __m512;
+  static constexpr int L = 16;
+  static constexpr int kMR = 4, kNR = 4;  // 32 zmm: 16 accumulators, 8 x, 2 weights
+  static constexpr int kNR1 = 8;
+  static inline V zero() { return _mm512_setzero_ps(); }
+  static inline V add(V a, V b) { return _mm512_add_ps(a, b); }
+  static inline V load(const float* p) { return _mm512_loadu_ps(p); }
+  static inline void store(float* p, V v) { _mm512_storeu_ps(p, v); }
+  static inline V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+  static inline float hsum(V v) { return _mm512_reduce_add_ps(v); }
+  static inline void load_bf16(const uint16_t* p, V& lo, V& hi) {
+    __m512i w = _mm512_loadu_si512(p);
+    lo = _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+    hi = _mm512_castsi512_ps(_mm512_and_si512(w, _mm512_set1_epi32(int(0xFFFF0000u))));
+  }
+  static inline void load_f16(const uint16_t* p, V& lo, V& hi) {
+    lo = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    hi = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 16)));
+  }
+  static inline void load_f32(const float* p, V& lo, V& hi) {
+    lo = _mm512_loadu_ps(p);
+    hi = _mm512_loadu_ps(p + 16);
+  }
+};
+#include "linear_impl.h"
+}  // namespace hk_avx512
+#pragma GCC pop_options
+
+
+namespace {
+constexpr int kISA_AVX2 = 1, kISA_AVX512 = 2;
+
+template <class F>
+void parallel(int64_t n, int nthreads, const F& f) {
+  int nt = (int)std::max<int64_t>(1, std::min<int64_t>(nthreads, n));
+  if (nt == 1) return f(0, n);
+#pragma omp parallel num_threads(nt)
+  {
+    const int64_t t = omp_get_thread_num(), T = omp_get_num_threads();
+    const int64_t b = n * t / T, e = n * (t + 1) / T;
+    if (b < e) f(b, e);
+  }
+}
+}  // namespace
+
+extern "C" {
+
+// out[M][N] (fp32) = x[M][K] (row stride ldx, dtype x_dtype) . w[N][K]^T (row stride ldw, dtype w_dtype) + bias.
+// isa: 1 = AVX2+FMA+F16C, 2 = AVX-512F/BW. kblock: K block in elements, 0 = auto (fit L1/L2). Returns 0 or a negative error.
+int hk_linear(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, const void* w, int w_dtype, int64_t N,
+              int64_t ldw, const float* bias, float* out, int isa, int64_t kblock, int nthreads) {
+  if (isa != kISA_AVX2 && isa != kISA_AVX512) return -1;
+  if (x_dtype < 0 || x_dtype > 2 || w_dtype < 0 || w_dtype > 2) return -2;
+  if (M <= 0 || N <= 0) return 0;
+  const WKind wk = w_dtype == kBF16 ? WKind::kBF16 : w_dtype == kF16 ? WKind::kF16 : WKind::kF32;
+  const bool avx512 = isa == kISA_AVX512;
+  const int64_t ch = avx512 ? 32 : 16;
+  std::vector<float> xp(M * K);
+  if (avx512)
+    hk_avx512::pack_x(x, x_dtype, M, K, ldx, wk == WKind::kBF16, xp.data());
+  else
+    hk_avx2::pack_x(x, x_dtype, M, K, ldx, wk == WKind::kBF16, xp.data());
+  Problem p{xp.data(), w, ldw, bias, out, M, N, K, kblock > 0 ? std::max<int64_t>(kblock / ch, 1) : 0, wk};
+  const int64_t rows = avx512 ? hk_avx512::rows_per_chunk(M) : hk_avx2::rows_per_chunk(M);
+  parallel((N + rows - 1) / rows, nthreads, [&](int64_t c0, int64_t c1) {
+    if (avx512)
+      hk_avx512::run(p, c0, c1);
+    else
+      hk_avx2::run(p, c0, c1);
+  });
+  return 0;
+}
+
+// Single-pass read-bandwidth probe (benchmarks): AVX2 sum of n floats.
+double hk_read_sum(const float* p, int64_t n, int nthreads) {
+  std::vector<double> partial(256, 0.0);
+  const int64_t blocks = n / 32;
+  parallel(blocks, std::min(nthreads, 256), [&](int64_t b, int64_t e) {
+    double d = hk_avx2::sum_blocks(p, b, e);
+    partial[omp_get_thread_num()] += d;
+  });
+  double total = 0;
+  for (double d : partial) total += d;
+  return total;
+}
+
+}  // extern "C"

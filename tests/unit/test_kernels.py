@@ -1,0 +1,91 @@
+"""hearth.kernels: the C++ decode linear kernels agree with F.linear (skipped where they cannot run)."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from hearth import kernels
+
+needs_kernels = pytest.mark.skipif(not kernels.available(), reason="hearth kernels unavailable (no AVX2 or compiler)")
+
+
+def _reference(x, w, bias):
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny problems: torch's thread pool only adds latency (badly so on a busy machine)
+    try:
+        return F.linear(x.float(), w.float(), None if bias is None else bias.float())
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _close(got, want, tol=1e-4):
+    # (not torch.testing.assert_close: its first call imports torch.distributed.tensor, ~5 s)
+    assert got.shape == want.shape and got.dtype == want.dtype, (got.shape, got.dtype, want.shape, want.dtype)
+    assert torch.allclose(got, want, rtol=tol, atol=tol), f"max abs diff {(got - want).abs().max().item():.3g}"
+
+
+def _isas():
+    isas = [kernels.ISA_AVX2] if kernels.isa() is not None else []
+    if kernels.isa() == kernels.ISA_AVX512:
+        isas.append(kernels.ISA_AVX512)
+    return isas
+
+
+@needs_kernels
+@pytest.mark.parametrize("wdtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("K", [64, 896, 2048])
+@pytest.mark.parametrize("N", [5, 130, 2048])
+def test_matches_f_linear(wdtype, K, N):
+    g = torch.Generator().manual_seed(K * 7 + N)
+    w = (torch.randn(N, K, generator=g) / K**0.5).to(wdtype)
+    bias = torch.randn(N, generator=g)
+    wf = w.float()
+    for isa in _isas():
+        for M in (1, 3, 8, 17, 64):
+            x = torch.randn(M, K, generator=g)
+            for b in (None, bias):
+                got = kernels._run(x, w, b, isa_code=isa)
+                assert got.dtype == torch.float32 and got.shape == (M, N)
+                _close(got, _reference(x, wf, b))
+
+
+@needs_kernels
+@pytest.mark.parametrize("K", [7, 40, 100])  # not a multiple of the 16/32-wide chunk: scalar tail
+def test_ragged_k_and_k_blocks(K):
+    g = torch.Generator().manual_seed(K)
+    w = torch.randn(37, K, generator=g).bfloat16()
+    x = torch.randn(9, K, generator=g)
+    for isa in _isas():
+        for kblock in (0, 16, 32):
+            _close(kernels._run(x, w, None, kblock=kblock, isa_code=isa), _reference(x, w, None))
+
+
+@needs_kernels
+def test_dtypes_strides_and_public_api():
+    g = torch.Generator().manual_seed(0)
+    w_full = torch.randn(300, 256, generator=g).bfloat16()
+    w = w_full[10:139]  # a row slice: contiguous rows, offset data pointer
+    x = torch.randn(4, 512, generator=g)[:, ::2]  # non-unit stride along K
+    bias = torch.randn(129, generator=g).bfloat16()
+    ref = _reference(x, w, bias)
+    _close(kernels.linear_bf16(x, w, bias), ref)
+    y = kernels.linear_bf16(x.bfloat16(), w, bias)  # bf16 activations -> bf16 output
+    assert y.dtype == torch.bfloat16
+    _close(y.float(), _reference(x.bfloat16(), w, bias), tol=2e-2)
+    _close(kernels.linear_f16(x, w.half()), _reference(x, w.half(), None))
+    _close(kernels.linear_f32(x, w.float()), _reference(x, w, None))
+    # The dispatcher: leading dims, both sides of the M threshold, matching F.linear's output dtype.
+    for m in (1, kernels.MAX_KERNEL_M, kernels.MAX_KERNEL_M + 1):
+        x3 = torch.randn(1, m, 256, generator=g)
+        _close(kernels.linear(x3, w, bias), _reference(x3, w, bias))
+    with pytest.raises(TypeError):
+        kernels.linear_bf16(x, w.float())
+    with pytest.raises(ValueError):
+        kernels.linear_bf16(x[:, :100], w)
+
+
+def test_linear_falls_back_without_kernels(monkeypatch):
+    monkeypatch.setattr(kernels, "available", lambda: False)
+    x, w, b = torch.randn(2, 16), torch.randn(3, 16).bfloat16(), torch.randn(3)
+    _close(kernels.linear(x, w, b), _reference(x, w, b))
+    x64 = torch.randn(2, 16, dtype=torch.float64)
+    _close(kernels.linear(x64, w.double(), None), F.linear(x64, w.double()))
