@@ -104,10 +104,12 @@ def _check_safetensors(path: str) -> None:
 
 
 def iter_safetensors(files: list[str], dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield (name, tensor) from mmapped files; each tensor converted to dtype (a view when already dtype)."""
+    """Yield (name, tensor) from mmapped files. 16-bit and float32 tensors come as stored (the layer that receives
+    one decides its format and converts while copying, so no second full copy is made); others go to dtype."""
     for path in files:
         _check_safetensors(path)
         with safe_open(path, framework="pt") as f:
             for name in f.keys():
                 t = f.get_tensor(name)
-                yield name, t.to(dtype) if t.is_floating_point() else t
+                native = t.dtype in (torch.float32, torch.bfloat16, torch.float16)
+                yield name, t if native or not t.is_floating_point() else t.to(dtype)

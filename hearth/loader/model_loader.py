@@ -4,12 +4,14 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 from torch import nn
+from tqdm import tqdm
 
 from hearth.config import EngineArgs, HFConfig, ModelConfig, resolve_dtype
 from hearth.loader.errors import LoadError
@@ -71,7 +73,9 @@ def _build(arch: str, hf_cfg: HFConfig, max_len: int, dtype: torch.dtype,
         model = cls(hf_cfg, max_len)
     finally:
         torch.set_default_dtype(old)
-    model.load_weights(weights)
+    # A progress bar on a terminal; logs (servers, CI) get the one summary line instead.
+    model.load_weights(tqdm(weights, desc="loading weights", unit=" tensors", disable=not sys.stderr.isatty(),
+                            leave=False))
     return model.eval()
 
 

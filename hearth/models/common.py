@@ -6,6 +6,8 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
+from hearth import kernels
+from hearth.layers.embedding import Embedding
 from hearth.layers.linear import Linear
 
 # Checkpoint projection name -> (merged layer name, shard). Models add their own rows.
@@ -31,8 +33,7 @@ class CausalLMBase(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         weight = self.model.embed_tokens.weight if self.tie_word_embeddings else self.lm_head.weight
-        logits = torch.nn.functional.linear(hidden, weight) if isinstance(weight, torch.Tensor) else self.lm_head(hidden)
-        logits = logits.float()
+        logits = kernels.linear(hidden, weight).float()
         if self.final_logit_softcap:
             logits = torch.tanh(logits / self.final_logit_softcap) * self.final_logit_softcap
         return logits
@@ -58,6 +59,15 @@ class CausalLMBase(nn.Module):
                     continue
             if name not in params:
                 raise ValueError(f"checkpoint tensor {name!r} has no place in {type(self).__name__}")
+            owner = modules.get(".".join(parts[:-1]))
+            if isinstance(owner, Linear):  # the layer owns its weight format
+                owner.load_shard(parts[-1], None, tensor)
+                filled.add(name)
+                continue
+            if isinstance(owner, Embedding) and parts[-1] == "weight":
+                owner.load(tensor)
+                filled.add(name)
+                continue
             param = params[name]
             if tuple(param.shape) != tuple(tensor.shape):
                 raise ValueError(f"shape mismatch for {name}: checkpoint {tuple(tensor.shape)}, "

@@ -1,7 +1,8 @@
 """hearth vs transformers on tiny random checkpoints: greedy tokens identical, top-5 logprobs close."""
 import pytest
+import torch
 
-from hearth import LLM, SamplingParams
+from hearth import LLM, SamplingParams, kernels
 from tests.tiny_models import build_checkpoint, hf_greedy, tiny_config
 
 STEPS = 32
@@ -18,6 +19,8 @@ CASES = {
     "mistral": dict(family="mistral", sliding_window=None),
     "mistral-sliding": dict(family="mistral", sliding_window=24),
     "qwen2": dict(family="qwen2", use_sliding_window=False),
+    # bf16 checkpoint, float32 compute: hearth keeps the weights in bf16 (exact) and widens them in its kernels.
+    "llama-bf16-checkpoint": dict(family="llama", ckpt_dtype=torch.bfloat16),
 }
 
 
@@ -25,9 +28,12 @@ CASES = {
 def test_greedy_parity(case: str, tmp_path) -> None:
     kwargs = dict(CASES[case])
     family = kwargs.pop("family")
-    folder = build_checkpoint(str(tmp_path / case), tiny_config(family, **kwargs))
+    ckpt_dtype = kwargs.pop("ckpt_dtype", torch.float32)
+    folder = build_checkpoint(str(tmp_path / case), tiny_config(family, **kwargs), dtype=ckpt_dtype)
     expected = hf_greedy(folder, PROMPTS, STEPS)
     llm = LLM(folder, dtype="float32", kv_cache_space=0.05, max_num_batched_tokens=64)
+    if ckpt_dtype == torch.bfloat16 and kernels.available():
+        assert llm.engine.model.model.layers[0].mlp.down_proj.weight.dtype == torch.bfloat16
     params = SamplingParams(temperature=0.0, max_tokens=STEPS, ignore_eos=True, logprobs=5)
     outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params)
     for (hf_tokens, hf_tops), out in zip(expected, outs):
