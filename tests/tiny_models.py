@@ -28,6 +28,30 @@ def tiny_tokenizer(vocab_size: int = VOCAB):
                                    chat_template=CHATML)
 
 
+# family -> (transformers config class name, defaults that keep it tiny). Head dims are set explicitly because
+# several families default to 128 or 256.
+_FAMILY_DEFAULTS: dict[str, tuple[str, dict]] = {
+    "qwen3": ("Qwen3Config", dict(head_dim=16)),
+    "qwen3_moe": ("Qwen3MoeConfig", dict(head_dim=16, moe_intermediate_size=32, num_experts=4,
+                                          num_experts_per_tok=2)),
+    "gemma": ("GemmaConfig", dict(head_dim=16, pad_token_id=2)),
+    "gemma2": ("Gemma2Config", dict(head_dim=16, pad_token_id=2, query_pre_attn_scalar=24, sliding_window=16)),
+    "gemma3": ("Gemma3TextConfig", dict(head_dim=16, pad_token_id=2, query_pre_attn_scalar=24, sliding_window=16,
+                                        num_hidden_layers=6)),
+    "phi3": ("Phi3Config", dict(pad_token_id=2)),
+    "mixtral": ("MixtralConfig", dict(num_local_experts=4, num_experts_per_tok=2)),
+    "stablelm": ("StableLmConfig", dict(pad_token_id=2)),
+    "olmo": ("OlmoConfig", dict(pad_token_id=2)),
+    "olmo2": ("Olmo2Config", dict(pad_token_id=2)),
+}
+
+
+def _family_configs() -> dict:
+    import transformers
+
+    return {k: (getattr(transformers, cls), d) for k, (cls, d) in _FAMILY_DEFAULTS.items()}
+
+
 def tiny_config(family: str, **overrides):
     import transformers
 
@@ -35,7 +59,10 @@ def tiny_config(family: str, **overrides):
                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
                 bos_token_id=0, eos_token_id=1, tie_word_embeddings=False)
     cls = {"llama": transformers.LlamaConfig, "mistral": transformers.MistralConfig,
-           "qwen2": transformers.Qwen2Config}[family]
+           "qwen2": transformers.Qwen2Config, **_family_configs()}[family]
+    if isinstance(cls, tuple):  # (config class, family defaults that make it tiny)
+        cls, defaults = cls
+        base.update(defaults)
     base.update(overrides)
     return cls(**base)
 
@@ -56,16 +83,27 @@ def build_checkpoint(folder: str, config, seed: int = 0, std: float = 0.08, dtyp
     return folder
 
 
+def hf_greedy_loop(model, ids: list[int], steps: int, top: int = 5):
+    """Plain greedy decoding with transformers' forward pass and its KV cache. No logits processors: eos is an
+    ordinary token here, as it is for hearth with ignore_eos."""
+    tokens, tops, past = [], [], None
+    inp = torch.tensor([ids])
+    with torch.no_grad():
+        for _ in range(steps):
+            out = model(input_ids=inp, past_key_values=past, use_cache=True)
+            past = out.past_key_values
+            logprobs = torch.log_softmax(out.logits[0, -1].float(), -1)
+            t = logprobs.topk(top)
+            tops.append((t.indices.tolist(), t.values.tolist()))
+            nxt = int(logprobs.argmax())
+            tokens.append(nxt)
+            inp = torch.tensor([[nxt]])
+    return tokens, tops
+
+
 def hf_greedy(folder: str, prompts: list[list[int]], steps: int, top: int = 5):
     """transformers' greedy tokens and top-k raw logprobs per step, one prompt at a time."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    results = []
-    for ids in prompts:
-        out = model.generate(torch.tensor([ids]), max_new_tokens=steps, min_new_tokens=steps, do_sample=False,
-                             output_logits=True, return_dict_in_generate=True, pad_token_id=0)
-        tokens = out.sequences[0, len(ids):].tolist()
-        tops = [torch.log_softmax(lg[0].float(), -1).topk(top) for lg in out.logits]
-        results.append((tokens, [(t.indices.tolist(), t.values.tolist()) for t in tops]))
-    return results
+    return [hf_greedy_loop(model, ids, steps, top) for ids in prompts]
