@@ -11,6 +11,7 @@ import functools
 import hashlib
 import logging
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -49,6 +50,12 @@ def load() -> ctypes.CDLL | None:
         return None
     try:
         from torch.utils import cpp_extension
+
+        # torch looks for `ninja` on PATH; the pip-installed one sits beside this interpreter, which a venv
+        # used without activation does not put on PATH.
+        bindir = os.path.dirname(sys.executable)
+        if bindir not in os.environ.get("PATH", "").split(os.pathsep):
+            os.environ["PATH"] = bindir + os.pathsep + os.environ.get("PATH", "")
 
         build_dir = cache_dir()
         build_dir.mkdir(parents=True, exist_ok=True)
