@@ -20,8 +20,10 @@ import torch
 logger = logging.getLogger("hearth")
 
 CSRC = Path(__file__).parent / "csrc"
-SOURCES = ["linear.cpp"]
-HEADERS = ["linear_impl.h"]
+# Every .cpp / .h in csrc/ is part of the one library: a new kernel is a new file (plus its argtypes in
+# _declare below or in its own Python module), never an edit of a list.
+SOURCES = sorted(p.name for p in CSRC.glob("*.cpp"))
+HEADERS = sorted(p.name for p in CSRC.glob("*.h"))
 # No -march: every vector instruction lives under a per-ISA `#pragma GCC target` and is chosen at run time.
 CFLAGS = ["-O3", "-fopenmp", "-Wno-unused-function"]
 LDFLAGS = ["-fopenmp"]
