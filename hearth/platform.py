@@ -101,8 +101,11 @@ def parse_core_list(spec: str) -> list[int]:
     return cores
 
 
-def _bind_omp_threads(cores: list[int]) -> bool:
-    """Pin OpenMP thread i of torch's pool to cores[i].
+def bind_omp_threads(cores: list[int]) -> bool:
+    """Pin OpenMP thread i of the calling thread's pool to cores[i].
+
+    NOTE: libgomp keeps one worker pool per thread that opens parallel regions, so a thread that will run the
+    model (e.g. the server's engine thread) must call this itself.
 
     Runs one parallel region through libgomp's GOMP_parallel; each worker pins itself (pid 0 = calling thread).
     Returns False where torch's OpenMP runtime cannot be found (binding is then skipped, never fatal).
@@ -160,6 +163,6 @@ def setup_threads(threads: int | None, bind: str) -> tuple[int, list[int]]:
                              f"(allowed: {allowed})")
         threads = len(cores)
     torch.set_num_threads(threads)
-    if cores and not _bind_omp_threads(cores[:threads]):
+    if cores and not bind_omp_threads(cores[:threads]):
         cores = []
     return threads, cores[:threads]

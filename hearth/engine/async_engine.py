@@ -18,6 +18,7 @@ from hearth.engine.llm_engine import EngineStats, LLMEngine
 from hearth.engine.outputs import StepOutput
 from hearth.engine.request import Request
 from hearth.metrics import ServerMetrics
+from hearth.platform import bind_omp_threads
 from hearth.sampling_params import SamplingParams
 
 logger = logging.getLogger("hearth")
@@ -189,6 +190,8 @@ class AsyncEngine:
     # ---- the engine thread ----
     def _run(self) -> None:
         engine = self.engine
+        if engine.bound_cores:  # this thread gets its own OpenMP pool: pin it like the loading thread's
+            bind_omp_threads(engine.bound_cores)
         while True:
             with self._cond:
                 while not self._cmds and not self._stop and not engine.has_unfinished_requests():
