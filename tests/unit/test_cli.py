@@ -1,0 +1,46 @@
+"""The CLI as a user runs it: real subprocesses, one-line errors, exit codes."""
+import subprocess
+import sys
+
+import pytest
+
+from tests.tiny_models import build_checkpoint, tiny_config
+
+
+def hearth(*args: str, stdin: str | None = None, timeout: float = 240) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "hearth.entrypoints.cli", *args], input=stdin, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> str:
+    return build_checkpoint(str(tmp_path_factory.mktemp("cli") / "tiny"), tiny_config("llama"))
+
+
+def test_missing_model_is_one_line_naming_the_fix():
+    r = hearth("generate", "org/some-model", "hi")
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "never downloads" in lines[0] and "Traceback" not in r.stderr
+
+
+def test_bad_flag_value_is_one_line():
+    r = hearth("generate", "x", "hi", "--temperature", "-1")
+    assert r.returncode == 2 and "temperature" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_generate_prints_text(tiny):
+    r = hearth("generate", tiny, "The quick brown fox", "--max-tokens", "8", "--kv-cache-space", "0.05")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip()
+
+
+def test_chat_reads_turns_until_empty_line(tiny):
+    r = hearth("chat", tiny, "--max-tokens", "4", "--kv-cache-space", "0.05", stdin="hello\nand again\n\n")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count("> ") >= 3  # two answered turns, then the prompt that got the empty line
+
+
+def test_doctor_reports_isa():
+    r = hearth("doctor")
+    assert r.returncode == 0 and "isa" in r.stdout and "physical cores" in r.stdout
