@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import gguf
 import numpy as np
 import torch
 
@@ -35,9 +36,12 @@ _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<
 _NP = {0: np.uint8, 1: np.int8, 2: np.uint16, 3: np.int16, 4: np.uint32, 5: np.int32, 6: np.float32,
        7: np.bool_, 10: np.uint64, 11: np.int64, 12: np.float64}
 _STR, _ARR = 8, 9
-# ggml type id -> (name, elements per block, bytes per block); the types we dequantize.
-_TYPES = {0: ("F32", 1, 4), 1: ("F16", 1, 2), 30: ("BF16", 1, 2), 2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20),
-          8: ("Q8_0", 32, 34), 12: ("Q4_K", 256, 144), 13: ("Q5_K", 256, 176), 14: ("Q6_K", 256, 210)}
+# ggml type id -> (name, elements per block, bytes per block); the types we dequantize (through gguf.quants).
+# Q4_K_M / Q5_K_M files mix several of these (e.g. Q5_0 and Q8_0 tensors inside a "Q4_K_M" file).
+_TYPE_NAMES = ["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K",
+               "Q6_K", "IQ4_NL", "IQ4_XS"]
+_TYPES = {gguf.GGMLQuantizationType[n].value: (n, *gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[n]])
+          for n in _TYPE_NAMES}
 _TORCH_FLOAT = {0: torch.float32, 1: torch.float16, 30: torch.bfloat16}
 
 
