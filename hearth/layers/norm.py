@@ -25,14 +25,17 @@ class RMSNorm(nn.Module):
 
 
 class LayerNorm(nn.LayerNorm):
-    def __init__(self, hidden_size: int, eps: float = 1e-5, bias: bool = True) -> None:
-        super().__init__(hidden_size, eps=eps, bias=bias)
+    """affine=False: no weight or bias at all (OLMo's non-parametric norm)."""
+
+    def __init__(self, hidden_size: int, eps: float = 1e-5, bias: bool = True, affine: bool = True) -> None:
+        super().__init__(hidden_size, eps=eps, elementwise_affine=affine, bias=bias)
         self.requires_grad_(False)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor | tuple:
         if residual is not None:
             x = x + residual
             residual = x
-        h = nn.functional.layer_norm(x.float(), self.normalized_shape, self.weight.float(),
+        h = nn.functional.layer_norm(x.float(), self.normalized_shape,
+                                     None if self.weight is None else self.weight.float(),
                                      None if self.bias is None else self.bias.float(), self.eps).to(x.dtype)
         return h if residual is None else (h, residual)

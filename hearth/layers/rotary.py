@@ -31,6 +31,9 @@ class RotaryEmbedding(nn.Module):
         super().__init__()
         self.head_dim = head_dim
         self.rotary_dim = rotary_dim
+        self.max_len = max_len
+        # longrope only: sequences longer than this use the long factors (rows max_len.. of the table)
+        self.long_after: int | None = None
         s = dict(rope_scaling or {})
         kind = s.get("rope_type") or s.get("type") or "default"
         inv_freq = _inv_freq(rotary_dim, base)
@@ -50,10 +53,13 @@ class RotaryEmbedding(nn.Module):
             inv_freq = _llama3_inv_freq(inv_freq, s)
         elif kind == "yarn":
             inv_freq, attn_factor = _yarn(inv_freq, rotary_dim, base, s, max_position_embeddings)
+        elif kind in ("longrope", "su"):
+            inv_freq, attn_factor, self.long_after = _longrope(inv_freq, s, max_position_embeddings or max_len)
         elif kind != "default":
             raise ValueError(f"rope_scaling type {kind!r} is not supported (supported: default, linear, "
-                             "dynamic, llama3, yarn)")
-        freqs = torch.outer(positions, inv_freq)  # [max_len, rotary_dim / 2]
+                             "dynamic, llama3, yarn, longrope)")
+        # inv_freq: [rotary_dim / 2], or [2, rotary_dim / 2] for longrope: short rows first, then long rows
+        freqs = torch.cat([torch.outer(positions, f) for f in inv_freq.view(-1, inv_freq.shape[-1])])
         self.register_buffer("cos", (freqs.cos() * attn_factor).float(), persistent=False)
         self.register_buffer("sin", (freqs.sin() * attn_factor).float(), persistent=False)
 
@@ -62,6 +68,16 @@ class RotaryEmbedding(nn.Module):
         cos = self.cos[positions].unsqueeze(1)  # [T, 1, rot/2]
         sin = self.sin[positions].unsqueeze(1)
         return self._apply(q, cos, sin), self._apply(k, cos, sin)
+
+    def table_index(self, positions: torch.Tensor, seq_lens: torch.Tensor) -> torch.Tensor:
+        """Rows of the cos/sin table for tokens at positions whose sequences hold seq_lens tokens so far.
+
+        Only longrope depends on the length: like HF, a sequence longer than the original context uses the long
+        factors at every position (HF decides per forward call, so a prompt prefilled in one call matches exactly).
+        """
+        if self.long_after is None:
+            return positions
+        return positions + (seq_lens > self.long_after).long() * self.max_len
 
     def _apply(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         rot = self.rotary_dim
@@ -92,6 +108,21 @@ def _yarn(inv_freq: torch.Tensor, dim: int, base: float, s: dict, max_pos: int |
     return inv, mscale
 
 
+def _longrope(inv_freq: torch.Tensor, s: dict, max_pos: int) -> tuple[torch.Tensor, float, int]:
+    """Phi-3's LongRoPE ("su"): per-dimension divisors for short and long contexts, one attention factor for both."""
+    orig = s.get("original_max_position_embeddings") or max_pos
+    factor = s.get("factor") or max_pos / orig
+    attn_factor = s.get("attention_factor")
+    if attn_factor is None:
+        attn_factor = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(orig))
+    short = torch.tensor(s["short_factor"], dtype=torch.float64)
+    long = torch.tensor(s["long_factor"], dtype=torch.float64)
+    if short.numel() != inv_freq.numel() or long.numel() != inv_freq.numel():
+        raise ValueError(f"longrope short_factor/long_factor must have {inv_freq.numel()} entries (rotary_dim / 2), "
+                         f"got {short.numel()} and {long.numel()}")
+    return torch.stack((inv_freq / short, inv_freq / long)), attn_factor, int(orig)
+
+
 def get_rope(cfg, head_dim: int, max_len: int, rotary_dim: int | None = None) -> RotaryEmbedding:
     """Build the rotary embedding a HF-style config describes."""
     base = cfg.get("rope_theta") or 10000.0
@@ -100,5 +131,9 @@ def get_rope(cfg, head_dim: int, max_len: int, rotary_dim: int | None = None) ->
         rp = cfg["rope_parameters"]
         base = rp.get("rope_theta", base)
         scaling = rp if rp.get("rope_type", "default") != "default" else None
+    if scaling is not None and cfg.get("original_max_position_embeddings") and \
+            (scaling.get("rope_type") or scaling.get("type")) in ("longrope", "su"):
+        # NOTE: Phi-3 keeps the pretraining length at the top level; like HF, it wins over the dict's.
+        scaling = {**scaling, "original_max_position_embeddings": cfg["original_max_position_embeddings"]}
     return RotaryEmbedding(head_dim, rotary_dim or head_dim, max_len, float(base), scaling,
                            cfg.get("max_position_embeddings"))

@@ -22,7 +22,8 @@ class LlamaAttention(nn.Module):
         self.head_dim = cfg.head_dim_
         q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         self.qkv_proj = Linear(cfg["hidden_size"], q + 2 * kv, bias=qkv_bias, shard_sizes={"q": q, "k": kv, "v": kv})
-        self.o_proj = Linear(q, cfg["hidden_size"], bias=bool(cfg.get("o_bias", False)))
+        # HF Llama's attention_bias covers o_proj too; Qwen2's qkv bias does not.
+        self.o_proj = Linear(q, cfg["hidden_size"], bias=qkv_bias and bool(cfg.get("attention_bias", False)))
         self.rotary_emb = get_rope(cfg, self.head_dim, max_len)
         self.attn = Attention(self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim ** -0.5, sliding_window)
         self.q_size, self.kv_size = q, kv

@@ -1,0 +1,51 @@
+"""Baichuan / Baichuan 2 (7B): the Llama graph (multi-head) with q, k, v packed in one W_pack projection and,
+for Baichuan 2, a NormHead lm_head (rows L2-normalized at inference; done once after loading).
+
+The checkpoints ship remote code (auto_map); hearth never runs it. The 13B variants use ALiBi instead of rotary,
+which hearth's attention does not implement yet: they are refused with a clear error.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from hearth.config import HFConfig
+from hearth.layers.attention import AttentionMetadata
+from hearth.layers.linear import Linear
+from hearth.layers.norm import RMSNorm
+from hearth.layers.rotary import get_rope
+from hearth.models.blocks import DecoderModel, PreNormDecoderLayer, QKVAttention
+from hearth.models.common import CausalLMBase
+from hearth.models.llama import LlamaMLP
+
+BAICHUAN2_VOCAB = 125696  # Baichuan 2's tokenizer; only Baichuan 2 normalizes its lm_head
+
+
+class BaichuanForCausalLM(CausalLMBase):
+    def __init__(self, cfg: HFConfig, max_len: int) -> None:
+        super().__init__()
+        if "max_position_embeddings" not in cfg:  # 13B configs give only model_max_length: ALiBi models
+            raise ValueError("Baichuan 13B (ALiBi position bias) is not supported yet; Baichuan/Baichuan2 7B are")
+        hidden, heads, eps = cfg["hidden_size"], cfg["num_attention_heads"], cfg.get("rms_norm_eps", 1e-6)
+        head_dim = hidden // heads
+        rope = get_rope(cfg, head_dim, max_len)
+        layers = [PreNormDecoderLayer(
+            QKVAttention(hidden, heads, heads, head_dim, rope, head_dim ** -0.5),
+            LlamaMLP(hidden, cfg["intermediate_size"], cfg.get("hidden_act", "silu")),
+            RMSNorm(hidden, eps), RMSNorm(hidden, eps)) for _ in range(cfg["num_hidden_layers"])]
+        self.model = DecoderModel(cfg, layers, RMSNorm(hidden, eps))
+        self.lm_head = Linear(hidden, cfg["vocab_size"])
+        # NOTE: config.json has no flag for NormHead; `norm_head` (hearth's key) overrides the vocab-size rule.
+        self.norm_head = bool(cfg.get("norm_head", cfg["vocab_size"] == BAICHUAN2_VOCAB))
+
+    def _rename(self, name: str) -> str | None:
+        name = super()._rename(name)  # W_pack is exactly our fused qkv_proj (q, k, v rows in that order)
+        return None if name is None else name.replace(".W_pack.", ".qkv_proj.")
+
+    def after_load(self) -> None:
+        if self.norm_head:
+            self.lm_head.weight.data = F.normalize(self.lm_head.weight.data.float(), dim=-1).to(
+                self.lm_head.weight.dtype)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        return self.model(input_ids, positions, meta)

@@ -1,0 +1,120 @@
+"""Blocks shared by the families past Llama: per-layer attention kinds, fused-qkv attention with optional q/k
+norms, the pre-norm decoder layer and the decoder stack.
+
+Layer protocol: layer(positions, x, residual, meta) -> (x, residual). Pre-norm layers defer the residual add
+into the next norm (residual is the running sum); layers that add it themselves return residual None.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from hearth.config import HFConfig
+from hearth.layers.attention import Attention, AttentionMetadata
+from hearth.layers.embedding import Embedding
+from hearth.layers.linear import Linear
+from hearth.layers.rotary import RotaryEmbedding
+
+
+def layer_types(cfg: HFConfig, default_pattern: int | None = None) -> list[str]:
+    """'sliding_attention' or 'full_attention' per layer: config `layer_types`, else a sliding pattern (every
+    pattern-th layer is full, as Gemma2's 1:1 and Gemma3's 5:1), else all sliding if a window is set."""
+    n = cfg["num_hidden_layers"]
+    if cfg.get("layer_types"):
+        return list(cfg["layer_types"])[:n]
+    window = cfg.get("sliding_window") if cfg.get("use_sliding_window", True) else None
+    pattern = cfg.get("sliding_window_pattern") or cfg.get("_sliding_window_pattern") or default_pattern
+    if window and pattern:
+        return ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(n)]
+    return ["sliding_attention" if window else "full_attention"] * n
+
+
+def sliding_windows(cfg: HFConfig, default_pattern: int | None = None) -> list[int | None]:
+    window = cfg.get("sliding_window") if cfg.get("use_sliding_window", True) else None
+    return [window if t == "sliding_attention" and window else None for t in layer_types(cfg, default_pattern)]
+
+
+class QKVAttention(nn.Module):
+    """Attention with a fused qkv projection. q_norm/k_norm (optional) see [T, H, D] when per_head, else the
+    flat [T, H * D] projections (OLMo2). clip_qkv clamps the fused projection (OLMo)."""
+
+    def __init__(self, hidden: int, num_heads: int, num_kv_heads: int, head_dim: int, rope: RotaryEmbedding,
+                 scale: float, *, qkv_bias: bool = False, o_bias: bool = False, sliding_window: int | None = None,
+                 logit_softcap: float | None = None, q_norm: nn.Module | None = None,
+                 k_norm: nn.Module | None = None, per_head_norm: bool = True, clip_qkv: float | None = None) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.q_size, self.kv_size = num_heads * head_dim, num_kv_heads * head_dim
+        self.qkv_proj = Linear(hidden, self.q_size + 2 * self.kv_size, bias=qkv_bias,
+                               shard_sizes={"q": self.q_size, "k": self.kv_size, "v": self.kv_size})
+        self.o_proj = Linear(self.q_size, hidden, bias=o_bias)
+        self.q_norm, self.k_norm, self.per_head_norm = q_norm, k_norm, per_head_norm
+        self.clip_qkv = clip_qkv
+        self.rotary_emb = rope  # NOTE: shared by every layer of one kind; not a checkpoint tensor
+        self.attn = Attention(num_heads, num_kv_heads, head_dim, scale, sliding_window, logit_softcap)
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        qkv = self.qkv_proj(x)
+        if self.clip_qkv is not None:
+            qkv = qkv.clamp(-self.clip_qkv, self.clip_qkv)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        if self.q_norm is not None and not self.per_head_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = q.reshape(-1, self.num_heads, self.head_dim)  # [T, H, D]
+        k = k.reshape(-1, self.num_kv_heads, self.head_dim)
+        v = v.reshape(-1, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None and self.per_head_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = self.rotary_emb(positions, q, k)
+        return self.o_proj(self.attn(q, k, v, meta))
+
+
+class PreNormDecoderLayer(nn.Module):
+    """x -> x + attn(norm(x)) -> x + mlp(norm(x)), with HF's norm names (Llama, Qwen3, Phi3, Mixtral)."""
+
+    def __init__(self, attn: nn.Module, mlp: nn.Module, input_norm: nn.Module, pre_mlp_norm: nn.Module) -> None:
+        super().__init__()
+        self.input_layernorm = input_norm
+        self.self_attn = attn
+        self.post_attention_layernorm = pre_mlp_norm
+        self.mlp = mlp
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | None,
+                meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            residual = x
+            x = self.input_layernorm(x)
+        else:
+            x, residual = self.input_layernorm(x, residual)
+        x = self.self_attn(positions, x, meta)
+        x, residual = self.post_attention_layernorm(x, residual)
+        return self.mlp(x), residual
+
+
+class DecoderModel(nn.Module):
+    """Embedding (optionally scaled), a stack of layers, a final norm. Names match HF's `model.*`."""
+
+    def __init__(self, cfg: HFConfig, layers: list[nn.Module], norm: nn.Module,
+                 embed_scale: float | None = None) -> None:
+        super().__init__()
+        self.embed_tokens = Embedding(cfg["vocab_size"], cfg["hidden_size"])
+        self.layers = nn.ModuleList(layers)
+        self.norm = norm
+        self.embed_scale = embed_scale
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        x = self.embed_tokens(input_ids)
+        if self.embed_scale is not None:
+            # NOTE: Gemma rounds the scale to the compute dtype before multiplying, as HF does.
+            x = x * torch.tensor(self.embed_scale, dtype=x.dtype)
+        residual = None
+        for layer in self.layers:
+            x, residual = layer(positions, x, residual, meta)
+        return self.norm(x) if residual is None else self.norm(x, residual)[0]
+
+
+def rotary_dim(cfg: HFConfig, head_dim: int) -> int:
+    """Rotated dims per head: partial_rotary_factor at the top level (older configs) or in rope_parameters."""
+    rp = cfg.get("rope_parameters") if isinstance(cfg.get("rope_parameters"), dict) else {}
+    factor = cfg.get("partial_rotary_factor") or rp.get("partial_rotary_factor") or 1.0
+    return int(head_dim * factor)
