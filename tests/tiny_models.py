@@ -74,8 +74,8 @@ def build_checkpoint(folder: str, config, seed: int = 0, std: float = 0.08, dtyp
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() > 1:
+        for name, p in model.named_parameters():
+            if p.dim() > 1 or name.endswith("bias"):  # biases too: HF inits them to zero, which tests nothing
                 p.normal_(0.0, std)
     os.makedirs(folder, exist_ok=True)
     model.save_pretrained(folder, safe_serialization=True)

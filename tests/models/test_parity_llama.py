@@ -12,6 +12,7 @@ PROMPTS = [[5, 17, 42, 99, 7], [300, 12], list(range(20, 80)), [201, 202, 203, 2
 CASES = {
     "llama": dict(family="llama"),
     "llama-tied": dict(family="llama", tie_word_embeddings=True),
+    "llama-attention-bias": dict(family="llama", attention_bias=True),
     "llama3-rope": dict(family="llama", rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                                                       "high_freq_factor": 4.0,
                                                       "original_max_position_embeddings": 32}),
