@@ -1,6 +1,9 @@
 """SamplingParams: what one request asks of the sampler and the stop logic. Validated once, here."""
+import math
 from dataclasses import dataclass, field
 from enum import IntEnum
+
+from hearth.structured.params import StructuredOutputsParams
 
 _GREEDY_EPS = 1e-5
 
@@ -33,6 +36,8 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
     detokenize: bool = True
+    # A grammar the output must follow (JSON schema, regex, choice, grammar): see hearth/structured/.
+    structured_outputs: StructuredOutputsParams | None = None
     # Filled by the engine, not the user: stop strings as a list, resolved max_tokens.
     _stop_list: list[str] = field(default_factory=list, repr=False)
 
@@ -54,8 +59,8 @@ class SamplingParams:
 
         if not isinstance(self.n, int) or self.n < 1:
             raise bad(f"n must be an integer >= 1, got {self.n!r}")
-        if self.temperature < 0:
-            raise bad(f"temperature must be >= 0, got {self.temperature}")
+        if not math.isfinite(self.temperature) or self.temperature < 0:
+            raise bad(f"temperature must be a finite number >= 0, got {self.temperature}")
         if not 0.0 < self.top_p <= 1.0:
             raise bad(f"top_p must be in (0, 1], got {self.top_p}")
         if not isinstance(self.top_k, int) or self.top_k < 0:
@@ -74,16 +79,23 @@ class SamplingParams:
             raise bad(f"min_tokens must be an integer >= 0, got {self.min_tokens!r}")
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             raise bad(f"min_tokens ({self.min_tokens}) must be <= max_tokens ({self.max_tokens})")
-        if self.logprobs is not None and (self.logprobs < 0 or self.logprobs > 20):
+        if self.logprobs is not None and (not isinstance(self.logprobs, int) or not 0 <= self.logprobs <= 20):
             raise bad(f"logprobs must be in [0, 20], got {self.logprobs}")
-        if self.prompt_logprobs is not None and (self.prompt_logprobs < 0 or self.prompt_logprobs > 20):
+        if self.prompt_logprobs is not None and (not isinstance(self.prompt_logprobs, int)
+                                                 or not 0 <= self.prompt_logprobs <= 20):
             raise bad(f"prompt_logprobs must be in [0, 20], got {self.prompt_logprobs}")
         if self.seed is not None and not isinstance(self.seed, int):
             raise bad(f"seed must be an integer, got {self.seed!r}")
         if any(not isinstance(s, str) or not s for s in self._stop_list):
             raise bad("stop must be a non-empty string or a list of non-empty strings")
+        if self.structured_outputs is not None and not isinstance(self.structured_outputs, StructuredOutputsParams):
+            raise bad("structured_outputs must be a StructuredOutputsParams")
         if self.logit_bias:
             for tok, bias in self.logit_bias.items():
+                try:
+                    int(tok), float(bias)
+                except (TypeError, ValueError):
+                    raise bad(f"logit_bias must map token ids to numbers, got {tok!r}: {bias!r}") from None
                 if not -100.0 <= float(bias) <= 100.0:
                     raise bad(f"logit_bias values must be in [-100, 100], got {bias} for token {tok}")
             self.logit_bias = {int(k): float(v) for k, v in self.logit_bias.items()}

@@ -20,6 +20,7 @@ from hearth.engine.scheduler import Scheduler
 from hearth.loader.model_loader import load_model
 from hearth.platform import cpu_info, setup_threads
 from hearth.sampling_params import SamplingParams
+from hearth.structured.manager import StructuredOutputManager
 
 logger = logging.getLogger("hearth")
 
@@ -72,6 +73,8 @@ class LLMEngine:
         self.scheduler = Scheduler(self.scheduler_config, self.block_manager)
         self.runner = ModelRunner(self.model, self.cache_config.num_blocks, args.block_size, mc.dtype,
                                   mc.vocab_size, args.seed)
+        # Structured output: grammars compiled against the tokenizer, masks prefetched while the model runs.
+        self.structured = StructuredOutputManager(self.tokenizer.hf, mc.vocab_size, mc.eos_token_ids)
         self.seqs: dict[str, _Sequence] = {}  # engine request id -> sequence
         self.parents: dict[str, list[str]] = {}  # user request id -> engine request ids
         self._ids = itertools.count()
@@ -112,6 +115,8 @@ class LLMEngine:
             raise ValueError(f"this model's maximum context length is {mc.max_model_len} tokens, but the request "
                              f"asks for {n_prompt + max_tokens} ({n_prompt} in the prompt and {max_tokens} to "
                              "generate): shorten the prompt or lower max_tokens")
+        # NOTE: compiled here, before anything is queued: an invalid schema is a ValueError (400), never a step error.
+        grammar = self.structured.compile(params.structured_outputs) if params.structured_outputs else None
         children = []
         for i in range(params.n):
             child_params = params
@@ -119,6 +124,8 @@ class LLMEngine:
                 child_params = _child_params(params, i)
             rid = f"{request_id}#{i}" if params.n > 1 else request_id
             req = Request(rid, prompt_token_ids, child_params, mc.eos_token_ids, arrival_time)
+            if grammar is not None:
+                req.grammar = grammar.new_matcher()  # each of the n sequences walks the grammar on its own
             detok = (IncrementalDetokenizer(self.tokenizer, prompt_token_ids, params.skip_special_tokens)
                      if params.detokenize else None)
             self.seqs[rid] = _Sequence(req, request_id, i, detok)
@@ -147,6 +154,7 @@ class LLMEngine:
         sched = self.scheduler.schedule()
         if sched.is_empty:
             return []
+        self.structured.prefetch([s.request for s in sched.scheduled if s.sample])  # overlaps the forward pass
         result = self.runner.execute(sched, self.block_manager)
         self.scheduler.commit(sched)
         now = time.monotonic()
@@ -167,6 +175,9 @@ class LLMEngine:
             req.first_token_time = now
         req.last_token_time = now
         status, stop_reason = self._check_stop_token(req, token)
+        if (req.grammar is not None and self.structured.accept(req.grammar, token, req.request_id)
+                and status in (None, RequestStatus.FINISHED_LENGTH)):
+            status = RequestStatus.FINISHED_STOPPED  # the grammar is complete: nothing but EOS could follow
         new_text = ""
         if seq.detok is not None:
             hide_token = status is not None and not p.include_stop_str_in_output and stop_reason is not None
@@ -176,8 +187,10 @@ class LLMEngine:
                 seq.detok.flush()
             text = seq.detok.text
             if p.stop_strings and req.num_output_tokens >= p.min_tokens and status is None:
-                hit = find_stop(text, len(text) - seq.emitted_chars + 64, p.stop_strings)
-                if hit is not None:
+                # Only text not yet streamed: a stop string that began in streamed text (possible only while
+                # min_tokens held the check off) was let through then and must not cut what the client has.
+                hit = find_stop(text, len(text) - seq.emitted_chars, p.stop_strings)
+                if hit is not None and hit[0] >= seq.emitted_chars:
                     start, stop = hit
                     end = start + len(stop) if p.include_stop_str_in_output else start
                     seq.detok.text = text = text[:end]

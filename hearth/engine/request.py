@@ -50,6 +50,8 @@ class Request:
         self.prompt_logprobs: list | None = None
         self.prompt_logprobs_cursor = 0  # prompt positions whose logprobs are computed
         self.block_hashes: list[int] = []  # chained hashes of this request's full blocks, grown lazily
+        # Structured output: this sequence's grammar state (hearth.structured.compiler.GrammarMatcher), or None.
+        self.grammar = None
 
     @property
     def num_prompt_tokens(self) -> int:

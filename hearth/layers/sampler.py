@@ -11,6 +11,7 @@ import torch
 
 from hearth.engine.request import Request
 from hearth.sampling_params import SamplingType
+from hearth.structured.bitmask import apply_grammar_masks
 
 
 @dataclass
@@ -52,6 +53,9 @@ class Sampler:
         want_lp = [r.params.logprobs is not None for r in reqs]
         raw_logprobs = torch.log_softmax(logits, dim=-1) if any(want_lp) else None
         logits = self._apply_processors(logits.clone(), reqs)
+        grammars = [getattr(r, "grammar", None) for r in reqs]
+        if any(g is not None for g in grammars):
+            apply_grammar_masks(logits, grammars)  # structured output: grammar's tokens only
 
         token_ids = torch.empty(len(reqs), dtype=torch.long)
         greedy = [i for i, r in enumerate(reqs) if r.params.sampling_type == SamplingType.GREEDY]
@@ -130,10 +134,11 @@ class Sampler:
         drop = ranks >= top_k.unsqueeze(1)
         probs = torch.softmax(sorted_logits.masked_fill(drop, float("-inf")), dim=-1)
         # top-p: keep the smallest prefix whose mass reaches p (the first token always stays).
+        # NOTE: only rows with top_p < 1: the float cumsum can reach 1.0 early and would cut a row's tail.
         cum_before = probs.cumsum(dim=-1) - probs
-        drop |= cum_before >= top_p.unsqueeze(1)
+        drop |= (cum_before >= top_p.unsqueeze(1)) & (top_p < 1.0).unsqueeze(1)
         # min-p: drop tokens below min_p times the top probability.
-        drop |= probs < (min_p * probs[:, :1])
+        drop |= probs < (min_p.unsqueeze(1) * probs[:, :1])
         drop[:, 0] = False
         sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
         return torch.empty_like(logits).scatter_(1, order, sorted_logits)

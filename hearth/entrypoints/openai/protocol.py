@@ -5,11 +5,13 @@ wrong type becomes a 400 naming the field. Range checks live in SamplingParams, 
 """
 from __future__ import annotations
 
+import json
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
 from hearth.sampling_params import SamplingParams
+from hearth.structured.params import StructuredOutputsParams
 
 
 class OpenAIModel(BaseModel):
@@ -19,6 +21,38 @@ class OpenAIModel(BaseModel):
 class StreamOptions(OpenAIModel):
     include_usage: bool | None = False
     continuous_usage_stats: bool | None = False
+
+
+class FieldError(ValueError):
+    """A user error in one request field (a 400 with that param)."""
+
+    def __init__(self, message: str, param: str | None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+class JSONSchemaFormat(OpenAIModel):
+    name: str | None = None
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(OpenAIModel):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JSONSchemaFormat | None = None
+
+
+class StructuredOutputsField(OpenAIModel):
+    """vLLM's `structured_outputs` object."""
+
+    json_: str | dict[str, Any] | None = Field(default=None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: StrictBool | None = None
+    disable_any_whitespace: StrictBool | None = None
+    structural_tag: Any = None
 
 
 class _SamplingFields(OpenAIModel):
@@ -45,9 +79,53 @@ class _SamplingFields(OpenAIModel):
     stream: StrictBool | None = False
     stream_options: StreamOptions | None = None
     user: str | None = None
+    # Structured output: OpenAI's response_format, vLLM's guided_* fields and structured_outputs object.
+    response_format: ResponseFormat | None = None
+    guided_json: str | dict[str, Any] | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    guided_decoding_backend: str | None = None  # accepted and ignored: hearth has one backend
+    structured_outputs: StructuredOutputsField | None = None
+
+    def structured_params(self) -> tuple[StructuredOutputsParams | None, str | None]:
+        """The requested constraint and the field that asked for it. Raises FieldError naming the problem."""
+        asked: list[tuple[str, dict[str, Any]]] = []
+        rf = self.response_format
+        if rf is not None and rf.type == "json_object":
+            asked.append(("response_format", {"json_object": True}))
+        elif rf is not None and rf.type == "json_schema":
+            if rf.json_schema is None or rf.json_schema.schema_ is None:
+                raise FieldError("response_format of type json_schema needs json_schema.schema", "response_format")
+            asked.append(("response_format", {"json": rf.json_schema.schema_}))
+        for name, key in (("guided_json", "json"), ("guided_regex", "regex"), ("guided_choice", "choice"),
+                          ("guided_grammar", "grammar")):
+            if getattr(self, name) is not None:
+                asked.append((name, {key: getattr(self, name)}))
+        so = self.structured_outputs
+        if so is not None:
+            if so.structural_tag is not None:
+                raise FieldError("structured_outputs.structural_tag is not supported by this server",
+                                 "structured_outputs")
+            fields = {"json": so.json_, "regex": so.regex, "choice": so.choice, "grammar": so.grammar,
+                      "json_object": so.json_object}
+            asked.append(("structured_outputs", {k: v for k, v in fields.items() if v is not None}))
+            if so.disable_any_whitespace is not None:
+                asked[-1][1]["disable_any_whitespace"] = so.disable_any_whitespace
+        if not asked:
+            return None, None
+        if len(asked) > 1:
+            raise FieldError(f"give one structured output constraint, not several "
+                             f"({', '.join(n for n, _ in asked)})", asked[1][0])
+        name, kwargs = asked[0]
+        try:
+            return StructuredOutputsParams(**kwargs), name
+        except ValueError as e:
+            raise FieldError(f"{name}: {e}", name) from None
 
     def sampling_params(self, max_tokens: int | None, logprobs: int | None,
-                        prompt_logprobs: int | None = None) -> SamplingParams:
+                        prompt_logprobs: int | None = None,
+                        structured_outputs: StructuredOutputsParams | None = None) -> SamplingParams:
         """Raises ValueError (a 400) for out-of-range values."""
         bias = None
         if self.logit_bias:
@@ -64,7 +142,7 @@ class _SamplingFields(OpenAIModel):
             logit_bias=bias, stop=self.stop, stop_token_ids=self.stop_token_ids,
             include_stop_str_in_output=self.include_stop_str_in_output, ignore_eos=self.ignore_eos,
             max_tokens=max_tokens, min_tokens=self.min_tokens, logprobs=logprobs, prompt_logprobs=prompt_logprobs,
-            skip_special_tokens=self.skip_special_tokens)
+            skip_special_tokens=self.skip_special_tokens, structured_outputs=structured_outputs)
 
     @property
     def include_usage(self) -> bool:
@@ -90,10 +168,23 @@ class TextPart(OpenAIModel):
     text: str | None = None
 
 
+class FunctionCall(OpenAIModel):
+    name: str
+    arguments: str | dict[str, Any] = "{}"
+
+
+class ToolCallMessage(OpenAIModel):
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(OpenAIModel):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCallMessage] | None = None
+    tool_call_id: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """The message as the chat template sees it: text parts joined, other part types refused."""
@@ -108,7 +199,47 @@ class ChatMessage(OpenAIModel):
         msg: dict[str, Any] = {"role": self.role, "content": content or ""}
         if self.name is not None:
             msg["name"] = self.name
+        if self.tool_call_id is not None:
+            msg["tool_call_id"] = self.tool_call_id
+        if self.tool_calls:
+            msg["tool_calls"] = [{"id": c.id, "type": "function",
+                                  "function": {"name": c.function.name, "arguments": _arguments(c.function.arguments)}}
+                                 for c in self.tool_calls]
         return msg
+
+
+def _arguments(args: str | dict[str, Any]) -> dict[str, Any]:
+    """Templates render arguments as an object (`| tojson`): parse the JSON text a client sends back."""
+    if isinstance(args, dict):
+        return args
+    try:
+        value = json.loads(args or "{}")
+    except json.JSONDecodeError:
+        raise ValueError(f"tool call arguments must be a JSON object, got {args[:100]!r}") from None
+    if not isinstance(value, dict):  # NOTE: ValueError, not TypeError: render_chat makes it a 400
+        raise ValueError(f"tool call arguments must be a JSON object, got {args[:100]!r}")  # noqa: TRY004
+    return value
+
+
+class FunctionDefinition(OpenAIModel):
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[a-zA-Z0-9_.-]+$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ChatTool(OpenAIModel):
+    type: Literal["function"] = "function"
+    function: FunctionDefinition
+
+
+class NamedFunction(OpenAIModel):
+    name: str
+
+
+class NamedToolChoice(OpenAIModel):
+    type: Literal["function"] = "function"
+    function: NamedFunction
 
 
 class ChatCompletionRequest(_SamplingFields):
@@ -123,6 +254,9 @@ class ChatCompletionRequest(_SamplingFields):
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     add_special_tokens: StrictBool = False
+    tools: list[ChatTool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: StrictBool | None = True
 
 
 class TokenizeRequest(OpenAIModel):

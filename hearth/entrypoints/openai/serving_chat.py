@@ -8,7 +8,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from hearth.entrypoints.openai.errors import APIError, bad_request
-from hearth.entrypoints.openai.protocol import ChatCompletionRequest, ChatMessage
+from hearth.entrypoints.openai.protocol import ChatCompletionRequest, ChatMessage, FieldError
 from hearth.entrypoints.openai.serving_common import (
     SAMPLING_PARAMS,
     Guarded,
@@ -18,19 +18,24 @@ from hearth.entrypoints.openai.serving_common import (
     sse_stream,
     usage,
 )
+from hearth.entrypoints.openai.serving_tools import ToolPlan, ToolStream, finish_message, plan_tools
 from hearth.layers.sampler import TokenLogprobs
 
 
 def render_chat(ctx: ServingContext, messages: list[ChatMessage], add_generation_prompt: bool,
                 continue_final_message: bool = False, chat_template: str | None = None,
-                kwargs: dict | None = None) -> str:
+                kwargs: dict | None = None, tools: ToolPlan | None = None) -> str:
     """Apply the chat template; a bad message list or template is the user's error (400), not ours."""
     from jinja2 import TemplateError
 
     try:
         dicts = [m.as_dict() for m in messages]
+        template = chat_template or ctx.chat_template
+        if tools is not None and tools.tools:
+            dicts = tools.add_to_messages(dicts, template or ctx.tokenizer.chat_template)
         return ctx.tokenizer.apply_chat_template(dicts, add_generation_prompt=add_generation_prompt,
-                                                 chat_template=chat_template or ctx.chat_template,
+                                                 tools=tools.tools if tools is not None and tools.tools else None,
+                                                 chat_template=template,
                                                  continue_final_message=continue_final_message, **(kwargs or {}))
     except (ValueError, TemplateError, TypeError) as e:
         raise APIError(400, f"cannot apply the chat template: {e}", param="messages") from None
@@ -52,18 +57,29 @@ async def create_chat_completion(ctx: ServingContext, req: ChatCompletionRequest
         raise APIError(400, "top_logprobs requires logprobs to be true", param="top_logprobs")
     if req.top_logprobs is not None and not 0 <= req.top_logprobs <= 20:
         raise APIError(400, f"top_logprobs must be in [0, 20], got {req.top_logprobs}", param="top_logprobs")
+    plan = plan_tools(req)
+    try:
+        spec, spec_param = req.structured_params()
+    except FieldError as e:
+        raise APIError(400, str(e), param=e.param) from None
+    if plan.constraint is not None:
+        if spec is not None:
+            raise APIError(400, f"tool_choice {plan.mode!r} cannot be combined with {spec_param}",
+                           param="tool_choice")
+        spec, spec_param = plan.constraint, "tools"  # NOTE: the grammar comes from the functions' schemas
     text = render_chat(ctx, req.messages, req.add_generation_prompt, req.continue_final_message,
-                       req.chat_template, req.chat_template_kwargs)
+                       req.chat_template, req.chat_template_kwargs, plan)
     ids = ctx.tokenizer.encode(text, add_special_tokens=req.add_special_tokens)
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     try:
-        params = req.sampling_params(max_tokens, logprobs)
+        params = req.sampling_params(max_tokens, logprobs, structured_outputs=spec)
     except ValueError as e:
         err = bad_request(e, SAMPLING_PARAMS)
         if err.param == "max_tokens" and req.max_completion_tokens is not None:
             err.param = "max_completion_tokens"
         raise err from None
+    await ctx.compile_structured(spec, spec_param)
     request_id = new_id("chatcmpl")
     stream = await ctx.generate([(request_id, ids, params)])
     n = params.n
@@ -73,6 +89,7 @@ async def create_chat_completion(ctx: ServingContext, req: ChatCompletionRequest
     if req.stream:
         async def chunks() -> AsyncIterator[str]:
             completion_tokens = 0
+            tool_streams = [ToolStream(plan) for _ in range(n)]
             async with Guarded(raw, stream) as outputs:
                 for i in range(n):
                     yield sse({**head, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
@@ -80,9 +97,14 @@ async def create_chat_completion(ctx: ServingContext, req: ChatCompletionRequest
                 async for out in outputs:
                     completion_tokens += len(out.new_token_ids)
                     lp = {"content": _logprobs_content(ctx, out.new_logprobs)} if req.logprobs else None
-                    delta = {"content": out.new_text} if out.new_text or not out.finished else {}
+                    ts = tool_streams[out.index]
+                    delta = ts.delta(out.new_text, out.finished)
+                    if not delta and plan.mode is None and not out.finished:
+                        delta = {"content": ""}
+                    if not delta and not out.finished and lp is None:
+                        continue  # held back (a tool call in progress): nothing to send yet
                     choice = {"index": out.index, "delta": delta, "logprobs": lp,
-                              "finish_reason": out.finish_reason if out.finished else None}
+                              "finish_reason": ts.finish_reason(out.finish_reason) if out.finished else None}
                     if out.finished:
                         choice["stop_reason"] = out.stop_reason
                     yield sse({**head, "choices": [choice]})
@@ -105,7 +127,10 @@ async def create_chat_completion(ctx: ServingContext, req: ChatCompletionRequest
                 finish[out.index] = (out.finish_reason, out.stop_reason)
     if stream.aborted:
         return JSONResponse({}, status_code=499)  # the client is gone; nobody reads this
-    choices = [{"index": i, "message": {"role": "assistant", "content": texts[i]},
-                "logprobs": {"content": _logprobs_content(ctx, lps[i])} if req.logprobs else None,
-                "finish_reason": finish[i][0], "stop_reason": finish[i][1]} for i in range(n)]
+    choices = []
+    for i in range(n):
+        message, reason = finish_message(plan, texts[i], finish[i][0])
+        choices.append({"index": i, "message": message,
+                        "logprobs": {"content": _logprobs_content(ctx, lps[i])} if req.logprobs else None,
+                        "finish_reason": reason, "stop_reason": finish[i][1]})
     return JSONResponse({**head, "choices": choices, "usage": usage(len(ids), sum(token_counts), cached)})

@@ -14,6 +14,7 @@ from hearth.engine.async_engine import AsyncEngine, EngineDeadError, QueueFullEr
 from hearth.engine.outputs import StepOutput
 from hearth.entrypoints.openai.errors import APIError, bad_request, error_body
 from hearth.sampling_params import SamplingParams
+from hearth.structured.params import StructuredOutputsParams
 from hearth.tokenizer import Tokenizer
 
 # Parameter names a SamplingParams / engine message may start with (its first word names the field).
@@ -44,6 +45,16 @@ class ServingContext:
         if text is None:
             text = self._token_texts[token_id] = self.tokenizer.decode([token_id], skip_special_tokens=False)
         return text
+
+    async def compile_structured(self, spec: StructuredOutputsParams | None, param: str | None) -> None:
+        """Compile (and cache) a constraint off the event loop and off the engine thread: a bad one is a 400
+        naming the field that asked for it. The engine's own compile in add_request is then a cache hit."""
+        if spec is None:
+            return
+        try:
+            await asyncio.to_thread(self.engine.engine.structured.compile, spec)
+        except ValueError as e:
+            raise APIError(400, f"{param}: {e}" if param else str(e), param=param) from None
 
     async def generate(self, subs: list[tuple[str, list[int], SamplingParams]]) -> RequestStream:
         """Submit; user errors become 400, a full queue 503 with Retry-After."""

@@ -10,7 +10,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from hearth.engine.outputs import StepOutput
 from hearth.entrypoints.openai.errors import APIError, bad_request
-from hearth.entrypoints.openai.protocol import CompletionRequest
+from hearth.entrypoints.openai.protocol import CompletionRequest, FieldError
 from hearth.entrypoints.openai.serving_common import (
     SAMPLING_PARAMS,
     Guarded,
@@ -89,9 +89,14 @@ async def create_completion(ctx: ServingContext, req: CompletionRequest, raw: Re
     if req.echo and req.logprobs is not None and prompt_lp is None:
         prompt_lp = req.logprobs  # echo with logprobs returns the prompt's logprobs too
     try:
-        params = req.sampling_params(req.max_tokens, req.logprobs, prompt_lp)
+        spec, spec_param = req.structured_params()
+    except FieldError as e:
+        raise APIError(400, str(e), param=e.param) from None
+    try:
+        params = req.sampling_params(req.max_tokens, req.logprobs, prompt_lp, structured_outputs=spec)
     except ValueError as e:
         raise bad_request(e, SAMPLING_PARAMS) from None
+    await ctx.compile_structured(spec, spec_param)
     request_id = new_id("cmpl")
     subs = [(f"{request_id}-{i}", ids, params) for i, (_, ids) in enumerate(prompts)]
     prompt_of = {rid: i for i, (rid, _, _) in enumerate(subs)}
