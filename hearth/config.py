@@ -128,4 +128,4 @@ class EngineArgs:
     served_model_name: str | None = None
     chat_template: str | None = None
     max_waiting_requests: int | None = None
-    quantization: str | None = None
+    quantization: str | None = None  # auto (None) | none | int8 | int4[-g32|-g64|-g128] | gguf: layers/quant_linear.py

@@ -36,11 +36,16 @@ def add_engine_args(p: argparse.ArgumentParser, model_optional: bool = False) ->
     g.add_argument("--seed", type=int, default=0, help="seed for requests without their own")
     g.add_argument("--chat-template", default=None, help="chat template: a file or a Jinja string")
     g.add_argument("--served-model-name", default=None, help="model name the API reports and accepts")
+    g.add_argument("--quantization", default=None,
+                   choices=["auto", "none", "int8", "int4", "int4-g32", "int4-g64", "int4-g128", "gguf"],
+                   help="weight-only quantization: int8 (per channel) / int4[-gN] (group-wise, default group 128) "
+                        "computed at load; auto (default) keeps GGUF Q8_0/Q4_0/Q4_1/Q4_K weights quantized; "
+                        "none dequantizes them")
 
 
 ENGINE_ARG_NAMES = ["model", "tokenizer", "dtype", "max_model_len", "max_num_seqs", "max_num_batched_tokens",
                     "block_size", "kv_cache_space", "enable_prefix_caching", "threads", "omp_threads_bind", "seed",
-                    "chat_template", "served_model_name"]
+                    "chat_template", "served_model_name", "quantization"]
 
 
 def engine_args_from(ns: argparse.Namespace):

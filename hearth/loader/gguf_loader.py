@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from hearth.config import HFConfig
+from hearth.kernels.quant_gguf import GGUFBlocks
 from hearth.loader.errors import LoadError
 
 if TYPE_CHECKING:
@@ -289,7 +290,8 @@ def _build_config(path: str, meta: dict[str, Any], arch_name: str, arch: _Arch, 
     cfg.setdefault("sliding_window", None)
     cfg["rope_scaling"] = _rope_scaling(meta, prefix)
     cfg["tie_word_embeddings"] = "output.weight" not in names
-    cfg["attention_bias"] = "blk.0.attn_q.bias" in names
+    # HF attention_bias covers o_proj too (Llama, Qwen3); Qwen2 has q/k/v biases by architecture and none on o_proj.
+    cfg["attention_bias"] = "blk.0.attn_output.bias" in names
     for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
         gkey = {"pad_token_id": "padding_token_id"}.get(key, key)
         cfg[key] = meta.get(f"tokenizer.ggml.{gkey}")
@@ -351,8 +353,23 @@ def _build_tokenizer(path: str) -> tuple[PreTrainedTokenizerFast, str | None]:
     except (ValueError, KeyError) as e:
         raise GGUFError(f"{path}: cannot build a tokenizer from the embedded vocab ({e}); "
                         "pass --tokenizer with an HF tokenizer folder") from e
+    backend = _drop_tokens_past(backend, len(tok_dict["tokens"]))
     tok = PreTrainedTokenizerFast(tokenizer_object=backend, **{**tok_cfg, **extra})
     return tok, tok_cfg.get("chat_template")
+
+
+def _drop_tokens_past(backend: Any, n: int) -> Any:
+    """transformers' byte-level builder (GPT2Tokenizer) adds its default "<|endoftext|>" when the vocab lacks it
+    (e.g. Llama 3): an id past the model's embedding. Keep only the GGUF's own n tokens."""
+    if backend.get_vocab_size(with_added_tokens=True) <= n:
+        return backend
+    import json
+
+    from tokenizers import Tokenizer
+
+    state = json.loads(backend.to_str())
+    state["added_tokens"] = [t for t in state["added_tokens"] if t["id"] < n]
+    return Tokenizer.from_str(json.dumps(state))
 
 
 # ---------------------------------------------------------------- public API
@@ -368,8 +385,13 @@ class GGUFCheckpoint:
     _parts: list[_Part] = field(repr=False, default_factory=list)
     _arch: _Arch | None = field(repr=False, default=None)
 
-    def tensors(self, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
-        """(HF name, tensor in HF layout, dtype), one at a time; only one tensor's bytes are resident."""
+    def tensors(self, dtype: torch.dtype, keep_quantized: frozenset[str] = frozenset(),
+                ) -> Iterator[tuple[str, torch.Tensor | GGUFBlocks]]:
+        """(HF name, tensor in HF layout, dtype), one at a time; only one tensor's bytes are resident.
+
+        Linear weights (2-D, not the embedding) of a ggml type named in `keep_quantized` (a subset of
+        quant_gguf.KEPT_NAMES: Q8_0, Q4_0, Q4_1, Q4_K) come as GGUFBlocks (raw rows, HF row order) instead.
+        """
         assert self._arch is not None
         cfg = self.hf_config
         for part in self._parts:
@@ -380,6 +402,9 @@ class GGUFCheckpoint:
                     hf = _hf_name(info.name, self._arch)
                     if hf is None:
                         continue  # _IGNORED, checked at load
+                    if _TYPES[info.ggml_type][0] in keep_quantized and _is_linear_weight(hf, info):
+                        yield hf, self._blocks(buf, info, hf)
+                        continue
                     t = _dequantize(buf[info.start:info.start + info.nbytes], info)
                     if self._arch.permute_qk and ".self_attn.q_proj." in hf:
                         t = _unpermute(t, cfg["num_attention_heads"])
@@ -390,6 +415,24 @@ class GGUFCheckpoint:
                     yield hf, t.to(dtype).contiguous()
             finally:
                 buf.close()
+
+    def _blocks(self, buf: mmap.mmap, info: _TensorInfo, hf: str) -> GGUFBlocks:
+        """Raw rows of a block-quantized weight; q/k rows un-permuted (rows of block formats are independent)."""
+        _, block, block_bytes = _TYPES[info.ggml_type]
+        rows, cols = info.shape
+        data = torch.frombuffer(bytearray(buf[info.start:info.start + info.nbytes]), dtype=torch.uint8)
+        blocks = GGUFBlocks(info.ggml_type, (rows, cols), data.reshape(rows, cols // block * block_bytes))
+        heads = None
+        if self._arch.permute_qk and ".self_attn.q_proj." in hf:
+            heads = self.hf_config["num_attention_heads"]
+        elif self._arch.permute_qk and ".self_attn.k_proj." in hf:
+            heads = self.hf_config["num_key_value_heads"]
+        return blocks if heads is None else blocks.index_rows(_unpermute(torch.arange(rows), heads))
+
+
+def _is_linear_weight(hf: str, info: _TensorInfo) -> bool:
+    # (lm_head stays a float Linear, like the embedding)
+    return len(info.shape) == 2 and hf.endswith(".weight") and "embed_tokens" not in hf and not hf.startswith("lm_head")
 
 
 def _dequantize(raw: bytes, info: _TensorInfo) -> torch.Tensor:

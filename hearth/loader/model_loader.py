@@ -65,18 +65,40 @@ def _eos_ids(gen_cfg: dict, hf_cfg: HFConfig, tokenizer: Tokenizer) -> list[int]
 
 
 def _build(arch: str, hf_cfg: HFConfig, max_len: int, dtype: torch.dtype,
-           weights: Iterator[tuple[str, torch.Tensor]]) -> nn.Module:
+           weights: Iterator[tuple[str, torch.Tensor]], quantization: str | None = None) -> nn.Module:
     cls = get_model_class(arch)
     old = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
         model = cls(hf_cfg, max_len)
+        if quantization is not None:  # the layers own their format: swap them before the weights arrive
+            from hearth.layers.quant_linear import quantize_model
+
+            quantize_model(model, quantization)
     finally:
         torch.set_default_dtype(old)
     # A progress bar on a terminal; logs (servers, CI) get the one summary line instead.
     model.load_weights(tqdm(weights, desc="loading weights", unit=" tensors", disable=not sys.stderr.isatty(),
                             leave=False))
+    if quantization is not None:
+        from hearth.layers.quant_linear import quantized_bytes
+
+        layers, nbytes = quantized_bytes(model)
+        logger.info("quantization %s: %d linear layers quantized (%.1f MiB)", quantization, layers, nbytes / 2**20)
     return model.eval()
+
+
+def _quantization(requested: str | None, is_gguf: bool) -> str | None:
+    """The QuantLinear scheme (None: dense Linear). GGUF block weights stay quantized only where the kernels run:
+    without them each forward would dequantize."""
+    from hearth.kernels import quant
+    from hearth.layers.quant_linear import parse_scheme
+
+    scheme = parse_scheme(requested, is_gguf)
+    if scheme == "gguf" and requested in (None, "auto") and not quant.available():
+        logger.info("hearth kernels unavailable: GGUF weights are dequantized at load")
+        return None
+    return scheme
 
 
 def _max_len(hf_cfg: HFConfig, requested: int | None) -> int:
@@ -116,7 +138,10 @@ def _load_hf_folder(folder: str, args: EngineArgs) -> LoadedModel:
     gen_cfg = read_generation_config(folder)
     dtype = _resolve_model_dtype(args.dtype, hf_cfg)
     max_len = _max_len(hf_cfg, args.max_model_len)
-    model = _build(arch, hf_cfg, max_len, dtype, iter_safetensors(files, dtype))
+    scheme = _quantization(args.quantization, False)
+    if scheme == "gguf":
+        raise ValueError("--quantization gguf needs a .gguf file; use int8 or int4 for an HF folder")
+    model = _build(arch, hf_cfg, max_len, dtype, iter_safetensors(files, dtype), scheme)
     mc = ModelConfig(folder, hf_cfg, arch, dtype, max_len, _eos_ids(gen_cfg, hf_cfg, tokenizer),
                      gen_cfg.get("bos_token_id", hf_cfg.get("bos_token_id")), False,
                      args.served_model_name or os.path.basename(os.path.normpath(folder)))
@@ -131,6 +156,7 @@ def _resolve_model_dtype(requested: str, hf_cfg: HFConfig) -> torch.dtype:
 
 
 def _load_gguf(path: str, args: EngineArgs) -> LoadedModel:
+    from hearth.kernels.quant_gguf import KEPT_NAMES
     from hearth.loader.gguf_loader import load_gguf
 
     if not path.endswith(".gguf"):
@@ -145,7 +171,9 @@ def _load_gguf(path: str, args: EngineArgs) -> LoadedModel:
         tokenizer = Tokenizer(hf_tok, resolve_chat_template(args.chat_template) or ckpt.chat_template)
     dtype = resolve_dtype(args.dtype)
     max_len = _max_len(hf_cfg, args.max_model_len)
-    model = _build(arch, hf_cfg, max_len, dtype, ckpt.tensors(dtype))
+    scheme = _quantization(args.quantization, True)
+    keep = KEPT_NAMES if scheme == "gguf" else frozenset()
+    model = _build(arch, hf_cfg, max_len, dtype, ckpt.tensors(dtype, keep), scheme)
     eos = list(ckpt.eos_token_ids) or _eos_ids({}, hf_cfg, tokenizer)
     name = args.served_model_name or os.path.basename(path).removesuffix(".gguf")
     mc = ModelConfig(path, hf_cfg, arch, dtype, max_len, eos, ckpt.bos_token_id, True, name)

@@ -1,0 +1,204 @@
+// hearth weight-only quantized linear kernels: y = x deq(w)^T (+ b) for int8 (symmetric, per-group or per-channel
+// scale) and int4 (per-group scale and min) weights; x fp32 / bf16 / f16, fp32 accumulate. See quant_impl.h for the
+// layout. Same build rules as linear.cpp: per-ISA `#pragma GCC target`, chosen at run time by the caller, C ABI.
+//
+// NOTE: x stays in floating point (no int8 activations), so VNNI's integer dot products do not apply: the results
+// must equal the dequantized float model's up to summation order (GGUF files load quantized by default).
+#include <immintrin.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace hq {
+
+struct Problem {
+  const float* x;  // [M][K] fp32, contiguous
+  const void* w;   // [N][ldw bytes]: int8 [K] or packed int4 [K / 2]
+  int64_t ldw;
+  const float* scales;  // [N][ldg]
+  const float* mins;    // [N][ldg] (int4 only)
+  int64_t ldg;
+  int64_t sb_per_group;  // G / 32
+  const float* bias;     // [N] or nullptr
+  float* out;            // [M][N]
+  int64_t M, N, K;
+  bool int4;
+};
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+namespace avx2 {
+struct T {
+  using V = __m256;
+  static constexpr int L = 8, NV = 4;
+  static constexpr int kMR = 2, kNR = 4;  // 8 accumulators + 4 dequantized weights + scale/min in 16 ymm
+  static constexpr int kNR1 = 8;
+  static inline V load(const float* p) { return _mm256_loadu_ps(p); }
+  static inline void store(float* p, V v) { _mm256_storeu_ps(p, v); }
+  static inline V fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
+  static inline V set1(float f) { return _mm256_set1_ps(f); }
+  static inline float hsum(V v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+  }
+  static inline void deq_i8(const int8_t* p, V s, V out[4]) {
+    for (int i = 0; i < 4; ++i) {
+      __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 8 * i));
+      out[i] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)), s);
+    }
+  }
+  static inline void deq_u4(const uint8_t* p, V s, V mn, V out[4]) {
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    const __m128i mask = _mm_set1_epi8(0x0F);
+    const __m128i lo = _mm_and_si128(b, mask), hi = _mm_and_si128(_mm_srli_epi16(b, 4), mask);
+    out[0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo)), s, mn);
+    out[1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8))), s, mn);
+    out[2] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi)), s, mn);
+    out[3] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8))), s, mn);
+  }
+};
+#include "quant_impl.h"
+}  // namespace avx2
+#pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl")
+namespace avx512 {
+struct T {
+  using V = __m512;
+  static constexpr int L = 16, NV = 2;
+  static constexpr int kMR = 4, kNR = 4;  // 16 accumulators + 2 weights + scale/min in 32 zmm
+  static constexpr int kNR1 = 8;
+  static inline V load(const float* p) { return _mm512_loadu_ps(p); }
+  static inline void store(float* p, V v) { _mm512_storeu_ps(p, v); }
+  static inline V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+  static inline V set1(float f) { return _mm512_set1_ps(f); }
+  static inline float hsum(V v) { return _mm512_reduce_add_ps(v); }
+  static inline void deq_i8(const int8_t* p, V s, V out[2]) {
+    for (int i = 0; i < 2; ++i) {
+      __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * i));
+      out[i] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)), s);
+    }
+  }
+  static inline void deq_u4(const uint8_t* p, V s, V mn, V out[2]) {
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    const __m128i mask = _mm_set1_epi8(0x0F);
+    out[0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(b, mask))), s, mn);
+    out[1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(b, 4), mask))),
+                             s, mn);
+  }
+};
+#include "quant_impl.h"
+}  // namespace avx512
+#pragma GCC pop_options
+
+constexpr int kISA_AVX2 = 1, kISA_AVX512 = 2;
+enum DType { kF32 = 0, kBF16 = 1, kF16 = 2 };
+
+template <class F>
+void parallel(int64_t n, int nthreads, const F& f) {
+  int nt = (int)std::max<int64_t>(1, std::min<int64_t>(nthreads, n));
+  if (nt == 1) return f(0, n);
+#pragma omp parallel num_threads(nt)
+  {
+    const int64_t t = omp_get_thread_num(), T = omp_get_num_threads();
+    const int64_t b = n * t / T, e = n * (t + 1) / T;
+    if (b < e) f(b, e);
+  }
+}
+
+static float half_to_float(uint16_t h) {  // scalar, baseline ISA (x conversion only; not hot)
+  const uint32_t sign = uint32_t(h & 0x8000) << 16, exp = (h >> 10) & 0x1F, man = h & 0x3FF;
+  uint32_t u;
+  if (exp == 0x1F) {
+    u = sign | 0x7F800000u | (man << 13);
+  } else if (exp != 0) {
+    u = sign | ((exp + 112) << 23) | (man << 13);
+  } else if (man == 0) {
+    u = sign;
+  } else {
+    float f = float(man) * (1.0f / 16777216.0f);
+    std::memcpy(&u, &f, 4);
+    u |= sign;
+  }
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// x (row stride ldx, dtype) -> contiguous fp32 [M][K]; returns x itself when it already is.
+static const float* pack_x(const void* x, int dtype, int64_t M, int64_t K, int64_t ldx, std::vector<float>& buf) {
+  if (dtype == kF32 && (ldx == K || M == 1)) return static_cast<const float*>(x);
+  buf.resize(M * K);
+  for (int64_t m = 0; m < M; ++m) {
+    float* d = buf.data() + m * K;
+    if (dtype == kF32) {
+      std::memcpy(d, static_cast<const float*>(x) + m * ldx, K * sizeof(float));
+    } else {
+      const uint16_t* s = static_cast<const uint16_t*>(x) + m * ldx;
+      for (int64_t k = 0; k < K; ++k) {
+        if (dtype == kBF16) {
+          const uint32_t u = uint32_t(s[k]) << 16;
+          std::memcpy(d + k, &u, 4);
+        } else {
+          d[k] = half_to_float(s[k]);
+        }
+      }
+    }
+  }
+  return buf.data();
+}
+
+}  // namespace hq
+
+extern "C" {
+
+// out[M][N] (fp32) = x[M][K] . deq(w)[N][K]^T + bias. w: int8 [N][ldw] (int4 = 0) or packed int4 [N][ldw] (int4 = 1);
+// scales / mins fp32 [N][ldg], one per group of `group` weights (a multiple of 32 dividing K; K a multiple of 32).
+// isa: 1 = AVX2+FMA+F16C, 2 = AVX-512F/BW. Returns 0 or a negative error.
+int hq_linear(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, const void* w, int int4, int64_t N,
+              int64_t ldw, const float* scales, const float* mins, int64_t ldg, int64_t group, const float* bias,
+              float* out, int isa, int nthreads) {
+  using namespace hq;
+  if (isa != kISA_AVX2 && isa != kISA_AVX512) return -1;
+  if (x_dtype < 0 || x_dtype > 2) return -2;
+  if (K % 32 || group % 32 || group <= 0 || K % group) return -3;
+  if (int4 && mins == nullptr) return -4;
+  if (M <= 0 || N <= 0) return 0;
+  std::vector<float> buf;
+  const float* xp = pack_x(x, x_dtype, M, K, ldx, buf);
+  Problem p{xp, w, ldw, scales, mins, ldg, group / 32, bias, out, M, N, K, int4 != 0};
+  const bool avx512 = isa == kISA_AVX512;
+  const int64_t rows = avx512 ? avx512::rows_per_chunk(M) : avx2::rows_per_chunk(M);
+  parallel((N + rows - 1) / rows, nthreads, [&](int64_t c0, int64_t c1) {
+    if (avx512)
+      avx512::run(p, c0, c1);
+    else
+      avx2::run(p, c0, c1);
+  });
+  return 0;
+}
+
+// Rows [n0, n1) of the dequantized weight -> out [n1 - n0][K] fp32 (same layout arguments as hq_linear).
+int hq_dequant(const void* w, int int4, int64_t K, int64_t ldw, const float* scales, const float* mins, int64_t ldg,
+               int64_t group, int64_t n0, int64_t n1, float* out, int isa, int nthreads) {
+  using namespace hq;
+  if (isa != kISA_AVX2 && isa != kISA_AVX512) return -1;
+  if (K % 32 || group % 32 || group <= 0 || K % group) return -3;
+  if (int4 && mins == nullptr) return -4;
+  Problem p{nullptr, w, ldw, scales, mins, ldg, group / 32, nullptr, nullptr, 0, n1, K, int4 != 0};
+  parallel(n1 - n0, nthreads, [&](int64_t b, int64_t e) {
+    if (isa == kISA_AVX512)
+      avx512::dequant_rows(p, n0 + b, n0 + e, out + b * K);
+    else
+      avx2::dequant_rows(p, n0 + b, n0 + e, out + b * K);
+  });
+  return 0;
+}
+
+}  // extern "C"

@@ -1,0 +1,212 @@
+"""Weight-only quantized linear: int8 (symmetric, per-channel or per-group scale) and int4 (per-group scale + min).
+
+    from hearth.kernels import quant
+    qw = quant.quantize_int4(w, group=64)          # or quantize_int8(w), or a GGUF repack (hearth.kernels.quant_gguf)
+    y = quant.linear(x, qw, bias)                  # x [..., K] f32/bf16/f16 -> [..., N] in x's dtype
+
+Layout (`QWeight`): int8 data [N, K] int8, or int4 data [N, K/2] uint8 where each 16-byte sub-block holds 32 weights
+(low nibbles = elements 0..15, high nibbles = 16..31: GGUF Q4_0's order, so Q4_0/Q4_1 repack as a byte copy);
+scales (and, int4, mins) fp32 [N, K/G]. Dequantized weight: int8 q * s; int4 q * s + min (q in 0..15), computed as
+one fma, which is exactly what gguf.quants.dequantize gives for Q8_0, Q4_0, Q4_1 and Q4_K: the kernel's result is
+the dequantized float model's up to summation order.
+
+Why own kernels: torch's `_weight_int8pack_mm` / `_weight_int4pack_mm_for_cpu` on torch 2.13 (this 2-core AVX2
+EPYC) take ~30-50 ms for a 2048x5632 weight at M=1 with fp32 x (a scalar path; ~1.2-1.5 ms with bf16 x, which
+rounds activations to bf16) and ~350-450 ms at M=8; hearth's fp32 models need fp32 x (and GGUF files must give the
+dequantized model's tokens), so these kernels keep x in fp32 and dequantize weights in registers.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from hearth import kernels
+from hearth.kernels import _build
+
+# Above this many tokens (prefill) the weight is dequantized in row tiles and multiplied by torch's fp32 GEMM.
+# Measured on the 2-core AVX2 EPYC (shared, noisy; medians), W 2048x5632, 2 threads, kernel vs tiles+GEMM:
+# int8 M=64 92 vs 208 ms, M=128 200 vs 248, M=256 399 vs 323; int4 g32 M=128 256 vs 240, M=256 453 vs 280.
+MAX_KERNEL_M = 128
+# fp32 elements per dequantized tile in the prefill path (16 MiB).
+_TILE_ELEMS = 4 << 20
+
+_DTYPE_CODE = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+
+
+@dataclass
+class QWeight:
+    """A quantized [N, K] weight: see the module docstring for the layout."""
+
+    bits: int  # 8 or 4
+    group: int  # weights per scale along K (a multiple of 32 dividing K; K itself for per-channel int8)
+    data: torch.Tensor  # int8 [N, K] | uint8 [N, K/2]
+    scales: torch.Tensor  # fp32 [N, K/group]
+    mins: torch.Tensor | None  # fp32 [N, K/group], int4 only
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        n, b = self.data.shape
+        return n, b * 2 if self.bits == 4 else b
+
+    def rows(self, start: int, size: int) -> QWeight:
+        """Rows [start, start + size) (views)."""
+        return QWeight(self.bits, self.group, self.data.narrow(0, start, size), self.scales.narrow(0, start, size),
+                       None if self.mins is None else self.mins.narrow(0, start, size))
+
+    def index_rows(self, index: torch.Tensor) -> QWeight:
+        """Rows in `index` order (copies): rows of block formats are independent, so a row permutation is exact."""
+        return QWeight(self.bits, self.group, self.data[index], self.scales[index],
+                       None if self.mins is None else self.mins[index])
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.data, self.scales, self.mins) if t is not None)
+
+
+@functools.cache
+def _lib() -> ctypes.CDLL | None:
+    lib = _build.load()
+    if lib is None or not hasattr(lib, "hq_linear"):
+        return None
+    i64, i32, ptr = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p
+    lib.hq_linear.argtypes = [ptr, i32, i64, i64, i64, ptr, i32, i64, i64, ptr, ptr, i64, i64, ptr, ptr, i32, i32]
+    lib.hq_linear.restype = i32
+    lib.hq_dequant.argtypes = [ptr, i32, i64, i64, ptr, ptr, i64, i64, i64, i64, ptr, i32, i32]
+    lib.hq_dequant.restype = i32
+    return lib
+
+
+def available() -> bool:
+    """True when the compiled quantized kernels run here; otherwise `linear` uses a (slow) torch reference."""
+    return kernels.available() and _lib() is not None
+
+
+def supports(k: int, group: int) -> bool:
+    """Shapes the layout (and kernels) take: K and the group multiples of 32, the group dividing K."""
+    return k % 32 == 0 and group % 32 == 0 and group > 0 and k % group == 0
+
+
+# ---------------------------------------------------------------- quantize / dequantize (torch, load time)
+
+def quantize_int8(w: torch.Tensor, group: int | None = None) -> QWeight:
+    """Symmetric int8 (q in -127..127), per output channel (group None) or per group of `group` weights."""
+    n, k = w.shape
+    g = k if group is None else group
+    wf = w.float().reshape(n, k // g, g)
+    scales = wf.abs().amax(-1) / 127.0  # [N, K/g]
+    inv = torch.where(scales > 0, 1.0 / scales, torch.zeros_like(scales))
+    q = torch.round(wf * inv[..., None]).clamp_(-127, 127).to(torch.int8).reshape(n, k)
+    return QWeight(8, g, q.contiguous(), scales.contiguous(), None)
+
+
+def quantize_int4(w: torch.Tensor, group: int = 128) -> QWeight:
+    """Asymmetric int4 per group: q = round((w - min) / s) in 0..15, s = (max - min) / 15."""
+    n, k = w.shape
+    wf = w.float().reshape(n, k // group, group)
+    lo = wf.amin(-1).clamp(max=0.0)
+    hi = wf.amax(-1).clamp(min=0.0)  # (0 stays exactly representable: zero padding rows dequantize to ~0)
+    scales = (hi - lo) / 15.0
+    inv = torch.where(scales > 0, 1.0 / scales, torch.zeros_like(scales))
+    q = torch.round((wf - lo[..., None]) * inv[..., None]).clamp_(0, 15).to(torch.uint8).reshape(n, k)
+    return QWeight(4, group, pack_u4(q), scales.contiguous(), lo.contiguous())
+
+
+def pack_u4(q: torch.Tensor) -> torch.Tensor:
+    """q uint8 [N, K] (0..15) -> [N, K/2]: per 32 weights, byte j = q[j] | q[j + 16] << 4."""
+    n, k = q.shape
+    q = q.reshape(n, k // 32, 2, 16)
+    return (q[:, :, 0] | (q[:, :, 1] << 4)).reshape(n, k // 2).contiguous()
+
+
+def unpack_u4(data: torch.Tensor) -> torch.Tensor:
+    """Inverse of pack_u4: [N, K/2] -> uint8 [N, K]."""
+    n, kb = data.shape
+    d = data.reshape(n, kb // 16, 1, 16)
+    return torch.cat([d & 0x0F, d >> 4], dim=2).reshape(n, kb * 2)
+
+
+def dequantize(qw: QWeight) -> torch.Tensor:
+    """Reference dequantization (torch): fp32 [N, K], the same floats the kernels compute in registers."""
+    n, k = qw.shape
+    g = qw.group
+    s = qw.scales[..., None]
+    if qw.bits == 8:
+        return (qw.data.float().reshape(n, k // g, g) * s).reshape(n, k)
+    q = unpack_u4(qw.data).float().reshape(n, k // g, g)
+    return torch.addcmul(qw.mins[..., None], q, s).reshape(n, k)  # q * s + min, like the kernel's fma
+
+
+# ---------------------------------------------------------------- matmul
+
+def _ptr(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
+def _isa(isa_code: int | None) -> int:
+    return isa_code or kernels.isa()
+
+
+def _run(x: torch.Tensor, qw: QWeight, bias: torch.Tensor | None, isa_code: int | None = None) -> torch.Tensor:
+    """The C++ kernel on x [M, K] -> fp32 [M, N]."""
+    m, k = x.shape
+    n = qw.data.shape[0]
+    if x.stride(1) != 1 or (m > 1 and x.stride(0) < k):
+        x = x.contiguous()
+    out = torch.empty(m, n, dtype=torch.float32)
+    rc = _lib().hq_linear(x.data_ptr(), _DTYPE_CODE[x.dtype], m, k, x.stride(0), qw.data.data_ptr(),
+                          int(qw.bits == 4), n, qw.data.stride(0), qw.scales.data_ptr(), _ptr(qw.mins),
+                          qw.scales.stride(0), qw.group, _ptr(bias), out.data_ptr(), _isa(isa_code),
+                          torch.get_num_threads())
+    if rc != 0:
+        raise RuntimeError(f"hq_linear failed with code {rc}")
+    return out
+
+
+def dequantize_rows(qw: QWeight, start: int, end: int, isa_code: int | None = None) -> torch.Tensor:
+    """Rows [start, end) of the dequantized weight, fp32, by the kernel library (the torch reference without it)."""
+    if not available():
+        return dequantize(qw.rows(start, end - start))
+    k = qw.shape[1]
+    out = torch.empty(end - start, k, dtype=torch.float32)
+    rc = _lib().hq_dequant(qw.data.data_ptr(), int(qw.bits == 4), k, qw.data.stride(0), qw.scales.data_ptr(),
+                           _ptr(qw.mins), qw.scales.stride(0), qw.group, start, end, out.data_ptr(),
+                           _isa(isa_code), torch.get_num_threads())
+    if rc != 0:
+        raise RuntimeError(f"hq_dequant failed with code {rc}")
+    return out
+
+
+def _tiled(x: torch.Tensor, qw: QWeight, bias: torch.Tensor | None) -> torch.Tensor:
+    """Prefill: dequantize row tiles (bounded memory) and use torch's fp32 GEMM on each."""
+    n, k = qw.shape
+    xf = x.float()
+    out = torch.empty(x.shape[0], n, dtype=torch.float32)
+    tile = max(16, _TILE_ELEMS // k)
+    for n0 in range(0, n, tile):
+        n1 = min(n, n0 + tile)
+        out[:, n0:n1] = torch.mm(xf, dequantize_rows(qw, n0, n1).t())
+    if bias is not None:
+        out += bias
+    return out
+
+
+def linear(x: torch.Tensor, qw: QWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """y = x deq(W)^T + b (x [..., K]); output in x's dtype, fp32 accumulate.
+
+    M <= MAX_KERNEL_M tokens: the C++ kernel (weights read once, dequantized in registers). More tokens: row tiles
+    dequantized to fp32 and torch's GEMM. Without the kernels: the torch reference (dequantize, F.linear).
+    """
+    k = x.shape[-1]
+    m = x.numel() // k if k else 0
+    b = None if bias is None else bias.float().contiguous()
+    x2 = x.reshape(m, k)
+    if available() and x.dtype in _DTYPE_CODE and 0 < m <= MAX_KERNEL_M:
+        y = _run(x2, qw, b)
+    elif available() and m > 0:
+        y = _tiled(x2, qw, b)
+    else:
+        y = F.linear(x2.float(), dequantize(qw), b)
+    return y.reshape(*x.shape[:-1], qw.shape[0]).to(x.dtype)

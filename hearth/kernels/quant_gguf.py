@@ -1,0 +1,93 @@
+"""GGUF block-quantized weights kept quantized: raw blocks -> hearth's int8 / int4 layout (hearth.kernels.quant).
+
+Only integer moves and the per-block scales are touched; the weights never pass through floats:
+  Q8_0 (fp16 d, 32 int8)              -> int8, group 32, scale d
+  Q4_0 (fp16 d, 16 bytes of nibbles)  -> int4, group 32, scale d, min -8d    (nibble bytes copied as they are)
+  Q4_1 (fp16 d, fp16 m, 16 bytes)     -> int4, group 32, scale d, min m      (nibble bytes copied as they are)
+  Q4_K (256-weight super-blocks: fp16 d, dmin, 12 bytes of 6-bit scales/mins, 128 bytes of nibbles)
+                                      -> int4, group 32, scale d * sc, min -dmin * m; nibbles regrouped (Q4_K keeps
+                                         sub-blocks 2j and 2j+1 in the low / high nibbles of the same 32 bytes)
+Each repack dequantizes (hearth.kernels.quant.dequantize) to exactly gguf.quants.dequantize's floats.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from hearth.kernels.quant import QWeight
+
+# ggml type id -> (name, weights per block, bytes per block) of the types kept quantized.
+KEPT_TYPES = {8: ("Q8_0", 32, 34), 2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20), 12: ("Q4_K", 256, 144)}
+KEPT_NAMES = frozenset(name for name, _, _ in KEPT_TYPES.values())
+
+
+@dataclass
+class GGUFBlocks:
+    """A GGUF weight kept in its blocks: data uint8 [N, K / block * block_bytes], rows in HF order."""
+
+    ggml_type: int
+    shape: tuple[int, int]  # [N, K]
+    data: torch.Tensor
+
+    @property
+    def type_name(self) -> str:
+        return KEPT_TYPES[self.ggml_type][0]
+
+    @property
+    def bits(self) -> int:
+        return 8 if self.type_name == "Q8_0" else 4
+
+    def index_rows(self, index: torch.Tensor) -> GGUFBlocks:
+        return GGUFBlocks(self.ggml_type, self.shape, self.data[index].contiguous())
+
+    def dequantize(self) -> torch.Tensor:
+        """fp32 [N, K] by gguf.quants (the reference)."""
+        from gguf import GGMLQuantizationType
+        from gguf.quants import dequantize
+
+        out = dequantize(self.data.numpy(), GGMLQuantizationType(self.ggml_type))
+        return torch.from_numpy(np.ascontiguousarray(out)).reshape(self.shape)
+
+    def repack(self) -> QWeight:
+        return repack(self.ggml_type, self.data, self.shape)
+
+
+def _f16(a: np.ndarray) -> np.ndarray:
+    """[..., 2] uint8 -> [...] fp32."""
+    return np.ascontiguousarray(a).view(np.float16)[..., 0].astype(np.float32)
+
+
+def _q4k_scale_min(s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The 12 scale bytes [..., 12] -> 6-bit scales and mins [..., 8] (llama.cpp's get_scale_min_k4)."""
+    d, m, md = s[..., 0:4], s[..., 4:8], s[..., 8:12]
+    sc = np.concatenate([d & 0x3F, (md & 0x0F) | ((d >> 2) & 0x30)], axis=-1)
+    mn = np.concatenate([m & 0x3F, (md >> 4) | ((m >> 2) & 0x30)], axis=-1)
+    return sc, mn
+
+
+def repack(ggml_type: int, data: torch.Tensor, shape: tuple[int, int]) -> QWeight:
+    """Raw GGUF rows (uint8 [N, row bytes]) -> QWeight; see the module docstring."""
+    name, block, nbytes = KEPT_TYPES[ggml_type]
+    n, k = shape
+    nb = k // block
+    b = data.numpy().reshape(n, nb, nbytes)
+    if name == "Q8_0":
+        q = np.ascontiguousarray(b[:, :, 2:]).view(np.int8).reshape(n, k)
+        return QWeight(8, 32, torch.from_numpy(q), torch.from_numpy(_f16(b[:, :, 0:2])), None)
+    if name in ("Q4_0", "Q4_1"):
+        d = _f16(b[:, :, 0:2])
+        m = -8.0 * d if name == "Q4_0" else _f16(b[:, :, 2:4])
+        qs = np.ascontiguousarray(b[:, :, nbytes - 16:]).reshape(n, k // 2)  # already hearth's nibble order
+        return QWeight(4, 32, torch.from_numpy(qs), torch.from_numpy(d), torch.from_numpy(m.astype(np.float32)))
+    # Q4_K
+    d, dmin = _f16(b[:, :, 0:2]), _f16(b[:, :, 2:4])  # [N, nb]
+    sc, mn = _q4k_scale_min(b[:, :, 4:16])  # [N, nb, 8]
+    scales = (d[..., None] * sc.astype(np.float32)).reshape(n, nb * 8)  # exact: 11-bit d times 6-bit sc
+    mins = -(dmin[..., None] * mn.astype(np.float32)).reshape(n, nb * 8)
+    qs = b[:, :, 16:].reshape(n, nb, 4, 32)
+    sub = np.stack([qs & 0x0F, qs >> 4], axis=3)  # [N, nb, 4, 2, 32]: sub-block 2j, 2j+1 values
+    packed = sub[..., :16] | (sub[..., 16:] << 4)  # hearth: byte i = v[i] | v[i + 16] << 4
+    return QWeight(4, 32, torch.from_numpy(np.ascontiguousarray(packed).reshape(n, k // 2)),
+                   torch.from_numpy(np.ascontiguousarray(scales)), torch.from_numpy(np.ascontiguousarray(mins)))

@@ -1,0 +1,142 @@
+"""Weight-only quantized linear layers, swapped in for Linear before loading (`quantize_model`).
+
+Schemes (EngineArgs.quantization):
+  int8          symmetric per-output-channel int8, computed at load from float checkpoint weights
+  int4          asymmetric group-wise int4 (scale + min per group), group 128 (int4-g32 / -g64 / -g128 to choose);
+                a layer whose K is not a multiple of the group takes the largest of 128/64/32 that divides it
+  gguf          (GGUF files by default, or `auto`) keep Q8_0 / Q4_0 / Q4_1 / Q4_K weights quantized, repacked into
+                hearth's int8 / int4 layout without going through floats. A layer whose shards arrive in other
+                formats (F16, Q6_K, ... or a mix of int8 and int4 types) is stored dense, exactly like Linear.
+lm_head and the embeddings stay in the model dtype (tied heads read the embedding table).
+
+QuantLinear is a Linear (the model's loader fills it through the same `load_shard`); `weight` holds the packed
+integers, `scales` / `mins` are buffers. Forward: hearth.kernels.quant.linear (the C++ kernel for decode shapes,
+dequantized row tiles + torch's fp32 GEMM for prefill).
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from hearth import kernels
+from hearth.kernels import quant
+from hearth.kernels.quant_gguf import GGUFBlocks
+from hearth.layers.linear import Linear
+
+SCHEMES = ("int8", "int4", "int4-g32", "int4-g64", "int4-g128", "gguf")
+# Modules never quantized: their weights are read by other code (tied embeddings) or are worth their precision.
+SKIP_MODULES = ("lm_head",)
+
+
+def parse_scheme(name: str | None, is_gguf: bool) -> str | None:
+    """The scheme for EngineArgs.quantization: None / auto -> gguf for GGUF files, none otherwise."""
+    if name in (None, "auto"):
+        return "gguf" if is_gguf else None
+    if name == "none":
+        return None
+    if name not in SCHEMES:
+        raise ValueError(f"--quantization must be one of auto, none, {', '.join(SCHEMES)}; got {name!r}")
+    return name
+
+
+def _int4_group(scheme: str, k: int) -> int | None:
+    wanted = int(scheme.split("-g")[1]) if "-g" in scheme else 128
+    for g in (wanted, 128, 64, 32):
+        if g <= wanted and quant.supports(k, g):
+            return g
+    return None
+
+
+class QuantLinear(Linear):
+    """Linear with weights quantized per `scheme`; same interface (load_shard, forward)."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = False,
+                 shard_sizes: dict[str, int] | None = None, scheme: str = "int8") -> None:
+        super().__init__(in_features, out_features, bias, shard_sizes)
+        self.scheme = scheme
+        self.qweight: quant.QWeight | None = None  # set once every shard is in; None while dense
+        self.register_buffer("scales", None, persistent=False)
+        self.register_buffer("mins", None, persistent=False)
+        # Shards received so far (gguf: kept until all are in, then packed together).
+        self._pending: dict[str | None, torch.Tensor | GGUFBlocks] = {}
+        # The float weight is allocated lazily (dense fallback only): quantized layers never hold it.
+        self.weight = nn.Parameter(torch.empty(0, dtype=self.weight.dtype), requires_grad=False)
+
+    @classmethod
+    def from_linear(cls, lin: Linear, scheme: str) -> QuantLinear:
+        sizes = {name: size for name, (_, size) in lin.shards.items()} or None
+        return cls(lin.in_features, lin.out_features, lin.bias is not None, sizes, scheme)
+
+    def load_shard(self, param: str, shard: str | None, tensor: torch.Tensor | GGUFBlocks) -> None:
+        if param != "weight":
+            return super().load_shard(param, shard, tensor)
+        rows = self.shards[shard][1] if shard is not None else self.out_features
+        if tuple(tensor.shape) != (rows, self.in_features):
+            raise ValueError(f"shape mismatch for weight[{shard}]: checkpoint {tuple(tensor.shape)}, "
+                             f"model {(rows, self.in_features)}")
+        self._pending[shard] = tensor
+        if len(self._pending) == max(1, len(self.shards)):
+            self._finish()
+
+    def _finish(self) -> None:
+        order = list(self.shards) or [None]
+        parts = [self._pending[name] for name in order]
+        self._pending = {}
+        qw = self._quantize(parts)
+        if qw is None:  # dense: exactly what Linear would hold
+            dense = torch.cat([p.dequantize() if isinstance(p, GGUFBlocks) else p for p in parts])
+            self.weight = nn.Parameter(torch.empty(dense.shape, dtype=self.weight.dtype), requires_grad=False)
+            Linear.load_shard(self, "weight", None, dense)
+            return
+        self.qweight = qw
+        self.weight = nn.Parameter(qw.data, requires_grad=False)
+        self.scales, self.mins = qw.scales, qw.mins
+
+    def _quantize(self, parts: list[torch.Tensor | GGUFBlocks]) -> quant.QWeight | None:
+        k = self.in_features
+        if self.scheme == "gguf":
+            kinds = {p.bits if isinstance(p, GGUFBlocks) else None for p in parts}
+            if len(kinds) != 1 or None in kinds or not quant.supports(k, 32):
+                return None
+            return _cat([p.repack() for p in parts])
+        whole = torch.cat([p.dequantize() if isinstance(p, GGUFBlocks) else p.float() for p in parts])
+        if self.scheme == "int8":
+            return quant.quantize_int8(whole) if k % 32 == 0 else None
+        group = _int4_group(self.scheme, k)
+        return None if group is None else quant.quantize_int4(whole, group)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.qweight is None:
+            return kernels.linear(x, self.weight, self.bias)
+        return quant.linear(x, self.qweight, self.bias)
+
+    def extra_repr(self) -> str:
+        fmt = "dense" if self.qweight is None else f"int{self.qweight.bits} group {self.qweight.group}"
+        return f"in={self.in_features}, out={self.out_features}, {self.scheme}: {fmt}"
+
+
+def _cat(parts: list[quant.QWeight]) -> quant.QWeight:
+    if len(parts) == 1:
+        return parts[0]
+    if len({(p.bits, p.group) for p in parts}) != 1:
+        raise ValueError("shards of one layer quantized differently")
+    mins = None if parts[0].mins is None else torch.cat([p.mins for p in parts])
+    return quant.QWeight(parts[0].bits, parts[0].group, torch.cat([p.data for p in parts]),
+                         torch.cat([p.scales for p in parts]), mins)
+
+
+def quantize_model(model: nn.Module, scheme: str) -> int:
+    """Replace every Linear (but SKIP_MODULES) by a QuantLinear of `scheme`, before loading; returns the count."""
+    swaps = [(name, mod) for name, mod in model.named_modules()
+             if type(mod) is Linear and name.rsplit(".", 1)[-1] not in SKIP_MODULES]
+    for name, mod in swaps:
+        parent_name, _, attr = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        setattr(parent, attr, QuantLinear.from_linear(mod, scheme))
+    return len(swaps)
+
+
+def quantized_bytes(model: nn.Module) -> tuple[int, int]:
+    """(layers quantized, bytes of their packed weights + scales), for the load log line."""
+    layers = [m for m in model.modules() if isinstance(m, QuantLinear) and m.qweight is not None]
+    return len(layers), sum(m.qweight.nbytes() for m in layers)

@@ -1,0 +1,183 @@
+"""Weight-only quantization: kernels vs the dequantized reference, GGUF repacks vs gguf.quants, QuantLinear loading."""
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from gguf import GGMLQuantizationType as Q
+
+from hearth import kernels
+from hearth.kernels import quant
+from hearth.kernels.quant_gguf import KEPT_NAMES, GGUFBlocks
+from hearth.layers.linear import Linear
+from hearth.layers.quant_linear import QuantLinear, parse_scheme, quantize_model
+
+needs_kernels = pytest.mark.skipif(not quant.available(), reason="hearth kernels unavailable (no AVX2 or compiler)")
+
+
+def _isas() -> list[int]:
+    isas = [kernels.ISA_AVX2] if kernels.isa() is not None else []
+    if kernels.isa() == kernels.ISA_AVX512:
+        isas.append(kernels.ISA_AVX512)
+    return isas
+
+
+def _reference(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny problems: the thread pool only adds latency on a busy machine
+    try:
+        return F.linear(x.float(), w, bias)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _close(got: torch.Tensor, want: torch.Tensor, tol: float = 1e-4) -> None:
+    assert got.shape == want.shape, (got.shape, want.shape)
+    scale = want.abs().max().item() + 1.0
+    assert torch.allclose(got, want, rtol=tol, atol=tol * scale), f"max abs diff {(got - want).abs().max():.3g}"
+
+
+def _qweights(w: torch.Tensor) -> list[quant.QWeight]:
+    k = w.shape[1]
+    out = [quant.quantize_int8(w), quant.quantize_int8(w, 32), quant.quantize_int4(w, 32)]
+    out += [quant.quantize_int4(w, g) for g in (64, 128) if k % g == 0]
+    return out
+
+
+@needs_kernels
+@pytest.mark.parametrize("N,K", [(5, 32), (130, 576), (257, 896), (64, 1536)])
+def test_kernel_matches_dequantized_reference(N: int, K: int) -> None:
+    g = torch.Generator().manual_seed(N * 31 + K)
+    w = torch.randn(N, K, generator=g) / K**0.5
+    bias = torch.randn(N, generator=g)
+    for qw in _qweights(w):
+        wd = quant.dequantize(qw)
+        for isa in _isas():
+            assert torch.equal(quant.dequantize_rows(qw, 0, N, isa_code=isa), wd)
+            for M in (1, 2, 5, 8, 33):
+                x = torch.randn(M, K, generator=g)
+                for b in (None, bias):
+                    _close(quant._run(x, qw, b, isa_code=isa), _reference(x, wd, b))
+
+
+@needs_kernels
+def test_linear_dispatch_dtypes_strides_and_prefill() -> None:
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(96, 256, generator=g) / 16
+    qw = quant.quantize_int4(w, 64)
+    wd = quant.dequantize(qw)
+    for m in (1, 7, quant.MAX_KERNEL_M, quant.MAX_KERNEL_M + 5):  # kernel, and dequantized tiles + torch GEMM
+        x = torch.randn(2, m, 300, generator=g)[..., 10:266]  # strided rows
+        _close(quant.linear(x, qw), _reference(x, wd, None))
+    x = torch.randn(3, 256, generator=g)
+    for dt in (torch.bfloat16, torch.float16):
+        y = quant.linear(x.to(dt), qw)
+        assert y.dtype == dt
+        _close(y.float(), _reference(x.to(dt), wd, None), tol=1e-2)
+
+
+def test_quantize_error_bounds() -> None:
+    w = torch.randn(64, 256, generator=torch.Generator().manual_seed(1))
+    q8 = quant.quantize_int8(w)
+    assert (quant.dequantize(q8) - w).abs().max() <= q8.scales.max() / 2 + 1e-6
+    q4 = quant.quantize_int4(w, 32)
+    assert q4.data.shape == (64, 128) and q4.scales.shape == (64, 8)
+    assert (quant.dequantize(q4) - w).abs().max() <= q4.scales.max() / 2 + 1e-5
+    q = torch.randint(0, 16, (3, 64), dtype=torch.uint8)
+    assert torch.equal(quant.unpack_u4(quant.pack_u4(q)), q)
+
+
+def _q4k_blocks(n: int, k: int, seed: int = 0) -> np.ndarray:
+    """Random but valid Q4_K rows (gguf.quants cannot quantize Q4_K): finite fp16 d/dmin, any other bytes."""
+    rng = np.random.default_rng(seed)
+    nb = k // 256
+    raw = rng.integers(0, 256, (n, nb, 144), dtype=np.uint8)
+    raw[:, :, 0:2] = (rng.standard_normal((n, nb, 1)) * 0.01).astype(np.float16).view(np.uint8)
+    raw[:, :, 2:4] = (rng.standard_normal((n, nb, 1)) * 0.01).astype(np.float16).view(np.uint8)
+    return raw.reshape(n, nb * 144)
+
+
+@pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q4_K])
+def test_gguf_repack_equals_gguf_dequantize(qtype: Q) -> None:
+    n, k = 37, 512
+    if qtype == Q.Q4_K:
+        raw = _q4k_blocks(n, k)
+    else:
+        raw = gguf.quants.quantize(np.random.default_rng(2).standard_normal((n, k)).astype(np.float32), qtype)
+    blocks = GGUFBlocks(int(qtype), (n, k), torch.from_numpy(raw.copy()))
+    qw = blocks.repack()
+    assert qw.bits == (8 if qtype == Q.Q8_0 else 4) and qw.group == 32
+    ref = torch.from_numpy(gguf.quants.dequantize(raw, qtype))
+    assert torch.equal(quant.dequantize(qw), ref)  # bit-exact: the kernel's fma gives these same floats
+    assert torch.equal(blocks.dequantize(), ref)
+    perm = torch.randperm(n)
+    assert torch.equal(quant.dequantize(blocks.index_rows(perm).repack()), ref[perm])
+    if quant.available():
+        x = torch.randn(3, k)
+        _close(quant.linear(x, qw), _reference(x, ref, None))
+
+
+def test_quant_linear_merged_shards_and_dense_fallback() -> None:
+    g = torch.Generator().manual_seed(3)
+    shards = {"q": 64, "k": 32, "v": 32}
+    ws = {name: torch.randn(rows, 256, generator=g) for name, rows in shards.items()}
+    x = torch.randn(4, 256, generator=g)
+    # int4 computed at load: equals the dequantized weights of each shard quantized alone (rows are independent)
+    lin = QuantLinear(256, 128, bias=True, shard_sizes=shards, scheme="int4-g64")
+    for name, w in ws.items():
+        lin.load_shard("weight", name, w)
+    lin.load_shard("bias", None, torch.arange(128.0))
+    assert lin.qweight is not None and lin.qweight.group == 64 and lin.weight.dtype == torch.uint8
+    wd = torch.cat([quant.dequantize(quant.quantize_int4(w, 64)) for w in ws.values()])
+    _close(lin(x), _reference(x, wd, torch.arange(128.0)))
+    # gguf: all shards Q4_0/Q4_1 -> int4; a Q8_0 shard among them -> dense, exactly the dequantized floats
+    raws = {name: (qt, gguf.quants.quantize(w.numpy(), qt))
+            for (name, w), qt in zip(ws.items(), (Q.Q4_0, Q.Q4_1, Q.Q4_0))}
+    for mixed in (False, True):
+        lin = QuantLinear(256, 128, shard_sizes=shards, scheme="gguf")
+        for name, (qt, raw) in raws.items():
+            qt = Q.Q8_0 if mixed and name == "v" else qt
+            raw = gguf.quants.quantize(ws[name].numpy(), qt) if mixed and name == "v" else raw
+            lin.load_shard("weight", name, GGUFBlocks(int(qt), tuple(raw.shape[:1]) + (256,), torch.from_numpy(raw)))
+        assert (lin.qweight is None) == mixed
+    with pytest.raises(ValueError, match="shape mismatch"):
+        QuantLinear(256, 128, scheme="int8").load_shard("weight", None, torch.zeros(128, 255))
+
+
+def test_int4_group_falls_back_to_divisor_and_scheme_names() -> None:
+    lin = QuantLinear(576, 8, scheme="int4")  # 576 = 9 * 64: group 128 does not divide it
+    lin.load_shard("weight", None, torch.randn(8, 576))
+    assert lin.qweight.group == 64
+    assert parse_scheme(None, True) == "gguf" and parse_scheme("auto", False) is None
+    assert parse_scheme("none", True) is None and parse_scheme("int8", False) == "int8"
+    with pytest.raises(ValueError, match="--quantization"):
+        parse_scheme("int3", False)
+
+
+def test_quantize_model_skips_lm_head() -> None:
+    model = torch.nn.Module()
+    model.layer = torch.nn.Module()
+    model.layer.proj = Linear(64, 32)
+    model.lm_head = Linear(64, 100)
+    assert quantize_model(model, "int8") == 1
+    assert type(model.layer.proj) is QuantLinear and type(model.lm_head) is Linear
+
+
+def test_gguf_loader_raw_blocks_match_dequantized(tmp_path: Path) -> None:
+    from hearth.loader.gguf_loader import load_gguf
+    from tests.unit.test_gguf_loader import write_llama
+
+    for qtype in (Q.Q4_0, Q.Q8_0):
+        path = tmp_path / f"m-{qtype.name}.gguf"
+        write_llama(path, qtype)
+        ck = load_gguf(str(path))
+        dense = dict(ck.tensors(torch.float32))
+        raw = dict(ck.tensors(torch.float32, KEPT_NAMES))
+        assert dense.keys() == raw.keys()
+        kept = [n for n, t in raw.items() if isinstance(t, GGUFBlocks)]
+        assert "model.layers.0.self_attn.q_proj.weight" in kept and "model.layers.0.self_attn.k_proj.weight" in kept
+        assert not any("embed_tokens" in n or n.startswith("lm_head") for n in kept)
+        for name in kept:  # q/k rows un-permuted on the raw rows give the same weights
+            assert torch.equal(quant.dequantize(raw[name].repack()), dense[name]), name
