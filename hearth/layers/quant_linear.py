@@ -75,11 +75,12 @@ class QuantLinear(Linear):
             raise ValueError(f"shape mismatch for weight[{shard}]: checkpoint {tuple(tensor.shape)}, "
                              f"model {(rows, self.in_features)}")
         self._pending[shard] = tensor
-        if len(self._pending) == max(1, len(self.shards)):
+        # A fused checkpoint tensor (Phi-3's qkv / gate_up) fills a sharded layer whole, in one call.
+        if shard is None or len(self._pending) == max(1, len(self.shards)):
             self._finish()
 
     def _finish(self) -> None:
-        order = list(self.shards) or [None]
+        order = [None] if None in self._pending else (list(self.shards) or [None])
         parts = [self._pending[name] for name in order]
         self._pending = {}
         qw = self._quantize(parts)
