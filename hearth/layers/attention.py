@@ -3,35 +3,72 @@
 Cache layout per layer: k_cache, v_cache: [num_blocks, block_size, num_kv_heads, head_dim]. A token's slot is
 block_id * block_size + offset. Each layer first writes the step's new K/V into their slots, then attends, so
 a request may read KV another request writes in the same step (prefix-cache hits within a step rely on it).
+
+Attention runs on hearth's C++ kernel (hearth.kernels.attention), which reads each sequence's K/V where they lie
+through its block table: decodes, chunked-prefill chunks and prefix-cache hits in one parallel call per layer.
+Fresh prompts of at least SDPA_MIN_PROMPT tokens go to torch's SDPA instead (blocked GEMMs win there), on this
+step's own k/v, which are exactly their context. Without the kernel (no compiler, unsupported CPU or head size,
+HEARTH_KERNELS=0) a torch path gathers each context from the cache.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hearth.kernels import attention as attn_kernel
+
+# Fresh prompts (no cached context) at least this long use SDPA rather than the kernel when the layer allows it
+# (no softcap; window absent or not shorter than the prompt). Measured on a 2-core Zen 3 (AVX2), fp32, D=64, H/Hkv
+# 8/2 and 9/3, best of many runs: the kernel is ahead up to 512 tokens (x1.4 at 512, x2-5 below 128: one call
+# for all sequences), SDPA's blocked GEMMs from ~1024 on (x1.15 at 1024, x1.6 at 2048).
+SDPA_MIN_PROMPT = 768
+
 
 @dataclass
 class PrefillSeq:
-    """One sequence with more than one new token (or whose context needs a full causal mask)."""
+    """One sequence with more than one new token, or with no context in cache before this step."""
 
     query_start: int  # offset of its first new token in the flat batch
     query_len: int
     context_len: int  # tokens in cache after this step, new ones included
-    slot_ids: torch.Tensor  # [context_len] slots of its whole context, in order
+    seq_index: int  # its row in AttentionMetadata's per-sequence tensors
 
 
 @dataclass
 class AttentionMetadata:
-    slot_mapping: torch.Tensor  # [num_tokens] where each new token's K/V goes
-    # Decodes (one new token each) come first in the flat batch and are attended in one batched call.
+    """Built once per step by the model runner; shared by every layer. Sequences are in flat-batch order,
+    decodes (one new token each) first: sequence i < num_decode_tokens owns flat token i."""
+
+    slot_mapping: torch.Tensor  # [num_tokens] int64: where each new token's K/V goes
+    query_start_loc: torch.Tensor  # [num_seqs + 1] int32: flat offset of each sequence's new tokens
+    context_lens: torch.Tensor  # [num_seqs] int32: tokens in cache after this step, new ones included
+    block_tables: torch.Tensor  # [num_seqs, max_blocks] int32, padded with 0
     num_decode_tokens: int
-    decode_slots: torch.Tensor | None  # [num_decodes, max_context] slots of each context (padded with 0)
-    decode_mask: torch.Tensor | None  # [num_decodes, 1, 1, max_context] additive: 0 or -inf at padding
-    decode_positions: torch.Tensor | None  # [num_decodes] position of each decode token (for sliding windows)
     prefills: list[PrefillSeq]
+    # Per-layer-kind work split, computed on first use in a step: (window, softcap?) -> (kernel seq ids or None for
+    # all, SDPA prefills). Also the torch path's gathered slots under "torch".
+    _cache: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def num_seqs(self) -> int:
+        return self.context_lens.shape[0]
+
+    def split(self, sliding_window: int | None, softcap: bool) -> tuple[torch.Tensor | None, list[PrefillSeq]]:
+        key = (sliding_window, softcap)
+        if key not in self._cache:
+            sdpa = [] if softcap else [
+                p for p in self.prefills
+                if p.query_len == p.context_len and p.query_len >= SDPA_MIN_PROMPT
+                and (not sliding_window or p.query_len <= sliding_window)]
+            ids = None
+            if sdpa:
+                skip = {p.seq_index for p in sdpa}
+                ids = torch.tensor([i for i in range(self.num_seqs) if i not in skip], dtype=torch.int32)
+            self._cache[key] = (ids, sdpa)
+        return self._cache[key]
 
 
 class Attention(nn.Module):
@@ -45,6 +82,15 @@ class Attention(nn.Module):
         self.sliding_window = sliding_window
         self.logit_softcap = logit_softcap
         self.kv_cache: tuple[torch.Tensor, torch.Tensor] | None = None  # bound by the model runner
+        # int8 caches only: per-token, per-head fp32 scales [num_blocks, block_size, Hkv] (x = int8 * scale)
+        self.kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._kernel: tuple[int, bool] | None = None  # (id of the bound cache, kernel supports it)
+
+    def use_kernel(self) -> bool:
+        k_cache = self.kv_cache[0]
+        if self._kernel is None or self._kernel[0] != id(k_cache):
+            self._kernel = (id(k_cache), attn_kernel.supports(k_cache, self.head_dim))
+        return self._kernel[1]
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """q: [T, H, D], k/v: [T, Hkv, D] -> [T, H * D]."""
@@ -52,43 +98,86 @@ class Attention(nn.Module):
         k_cache, v_cache = self.kv_cache
         k_flat = k_cache.view(-1, self.num_kv_heads, self.head_dim)
         v_flat = v_cache.view(-1, self.num_kv_heads, self.head_dim)
-        k_flat.index_copy_(0, meta.slot_mapping, k.to(k_flat.dtype))
-        v_flat.index_copy_(0, meta.slot_mapping, v.to(v_flat.dtype))
+        scales = None
+        if k_cache.dtype == torch.int8:
+            # NOTE: each token's K/V row is quantized on its own, so blocks filled over several steps, chunked
+            # prefill and prefix-cache sharing never requantize anything already in the cache.
+            scales = tuple(sc.view(-1, self.num_kv_heads) for sc in self.kv_scales)
+            (kq, ks), (vq, vs) = attn_kernel.quantize_int8(k), attn_kernel.quantize_int8(v)
+            k_flat.index_copy_(0, meta.slot_mapping, kq)
+            v_flat.index_copy_(0, meta.slot_mapping, vq)
+            scales[0].index_copy_(0, meta.slot_mapping, ks)
+            scales[1].index_copy_(0, meta.slot_mapping, vs)
+        else:
+            k_flat.index_copy_(0, meta.slot_mapping, k.to(k_flat.dtype))
+            v_flat.index_copy_(0, meta.slot_mapping, v.to(v_flat.dtype))
+        if not self.use_kernel():
+            return self._forward_torch(q, _Rows(k_flat, scales and scales[0], q.dtype),
+                                       _Rows(v_flat, scales and scales[1], q.dtype), meta, k_cache.shape[1])
 
+        num_tokens = q.shape[0]
+        q32 = q.float()
+        if q32.stride(2) != 1 or q32.stride(1) != self.head_dim:
+            q32 = q32.contiguous()
+        out = torch.empty(num_tokens, self.num_heads, self.head_dim, dtype=torch.float32)  # [T, H, D]
+        seq_ids, sdpa = meta.split(self.sliding_window, bool(self.logit_softcap))
+        if seq_ids is None or seq_ids.numel():
+            attn_kernel.paged_attention(q32, k_cache, v_cache, meta.block_tables, meta.query_start_loc,
+                                        meta.context_lens, out, self.scale, seq_ids=seq_ids,
+                                        sliding_window=self.sliding_window, logit_softcap=self.logit_softcap,
+                                        k_scale=self.kv_scales[0] if scales else None,
+                                        v_scale=self.kv_scales[1] if scales else None)
+        for p in sdpa:
+            # NOTE: a fresh prompt's context is exactly this step's k/v for its tokens: no cache read needed.
+            s = slice(p.query_start, p.query_start + p.query_len)
+            out[s] = self._causal_sdpa(q[s], k[s], v[s])
+        return out.view(num_tokens, -1).to(q.dtype)
+
+    def _causal_sdpa(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """q [Q, H, D], k/v [Q, Hkv, D] of one fresh prompt -> [Q, H, D]."""
+        o = F.scaled_dot_product_attention(q.transpose(0, 1).unsqueeze(0), k.transpose(0, 1).unsqueeze(0),
+                                           v.transpose(0, 1).unsqueeze(0), is_causal=True, scale=self.scale,
+                                           enable_gqa=True)
+        return o.squeeze(0).transpose(0, 1)
+
+    # ---- torch path: gathers each sequence's context from the cache (used only without the kernel) ----
+
+    def _forward_torch(self, q: torch.Tensor, k_flat: _Rows, v_flat: _Rows,
+                       meta: AttentionMetadata, block_size: int) -> torch.Tensor:
         out = torch.empty_like(q)
         nd = meta.num_decode_tokens
+        gathered = _torch_slots(meta, block_size)
         if nd:
-            out[:nd] = self._decode(q[:nd], k_flat, v_flat, meta)
-        for p in meta.prefills:
+            out[:nd] = self._decode(q[:nd], k_flat, v_flat, *gathered[0])
+        for p, slot_ids in zip(meta.prefills, gathered[1]):
             s = slice(p.query_start, p.query_start + p.query_len)
-            out[s] = self._prefill(q[s], k_flat[p.slot_ids], v_flat[p.slot_ids], p)
+            out[s] = self._prefill(q[s], k_flat[slot_ids], v_flat[slot_ids], p)
         return out.view(q.shape[0], -1)
 
-    def _scores_to_out(self, scores: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def _softcap(self, scores: torch.Tensor) -> torch.Tensor:
+        # NOTE: before masking: tanh would turn a masked -inf into -cap, which softmax does not ignore.
         if self.logit_softcap:
             scores = torch.tanh(scores / self.logit_softcap) * self.logit_softcap
+        return scores
+
+    def _scores_to_out(self, scores: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         return torch.matmul(torch.softmax(scores, dim=-1).to(v.dtype), v)
 
-    def _decode(self, q: torch.Tensor, k_flat: torch.Tensor, v_flat: torch.Tensor,
-                meta: AttentionMetadata) -> torch.Tensor:
+    def _decode(self, q: torch.Tensor, k_flat: _Rows, v_flat: _Rows, slots: torch.Tensor,
+                mask: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         b = q.shape[0]
         g = self.num_heads // self.num_kv_heads
-        keys = k_flat[meta.decode_slots].permute(0, 2, 3, 1)  # [B, Hkv, D, L]
-        values = v_flat[meta.decode_slots].transpose(1, 2)  # [B, Hkv, L, D]
+        keys = k_flat[slots].permute(0, 2, 3, 1)  # [B, Hkv, D, L]
+        values = v_flat[slots].transpose(1, 2)  # [B, Hkv, L, D]
         qg = q.view(b, self.num_kv_heads, g, self.head_dim)  # [B, Hkv, G, D]
-        scores = torch.matmul(qg, keys).float() * self.scale  # [B, Hkv, G, L]
-        mask = meta.decode_mask
+        scores = self._softcap(torch.matmul(qg, keys).float() * self.scale)  # [B, Hkv, G, L]
         if self.sliding_window:
-            mask = mask + self._decode_window_mask(meta)
+            key_pos = torch.arange(slots.shape[1]).unsqueeze(0)  # [1, L]
+            too_old = key_pos <= (positions.unsqueeze(1) - self.sliding_window)
+            mask = mask.masked_fill(too_old[:, None, None, :], float("-inf"))
         scores = scores + mask
         out = self._scores_to_out(scores, values.float() if scores.dtype != values.dtype else values)
         return out.reshape(b, self.num_heads, self.head_dim).to(q.dtype)
-
-    def _decode_window_mask(self, meta: AttentionMetadata) -> torch.Tensor:
-        length = meta.decode_slots.shape[1]
-        key_pos = torch.arange(length).unsqueeze(0)  # [1, L]
-        too_old = key_pos <= (meta.decode_positions.unsqueeze(1) - self.sliding_window)
-        return torch.zeros(too_old.shape).masked_fill_(too_old, float("-inf"))[:, None, None, :]
 
     def _prefill(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, p: PrefillSeq) -> torch.Tensor:
         # q: [Q, H, D]; keys/values: [C, Hkv, D]; query i sits at position C - Q + i.
@@ -104,7 +193,7 @@ class Attention(nn.Module):
             else:
                 g = self.num_heads // self.num_kv_heads
                 kh, vh = kh.repeat_interleave(g, dim=1), vh.repeat_interleave(g, dim=1)
-                scores = torch.matmul(qh, kh.transpose(-1, -2)).float() * self.scale
+                scores = self._softcap(torch.matmul(qh, kh.transpose(-1, -2)).float() * self.scale)
                 scores = scores.masked_fill(~mask, float("-inf"))
                 o = self._scores_to_out(scores, vh.float()).to(q.dtype)
         return o.squeeze(0).transpose(0, 1)  # [Q, H, D]
@@ -116,3 +205,40 @@ class Attention(nn.Module):
         if self.sliding_window:
             mask &= k_pos > q_pos - self.sliding_window
         return mask  # [Q, C] bool, True = attend
+
+
+class _Rows:
+    """Cache rows [num_slots, Hkv, D] indexed by slot; int8 rows come out dequantized in the model's dtype."""
+
+    def __init__(self, flat: torch.Tensor, scales: torch.Tensor | None, dtype: torch.dtype) -> None:
+        self.flat, self.scales, self.dtype = flat, scales, dtype
+
+    def __getitem__(self, idx: torch.Tensor) -> torch.Tensor:
+        if self.scales is None:
+            return self.flat[idx]
+        return (self.flat[idx].float() * self.scales[idx].unsqueeze(-1)).to(self.dtype)
+
+
+def _torch_slots(meta: AttentionMetadata, block_size: int):
+    """Slots of every context for the torch path, computed once per step: ((decode slots [B, max_ctx] padded
+    with slot 0, additive mask [B, 1, 1, max_ctx], positions [B]), [slot ids [C] per prefill])."""
+    if "torch" not in meta._cache:
+        bs = block_size
+        tables = meta.block_tables.long()
+        ctx = meta.context_lens.long()
+        nd = meta.num_decode_tokens
+        decode = (None, None, None)
+        if nd:
+            dctx = ctx[:nd]
+            pos = torch.arange(int(dctx.max()))
+            slots = tables[:nd, pos // bs] * bs + pos % bs  # [B, max_ctx]
+            pad = pos.unsqueeze(0) >= dctx.unsqueeze(1)
+            # NOTE: padding reads slot 0 (masked); the runner zeroes block 0 so no NaN bit pattern leaks in.
+            mask = torch.zeros(pad.shape).masked_fill_(pad, float("-inf"))[:, None, None, :]
+            decode = (slots.masked_fill(pad, 0), mask, dctx - 1)
+        prefill_slots = []
+        for p in meta.prefills:
+            pos = torch.arange(p.context_len)
+            prefill_slots.append(tables[p.seq_index, pos // bs] * bs + pos % bs)
+        meta._cache["torch"] = (decode, prefill_slots)
+    return meta._cache["torch"]

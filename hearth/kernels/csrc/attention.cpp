@@ -1,0 +1,234 @@
+// hearth paged attention: causal / sliding-window attention of a flat batch of query tokens against a paged KV
+// cache [num_blocks, block_size, num_kv_heads, head_dim] (fp32, bf16, f16 or int8 with per-token, per-head scales), read in place through each
+// sequence's block table: no gather of the context. Decodes (one query token), chunked-prefill chunks and
+// prefix-cache hits (queries after cached context) all take the same path. fp32 math, fp32 output.
+// Same conventions as linear.cpp: no torch headers, C ABI for ctypes, per-ISA `#pragma GCC target` bodies chosen
+// at run time by the caller, OpenMP on torch's libgomp with the caller's thread count.
+#include <immintrin.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+namespace {
+enum AttnDType { kAttnF32 = 0, kAttnBF16 = 1, kAttnF16 = 2, kAttnI8 = 3 };
+
+struct AttnParams {
+  const float* q;  // [T][H][D] fp32, head stride D
+  int64_t q_tok_stride;
+  const void* k;  // cache base pointers, [num_blocks][block_size][Hkv][D]
+  const void* v;
+  int kv_dtype;
+  const float* k_scale;  // int8 caches: [num_blocks][block_size][Hkv] per-token, per-head scales (else null)
+  const float* v_scale;
+  int64_t block_stride;   // elements between blocks (block_size * Hkv * D)
+  int64_t kv_tok_stride;  // elements between tokens of a block (Hkv * D)
+  const int32_t* block_tables;  // [S][bt_stride]
+  int64_t bt_stride;
+  const int32_t* query_start;   // [S + 1] flat-batch offsets of each sequence's query tokens
+  const int32_t* context_lens;  // [S] tokens in cache after this step (the queries are its last ones)
+  float* out;  // [T][H][D] fp32, head stride D
+  int64_t out_tok_stride;
+  int64_t block_size, num_heads, num_kv_heads, head_dim;
+  float scale, softcap;  // softcap <= 0: none
+  int64_t window;        // > 0: a query at position p sees keys in (p - window, p]
+};
+
+struct WorkItem {
+  int64_t seq, kv_head, t0, nt;
+};
+}  // namespace
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+namespace hk_attn_avx2 {
+struct T {
+  using V = __m256;
+  static constexpr int L = 8;
+  static inline V zero() { return _mm256_setzero_ps(); }
+  static inline V set1(float x) { return _mm256_set1_ps(x); }
+  static inline V load(const float* p) { return _mm256_loadu_ps(p); }
+  static inline void store(float* p, V v) { _mm256_storeu_ps(p, v); }
+  static inline V add(V a, V b) { return _mm256_add_ps(a, b); }
+  static inline V sub(V a, V b) { return _mm256_sub_ps(a, b); }
+  static inline V mul(V a, V b) { return _mm256_mul_ps(a, b); }
+  static inline V fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
+  static inline V max(V a, V b) { return _mm256_max_ps(a, b); }
+  static inline float hsum(V v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+  }
+  static inline float hmax(V v) {
+    __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_max_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+  }
+  // out[0..4) = horizontal sums of a, b, c, d.
+  static inline void hsum4(V a, V b, V c, V d, float* out) {
+    const __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
+    _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1)));
+  }
+  static inline V load_bf16(const uint16_t* p) {
+    __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+  }
+  static inline V load_f16(const uint16_t* p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+  static inline V load_i8(const int8_t* p) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+  }
+  // exp(x), Cephes-style: x = n ln2 + r, |r| <= ln2/2, degree-6 polynomial, 2^n through the exponent bits.
+  // Clamped to [-87.3, 88.4]: tiny inputs give ~1e-38 (never denormal), not 0; NaN lanes come out finite.
+  static inline V exp(V x) {
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.33654f)), _mm256_set1_ps(88.37626f));
+    V n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    x = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    x = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), x);
+    V y = _mm256_set1_ps(1.9875691500e-4f);
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
+    y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), x);
+    y = _mm256_add_ps(y, _mm256_set1_ps(1.f));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+  }
+};
+#include "attention_impl.h"
+}  // namespace hk_attn_avx2
+#pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl")
+namespace hk_attn_avx512 {
+struct T {
+  using V = __m512;
+  static constexpr int L = 16;
+  static inline V zero() { return _mm512_setzero_ps(); }
+  static inline V set1(float x) { return _mm512_set1_ps(x); }
+  static inline V load(const float* p) { return _mm512_loadu_ps(p); }
+  static inline void store(float* p, V v) { _mm512_storeu_ps(p, v); }
+  static inline V add(V a, V b) { return _mm512_add_ps(a, b); }
+  static inline V sub(V a, V b) { return _mm512_sub_ps(a, b); }
+  static inline V mul(V a, V b) { return _mm512_mul_ps(a, b); }
+  static inline V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+  static inline V max(V a, V b) { return _mm512_max_ps(a, b); }
+  static inline float hsum(V v) { return _mm512_reduce_add_ps(v); }
+  static inline float hmax(V v) { return _mm512_reduce_max_ps(v); }
+  static inline __m256 half_sum(V v) {
+    return _mm256_add_ps(_mm512_castps512_ps256(v),
+                         _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+  }
+  static inline void hsum4(V a, V b, V c, V d, float* out) {
+    const __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(half_sum(a), half_sum(b)), _mm256_hadd_ps(half_sum(c), half_sum(d)));
+    _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1)));
+  }
+  static inline V load_bf16(const uint16_t* p) {
+    __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+  }
+  static inline V load_f16(const uint16_t* p) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
+  static inline V load_i8(const int8_t* p) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+  }
+  static inline V exp(V x) {
+    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.33654f)), _mm512_set1_ps(88.37626f));
+    V n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    x = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    x = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), x);
+    V y = _mm512_set1_ps(1.9875691500e-4f);
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.3981999507e-3f));
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(8.3334519073e-3f));
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(4.1665795894e-2f));
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.6666665459e-1f));
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(5.0000001201e-1f));
+    y = _mm512_fmadd_ps(y, _mm512_mul_ps(x, x), x);
+    y = _mm512_add_ps(y, _mm512_set1_ps(1.f));
+    __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+    return _mm512_mul_ps(y, _mm512_castsi512_ps(e));
+  }
+};
+#include "attention_impl.h"
+}  // namespace hk_attn_avx512
+#pragma GCC pop_options
+
+namespace {
+constexpr int kAttnISA_AVX2 = 1, kAttnISA_AVX512 = 2;
+// Query rows (tokens x GQA group) per work item: the accumulators (rows x head_dim floats) stay in L1/L2.
+constexpr int64_t kMaxRows = 32;
+}  // namespace
+
+extern "C" {
+
+// out[t][head][:] = softmax(scale * q[t][head] . K^T (softcapped, causal, windowed)) V for every query token t of
+// the selected sequences (seq_ids[0..num_seqs), or 0..num_seqs-1 when seq_ids is null). Sequence s owns flat
+// tokens [query_start[s], query_start[s+1]); they are the last of its context_lens[s] tokens, whose K/V already sit
+// in the cache at block_tables[s][pos / block_size], offset pos % block_size. Rows of other sequences in `out` are
+// left untouched. int8 caches (kv_dtype 3) hold round(x / scale) with one fp32 scale per (slot, kv head) in
+// k_scale / v_scale. Returns 0, or a negative error code for bad arguments.
+int hk_paged_attention(const float* q, int64_t q_tok_stride, const void* k_cache, const void* v_cache,
+                       int kv_dtype, const float* k_scale, const float* v_scale, int64_t block_stride, int64_t kv_tok_stride, const int32_t* block_tables,
+                       int64_t bt_stride, const int32_t* query_start, const int32_t* context_lens,
+                       const int32_t* seq_ids, int64_t num_seqs, float* out, int64_t out_tok_stride,
+                       int64_t block_size, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, float scale,
+                       float softcap, int64_t window, int isa, int nthreads) {
+  if (isa != kAttnISA_AVX2 && isa != kAttnISA_AVX512) return -1;
+  if (kv_dtype < 0 || kv_dtype > 3) return -2;
+  if (kv_dtype == kAttnI8 && (!k_scale || !v_scale)) return -5;
+  const int64_t lanes = isa == kAttnISA_AVX512 ? 16 : 8;
+  if (head_dim <= 0 || head_dim % lanes) return -3;
+  if (num_kv_heads <= 0 || num_heads % num_kv_heads || block_size <= 0) return -4;
+  const AttnParams p{q, q_tok_stride, k_cache, v_cache, kv_dtype, k_scale, v_scale, block_stride, kv_tok_stride, block_tables,
+                     bt_stride, query_start, context_lens, out, out_tok_stride, block_size, num_heads,
+                     num_kv_heads, head_dim, scale, softcap, window};
+  const int64_t G = num_heads / num_kv_heads;
+  const int64_t qt = std::max<int64_t>(1, kMaxRows / G);  // query tokens per work item
+  std::vector<WorkItem> items;
+  items.reserve(num_seqs * num_kv_heads);
+  for (int64_t i = 0; i < num_seqs; ++i) {
+    const int64_t s = seq_ids ? seq_ids[i] : i;
+    const int64_t ql = query_start[s + 1] - query_start[s];
+    if (ql <= 0 || context_lens[s] < ql) continue;
+    // Tiles from the last (longest context) first, so the dynamic schedule ends on cheap items.
+    for (int64_t t0 = ((ql - 1) / qt) * qt; t0 >= 0; t0 -= qt)
+      for (int64_t h = 0; h < num_kv_heads; ++h) items.push_back({s, h, t0, std::min(qt, ql - t0)});
+  }
+  const int64_t n = (int64_t)items.size();
+  if (n == 0) return 0;
+  const int64_t rows = qt * G;
+  const int64_t sf = isa == kAttnISA_AVX512 ? hk_attn_avx512::scratch_floats(rows, head_dim, block_size)
+                                            : hk_attn_avx2::scratch_floats(rows, head_dim, block_size);
+  const int nt = (int)std::max<int64_t>(1, std::min<int64_t>(nthreads, n));
+  auto body = [&](float* scratch, int64_t i) {
+    if (isa == kAttnISA_AVX512)
+      hk_attn_avx512::run_item(p, items[i], scratch);
+    else
+      hk_attn_avx2::run_item(p, items[i], scratch);
+  };
+  if (nt == 1) {
+    std::vector<float> scratch(sf);
+    for (int64_t i = 0; i < n; ++i) body(scratch.data(), i);
+    return 0;
+  }
+#pragma omp parallel num_threads(nt)
+  {
+    std::vector<float> scratch(sf);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t i = 0; i < n; ++i) body(scratch.data(), i);
+  }
+  return 0;
+}
+
+}  // extern "C"
