@@ -80,11 +80,14 @@ class CacheConfig:
     block_size: int = 16
     kv_cache_space_gib: float | None = None  # None: from available memory
     enable_prefix_caching: bool = True
+    kv_cache_dtype: str = "auto"
     num_blocks: int = 0  # decided at start-up from the space and the model's shape
 
     def __post_init__(self) -> None:
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
             raise ValueError(f"--block-size must be a power of two, got {self.block_size}")
+        if self.kv_cache_dtype not in ("auto", "int8"):
+            raise ValueError(f"--kv-cache-dtype must be auto or int8, got {self.kv_cache_dtype!r}")
         if self.kv_cache_space_gib is not None and self.kv_cache_space_gib <= 0:
             raise ValueError(f"--kv-cache-space must be > 0 GiB, got {self.kv_cache_space_gib}")
 
@@ -128,4 +131,5 @@ class EngineArgs:
     served_model_name: str | None = None
     chat_template: str | None = None
     max_waiting_requests: int | None = None
+    kv_cache_dtype: str = "auto"  # auto (the model dtype) | int8 (per-token, per-kv-head scales)
     quantization: str | None = None  # auto (None) | none | int8 | int4[-g32|-g64|-g128] | gguf: layers/quant_linear.py

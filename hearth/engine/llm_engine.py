@@ -61,17 +61,18 @@ class LLMEngine:
         self.model = loaded.model
         mc = self.model_config
         space = args.kv_cache_space if args.kv_cache_space is not None else envs.kv_cache_space_gib()
-        self.cache_config = CacheConfig(args.block_size, space, args.enable_prefix_caching)
+        self.cache_config = CacheConfig(args.block_size, space, args.enable_prefix_caching, args.kv_cache_dtype)
+        kv_dtype = torch.int8 if args.kv_cache_dtype == "int8" else mc.dtype
         self.scheduler_config = SchedulerConfig(
             max_num_seqs=args.max_num_seqs,
             max_num_batched_tokens=args.max_num_batched_tokens or max(2048, args.max_num_seqs),
             max_model_len=mc.max_model_len, max_waiting_requests=args.max_waiting_requests)
-        per_block = ModelRunner.kv_bytes_per_block(self.model, args.block_size, mc.dtype)
+        per_block = ModelRunner.kv_bytes_per_block(self.model, args.block_size, kv_dtype)
         self.cache_config.num_blocks = num_kv_blocks(per_block, args.block_size, mc.max_model_len,
                                                      args.max_num_seqs, space)
         self.block_manager = BlockManager(self.cache_config.num_blocks, args.block_size, args.enable_prefix_caching)
         self.scheduler = Scheduler(self.scheduler_config, self.block_manager)
-        self.runner = ModelRunner(self.model, self.cache_config.num_blocks, args.block_size, mc.dtype,
+        self.runner = ModelRunner(self.model, self.cache_config.num_blocks, args.block_size, kv_dtype,
                                   mc.vocab_size, args.seed)
         # Structured output: grammars compiled against the tokenizer, masks prefetched while the model runs.
         self.structured = StructuredOutputManager(self.tokenizer.hf, mc.vocab_size, mc.eos_token_ids)

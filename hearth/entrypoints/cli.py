@@ -28,6 +28,8 @@ def add_engine_args(p: argparse.ArgumentParser, model_optional: bool = False) ->
     g.add_argument("--kv-cache-space", type=float, default=None,
                    help="KV-cache size in GiB (env HEARTH_KVCACHE_SPACE / VLLM_CPU_KVCACHE_SPACE; default: "
                         "from available memory)")
+    g.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "int8"],
+                   help="KV-cache storage: auto (the model dtype) or int8 with per-token scales")
     g.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching", action="store_false",
                    help="turn automatic prefix caching off")
     g.add_argument("--threads", type=int, default=None, help="compute threads (default: physical cores)")
@@ -44,8 +46,8 @@ def add_engine_args(p: argparse.ArgumentParser, model_optional: bool = False) ->
 
 
 ENGINE_ARG_NAMES = ["model", "tokenizer", "dtype", "max_model_len", "max_num_seqs", "max_num_batched_tokens",
-                    "block_size", "kv_cache_space", "enable_prefix_caching", "threads", "omp_threads_bind", "seed",
-                    "chat_template", "served_model_name", "quantization"]
+                    "block_size", "kv_cache_space", "kv_cache_dtype", "enable_prefix_caching", "threads",
+                    "omp_threads_bind", "seed", "chat_template", "served_model_name", "quantization"]
 
 
 def engine_args_from(ns: argparse.Namespace):

@@ -109,7 +109,6 @@ def test_int8_kv_cache_end_to_end(tmp_path):
     """An int8 KV cache through the whole engine, with chunked prefill and prefix-cache hits: greedy tokens and
     logprobs stay close to the float32 cache's."""
     from hearth import LLM, SamplingParams
-    from hearth.engine.model_runner import ModelRunner
     from tests.tiny_models import build_checkpoint, tiny_config
 
     folder = build_checkpoint(str(tmp_path / "m"), tiny_config("llama"))
@@ -118,10 +117,10 @@ def test_int8_kv_cache_end_to_end(tmp_path):
     params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, logprobs=1)
     results = {}
     for kv_dtype in (torch.float32, torch.int8):
-        llm = LLM(folder, dtype="float32", kv_cache_space=0.02, max_num_batched_tokens=32)
+        llm = LLM(folder, dtype="float32", kv_cache_space=0.02, max_num_batched_tokens=32,
+                  kv_cache_dtype="int8" if kv_dtype == torch.int8 else "auto")
         eng = llm.engine
-        eng.runner = ModelRunner(eng.model, eng.cache_config.num_blocks, eng.cache_config.block_size, kv_dtype,
-                                 eng.model_config.vocab_size)
+        assert eng.runner.kv_caches[0][0].dtype == kv_dtype
         llm.generate(prompts[:1], params)  # fills the prefix cache
         results[kv_dtype] = llm.generate(prompts, params)
         assert eng.block_manager.prefix_hits > 0
