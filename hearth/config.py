@@ -16,7 +16,7 @@ class HFConfig(dict):
     def __getattr__(self, name: str) -> Any:
         return self.get(name)
 
-    def get_text_config(self) -> "HFConfig":
+    def get_text_config(self) -> HFConfig:
         inner = self.get("text_config")
         return HFConfig({**self, **inner}) if isinstance(inner, dict) else self
 

@@ -17,7 +17,7 @@ class Tokenizer:
         self.all_special_ids = set(hf_tokenizer.all_special_ids)
 
     @classmethod
-    def from_folder(cls, folder: str, chat_template: str | None = None) -> "Tokenizer":
+    def from_folder(cls, folder: str, chat_template: str | None = None) -> Tokenizer:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for a hub
         from transformers import AutoTokenizer, PreTrainedTokenizerFast
 

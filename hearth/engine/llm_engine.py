@@ -82,7 +82,7 @@ class LLMEngine:
         logger.info("%s", self.startup_summary())
 
     @classmethod
-    def from_engine_args(cls, args: EngineArgs) -> "LLMEngine":
+    def from_engine_args(cls, args: EngineArgs) -> LLMEngine:
         return cls(args)
 
     def startup_summary(self) -> str:

@@ -81,7 +81,8 @@ class Scheduler:
                     break
             else:
                 scheduled_running.append(req)
-                out.scheduled.append(ScheduledRequest(req, num_new, req.num_computed_tokens + num_new == req.num_tokens))
+                reaches_end = req.num_computed_tokens + num_new == req.num_tokens
+                out.scheduled.append(ScheduledRequest(req, num_new, reaches_end))
                 budget -= num_new
                 i += 1
                 continue
