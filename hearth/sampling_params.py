@@ -6,6 +6,7 @@ from enum import IntEnum
 from hearth.structured.params import StructuredOutputsParams
 
 _GREEDY_EPS = 1e-5
+MAX_N = 128
 
 
 class SamplingType(IntEnum):
@@ -59,6 +60,8 @@ class SamplingParams:
 
         if not isinstance(self.n, int) or self.n < 1:
             raise bad(f"n must be an integer >= 1, got {self.n!r}")
+        if self.n > MAX_N:
+            raise bad(f"n must be <= {MAX_N} (OpenAI's limit), got {self.n}")
         if not math.isfinite(self.temperature) or self.temperature < 0:
             raise bad(f"temperature must be a finite number >= 0, got {self.temperature}")
         if not 0.0 < self.top_p <= 1.0:
@@ -86,6 +89,9 @@ class SamplingParams:
             raise bad(f"prompt_logprobs must be in [0, 20], got {self.prompt_logprobs}")
         if self.seed is not None and not isinstance(self.seed, int):
             raise bad(f"seed must be an integer, got {self.seed!r}")
+        # Sequence i of n samples with seed + i; torch generators take 64-bit seeds.
+        if self.seed is not None and not -(2**63) <= self.seed <= 2**63 - self.n:
+            raise bad(f"seed must fit in a signed 64-bit integer, got {self.seed}")
         if any(not isinstance(s, str) or not s for s in self._stop_list):
             raise bad("stop must be a non-empty string or a list of non-empty strings")
         if self.structured_outputs is not None and not isinstance(self.structured_outputs, StructuredOutputsParams):

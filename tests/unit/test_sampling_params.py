@@ -77,3 +77,18 @@ def test_check_vocab() -> None:
         SamplingParams(logit_bias={512: 1.0}).check_vocab(512)
     with pytest.raises(ValueError, match="-1"):
         SamplingParams(stop_token_ids=[-1]).check_vocab(512)
+
+
+def test_n_and_seed_bounds() -> None:
+    import pytest
+
+    from hearth.sampling_params import MAX_N, SamplingParams
+
+    SamplingParams(n=MAX_N)
+    with pytest.raises(ValueError, match="n must be"):
+        SamplingParams(n=MAX_N + 1)
+    SamplingParams(seed=2**63 - 1)
+    with pytest.raises(ValueError, match="seed"):
+        SamplingParams(seed=2**63)
+    with pytest.raises(ValueError, match="seed"):
+        SamplingParams(seed=2**63 - 1, n=2)  # the second sequence's seed would overflow
