@@ -11,6 +11,7 @@ from hearth.layers.embedding import Embedding
 from hearth.layers.linear import Linear
 from hearth.layers.norm import RMSNorm
 from hearth.layers.rotary import get_rope
+from hearth.models.blocks import PreNormDecoderLayer
 from hearth.models.common import CausalLMBase
 
 
@@ -50,26 +51,15 @@ class LlamaMLP(nn.Module):
         return self.down_proj(self.act_and_mul(self.gate_up_proj(x)))
 
 
-class LlamaDecoderLayer(nn.Module):
+class LlamaDecoderLayer(PreNormDecoderLayer):
     def __init__(self, cfg: HFConfig, max_len: int, qkv_bias: bool, sliding_window: int | None) -> None:
-        super().__init__()
         eps = cfg.get("rms_norm_eps", 1e-6)
-        self.input_layernorm = RMSNorm(cfg["hidden_size"], eps)
-        self.self_attn = LlamaAttention(cfg, max_len, qkv_bias, sliding_window)
-        self.post_attention_layernorm = RMSNorm(cfg["hidden_size"], eps)
-        self.mlp = LlamaMLP(cfg["hidden_size"], cfg["intermediate_size"], cfg.get("hidden_act", "silu"),
-                            bool(cfg.get("mlp_bias", False)))
-
-    def forward(self, positions: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | None,
-                meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
-        if residual is None:
-            residual = x
-            x = self.input_layernorm(x)
-        else:
-            x, residual = self.input_layernorm(x, residual)
-        x = self.self_attn(positions, x, meta)
-        x, residual = self.post_attention_layernorm(x, residual)
-        return self.mlp(x), residual
+        super().__init__(
+            attn=LlamaAttention(cfg, max_len, qkv_bias, sliding_window),
+            mlp=LlamaMLP(cfg["hidden_size"], cfg["intermediate_size"], cfg.get("hidden_act", "silu"),
+                         bool(cfg.get("mlp_bias", False))),
+            input_norm=RMSNorm(cfg["hidden_size"], eps),
+            pre_mlp_norm=RMSNorm(cfg["hidden_size"], eps))
 
 
 class LlamaModel(nn.Module):
