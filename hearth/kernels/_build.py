@@ -44,6 +44,34 @@ def cache_dir() -> Path:
     return root / "hearth" / "kernels" / h.hexdigest()[:16]
 
 
+BUILT_MARKER = "built.ok"
+
+
+def _compile(build_dir: Path) -> None:
+    """Build from a copy of the sources inside build_dir, so the build files name only paths in the cache: the
+    same sources installed at another path (a new venv, a fresh clone) reuse it instead of rebuilding."""
+    import shutil
+
+    from torch.utils import cpp_extension
+
+    src = build_dir / "src"
+    src.mkdir(parents=True, exist_ok=True)
+    for name in SOURCES + HEADERS:
+        shutil.copyfile(CSRC / name, src / name)
+    cpp_extension.load(
+        name="hearth_kernels",
+        sources=[str(src / s) for s in SOURCES],
+        extra_cflags=list(CFLAGS),  # (copies: load() appends to the lists it is given)
+        extra_ldflags=list(LDFLAGS),
+        extra_include_paths=[str(src)],
+        build_directory=str(build_dir),
+        is_python_module=False,
+        verbose=False,
+    )
+    # NOTE: written last: a process that finds the marker loads the .so without running ninja at all.
+    (build_dir / BUILT_MARKER).touch()
+
+
 @functools.cache
 def load() -> ctypes.CDLL | None:
     global build_seconds
@@ -51,8 +79,6 @@ def load() -> ctypes.CDLL | None:
         logger.info("hearth kernels disabled by HEARTH_KERNELS=0; using torch F.linear")
         return None
     try:
-        from torch.utils import cpp_extension
-
         # torch looks for `ninja` on PATH; the pip-installed one sits beside this interpreter, which a venv
         # used without activation does not put on PATH.
         bindir = os.path.dirname(sys.executable)
@@ -60,18 +86,9 @@ def load() -> ctypes.CDLL | None:
             os.environ["PATH"] = bindir + os.pathsep + os.environ.get("PATH", "")
 
         build_dir = cache_dir()
-        build_dir.mkdir(parents=True, exist_ok=True)
         start = time.perf_counter()
-        cpp_extension.load(
-            name="hearth_kernels",
-            sources=[str(CSRC / s) for s in SOURCES],
-            extra_cflags=list(CFLAGS),  # (copies: load() appends to the lists it is given)
-            extra_ldflags=list(LDFLAGS),
-            extra_include_paths=[str(CSRC)],
-            build_directory=str(build_dir),
-            is_python_module=False,
-            verbose=False,
-        )
+        if not (build_dir / BUILT_MARKER).exists():
+            _compile(build_dir)
         build_seconds = time.perf_counter() - start
         lib = ctypes.CDLL(str(build_dir / "hearth_kernels.so"))
         i64, i32, ptr = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p
