@@ -2,6 +2,8 @@
 import torch
 from torch import nn
 
+from hearth.kernels import fused
+
 
 class RMSNorm(nn.Module):
     def __init__(self, hidden_size: int, eps: float = 1e-6, offset: float = 0.0) -> None:
@@ -10,9 +12,21 @@ class RMSNorm(nn.Module):
         self.offset = offset  # Gemma stores weight - 1: its norm multiplies by (1 + weight)
         self.weight = nn.Parameter(torch.ones(hidden_size) if offset == 0 else torch.zeros(hidden_size),
                                    requires_grad=False)
+        self._weight32: tuple[tuple[int, int], torch.Tensor] | None = None  # fp32 copy for the C kernel
+
+    def weight32(self) -> torch.Tensor:
+        """The weight in fp32, converted once (again only if the weight is replaced or changed in place)."""
+        w = self.weight
+        key = (w.data_ptr(), w._version)
+        if self._weight32 is None or self._weight32[0] != key:
+            self._weight32 = (key, w.detach().float().contiguous())
+        return self._weight32[1]
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor | tuple:
         """With residual: returns (norm(x + residual), x + residual), the pre-norm transformer's fused step."""
+        out = fused.rms_norm(x, self.weight32(), self.offset, self.eps, residual)
+        if out is not None:  # one C call; below, the same math in torch ops
+            return out
         if residual is not None:
             x = x + residual
             residual = x

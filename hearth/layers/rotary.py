@@ -6,6 +6,8 @@ import math
 import torch
 from torch import nn
 
+from hearth.kernels import fused
+
 
 def _inv_freq(rotary_dim: int, base: float) -> torch.Tensor:
     return 1.0 / (base ** (torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim))
@@ -64,7 +66,9 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("sin", (freqs.sin() * attn_factor).float(), persistent=False)
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """positions: [T]; q: [T, Hq, D]; k: [T, Hk, D]."""
+        """positions: [T] (rows of the cos/sin table); q: [T, Hq, D]; k: [T, Hk, D]. May rotate q and k in place."""
+        if fused.rope_neox_(q, k, self.cos, self.sin, positions, self.rotary_dim):
+            return q, k
         cos = self.cos[positions].unsqueeze(1)  # [T, 1, rot/2]
         sin = self.sin[positions].unsqueeze(1)
         return self._apply(q, cos, sin), self._apply(k, cos, sin)

@@ -1,0 +1,216 @@
+// hearth fused element-wise kernels: the small ops between the matmuls of a decoder layer, one C call each
+// instead of 5-15 torch ops. At decode shapes (a few tokens of a few thousand channels) the torch ops cost far more
+// in dispatch than in arithmetic; at prefill shapes these loops are memory-bound and parallel over rows.
+//   hk_rms_norm      (x [+ residual]) -> normalized * (weight + offset), and the sum as the new residual
+//   hk_rope_neox     q, k rotated in place (rotate_half layout, first `rot` dims of each head)
+//   hk_act_and_mul   act(gate) * up for x = [gate | up] (silu, gelu-tanh)
+// Math is fp32 like the torch code it replaces (same rounding points: the residual sum is rounded to the model
+// dtype before it is normalized, outputs once at the end).
+#include <immintrin.h>
+#include <omp.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+// NOTE: the whole file is AVX2+FMA+F16C code: Python calls it only when hearth.kernels.isa() found those.
+#pragma GCC target("avx2,fma,f16c")
+
+namespace {
+
+enum DType { kF32 = 0, kBF16 = 1, kF16 = 2 };
+
+inline float bf16_to_f32(uint16_t h) {
+  uint32_t u = uint32_t(h) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+inline uint16_t f32_to_bf16(float f) {  // round to nearest even, NaN kept quiet (as torch)
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return uint16_t(u >> 16);
+}
+
+inline float f16_to_f32(uint16_t h) { return _cvtsh_ss(h); }
+
+inline uint16_t f32_to_f16(float f) { return _cvtss_sh(f, 0); }  // round to nearest even
+
+template <int D>
+inline float load(const void* p, int64_t i) {
+  if constexpr (D == kF32) return static_cast<const float*>(p)[i];
+  if constexpr (D == kBF16) return bf16_to_f32(static_cast<const uint16_t*>(p)[i]);
+  return f16_to_f32(static_cast<const uint16_t*>(p)[i]);
+}
+
+template <int D>
+inline void store(void* p, int64_t i, float v) {
+  if constexpr (D == kF32) static_cast<float*>(p)[i] = v;
+  else if constexpr (D == kBF16) static_cast<uint16_t*>(p)[i] = f32_to_bf16(v);
+  else static_cast<uint16_t*>(p)[i] = f32_to_f16(v);
+}
+
+// Rounds through the model dtype, as torch does when it stores an intermediate in that dtype.
+template <int D>
+inline float round_to(float v) {
+  if constexpr (D == kF32) return v;
+  if constexpr (D == kBF16) return bf16_to_f32(f32_to_bf16(v));
+  return f16_to_f32(f32_to_f16(v));
+}
+
+// Parallel only when the work pays for waking the team (prefill); decode runs on the calling thread.
+inline int team(int64_t elems, int threads) { return elems >= (1 << 15) ? threads : 1; }
+
+// ---- RMSNorm with optional residual add ----
+// x, residual: [T][H] rows at stride ldx / ldr; out, sum_out: [T][H] contiguous; weight: fp32 [H].
+template <int D>
+void rms_norm(const void* x, int64_t ldx, const void* residual, int64_t ldr, const float* weight, float offset,
+              float eps, void* out, void* sum_out, int64_t T, int64_t H, int threads) {
+#pragma omp parallel for num_threads(team(T * H, threads)) schedule(static)
+  for (int64_t t = 0; t < T; ++t) {
+    float buf[8192];
+    float* h = H <= 8192 ? buf : new float[H];
+    float ss = 0.f;
+    for (int64_t i = 0; i < H; ++i) {
+      float v = load<D>(x, t * ldx + i);
+      if (residual) {
+        v = round_to<D>(v + load<D>(residual, t * ldr + i));
+        store<D>(sum_out, t * H + i, v);
+      }
+      h[i] = v;
+      ss += v * v;
+    }
+    float inv = 1.0f / std::sqrt(ss / float(H) + eps);
+    for (int64_t i = 0; i < H; ++i) store<D>(out, t * H + i, h[i] * inv * (weight[i] + offset));
+    if (h != buf) delete[] h;
+  }
+}
+
+// ---- rotary embedding, rotate_half (GPT-NeoX) layout ----
+// q: [T] rows of Hq heads, token stride ldq, head stride D; k likewise. cos/sin: fp32 [rows][rot/2]; rows[t] picks
+// each token's table row. Dims past rot are left as they are.
+template <int D>
+void rope_neox(void* q, int64_t ldq, int64_t Hq, void* k, int64_t ldk, int64_t Hk, int64_t head_dim, int64_t rot,
+               const float* cos, const float* sin, const int64_t* rows, int64_t T, int threads) {
+  const int64_t half = rot / 2;
+#pragma omp parallel for num_threads(team(T * (Hq + Hk) * rot, threads)) schedule(static)
+  for (int64_t t = 0; t < T; ++t) {
+    const float* c = cos + rows[t] * half;
+    const float* s = sin + rows[t] * half;
+    for (int which = 0; which < 2; ++which) {
+      void* base = which ? k : q;
+      const int64_t ld = which ? ldk : ldq, nh = which ? Hk : Hq;
+      for (int64_t h = 0; h < nh; ++h) {
+        const int64_t o = t * ld + h * head_dim;
+        for (int64_t i = 0; i < half; ++i) {
+          float x1 = load<D>(base, o + i), x2 = load<D>(base, o + half + i);
+          store<D>(base, o + i, x1 * c[i] - x2 * s[i]);
+          store<D>(base, o + half + i, x2 * c[i] + x1 * s[i]);
+        }
+      }
+    }
+  }
+}
+
+// exp on 8 lanes: 2^n * p(r), r = x - n ln2 in [-ln2/2, ln2/2], degree-6 polynomial: ~2 ulp, like
+// glibc's expf for the inputs an activation sees; clamped to the float range.
+inline __m256 exp8(__m256 x) {
+  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.3f));
+  __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                             _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.3981999507e-3f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+  __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+template <int D>
+inline __m256 load8(const void* p, int64_t i) {
+  if constexpr (D == kF32) return _mm256_loadu_ps(static_cast<const float*>(p) + i);
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(p) + i));
+  if constexpr (D == kBF16) return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  return _mm256_cvtph_ps(h);
+}
+
+template <int A>
+inline __m256 act8(__m256 g) {
+  const __m256 one = _mm256_set1_ps(1.0f);
+  if constexpr (A == 0) {  // silu: g / (1 + e^-g)
+    return _mm256_div_ps(g, _mm256_add_ps(one, exp8(_mm256_sub_ps(_mm256_setzero_ps(), g))));
+  }
+  // gelu (tanh form): 0.5 g (1 + tanh(y)) = g - g / (e^{2y} + 1), y = sqrt(2/pi) (g + 0.044715 g^3)
+  __m256 y = _mm256_mul_ps(_mm256_set1_ps(0.7978845608028654f),
+                           _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(0.044715f), g), _mm256_mul_ps(g, g), g));
+  __m256 e = exp8(_mm256_add_ps(y, y));
+  return _mm256_sub_ps(g, _mm256_div_ps(g, _mm256_add_ps(e, one)));
+}
+
+// ---- gated activations: out[t][i] = act(x[t][i]) * x[t][d + i] ----
+enum Act { kSilu = 0, kGeluTanh = 1 };
+
+template <int D, int A>
+void act_and_mul(const void* x, int64_t ldx, void* out, int64_t T, int64_t d, int threads) {
+#pragma omp parallel for num_threads(team(T * d, threads)) schedule(static)
+  for (int64_t t = 0; t < T; ++t) {
+    int64_t i = 0;
+    for (; i + 8 <= d; i += 8) {
+      alignas(32) float a[8], u[8];
+      _mm256_store_ps(a, act8<A>(load8<D>(x, t * ldx + i)));
+      _mm256_store_ps(u, load8<D>(x, t * ldx + d + i));
+      for (int j = 0; j < 8; ++j) store<D>(out, t * d + i + j, round_to<D>(a[j]) * u[j]);
+    }
+    for (; i < d; ++i) {
+      // the gate's activation is rounded to the model dtype before the product, as torch's two ops do
+      float g = load<D>(x, t * ldx + i), u = load<D>(x, t * ldx + d + i), a;
+      if constexpr (A == kSilu) {
+        a = g / (1.0f + std::exp(-g));
+      } else {
+        a = 0.5f * g * (1.0f + std::tanh(0.7978845608028654f * (g + 0.044715f * g * g * g)));
+      }
+      store<D>(out, t * d + i, round_to<D>(a) * u);
+    }
+  }
+}
+
+}  // namespace
+
+#define HK_DISPATCH_DTYPE(dtype, CALL)        \
+  switch (dtype) {                            \
+    case kF32: { constexpr int DT = kF32; CALL; return 0; }   \
+    case kBF16: { constexpr int DT = kBF16; CALL; return 0; } \
+    case kF16: { constexpr int DT = kF16; CALL; return 0; }   \
+    default: return 1;                        \
+  }
+
+extern "C" {
+
+int hk_rms_norm(const void* x, int64_t ldx, const void* residual, int64_t ldr, const float* weight, float offset,
+                float eps, void* out, void* sum_out, int64_t T, int64_t H, int dtype, int threads) {
+  HK_DISPATCH_DTYPE(dtype, rms_norm<DT>(x, ldx, residual, ldr, weight, offset, eps, out, sum_out, T, H, threads))
+}
+
+int hk_rope_neox(void* q, int64_t ldq, int64_t Hq, void* k, int64_t ldk, int64_t Hk, int64_t head_dim, int64_t rot,
+                 const float* cos, const float* sin, const int64_t* rows, int64_t T, int dtype, int threads) {
+  HK_DISPATCH_DTYPE(dtype, rope_neox<DT>(q, ldq, Hq, k, ldk, Hk, head_dim, rot, cos, sin, rows, T, threads))
+}
+
+int hk_act_and_mul(const void* x, int64_t ldx, void* out, int64_t T, int64_t d, int act, int dtype, int threads) {
+  if (act == kSilu) {
+    HK_DISPATCH_DTYPE(dtype, (act_and_mul<DT, kSilu>(x, ldx, out, T, d, threads)))
+  }
+  if (act == kGeluTanh) {
+    HK_DISPATCH_DTYPE(dtype, (act_and_mul<DT, kGeluTanh>(x, ldx, out, T, d, threads)))
+  }
+  return 2;
+}
+
+}  // extern "C"

@@ -1,0 +1,102 @@
+"""The element-wise steps of a decoder layer as single C calls (csrc/fused.cpp): RMSNorm (+ residual add),
+rotary embedding in place, gated activations.
+
+Each function returns None when the kernel cannot take the input (kernels unavailable, unusual strides or
+dtypes); the caller then runs its torch code. Results equal the torch code's up to fp32 summation order.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+
+import torch
+
+from hearth import kernels
+from hearth.kernels import _build
+
+_DTYPE_CODE = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+ACT_CODE = {"silu": 0, "gelu_tanh": 1}
+
+
+@functools.cache
+def _lib() -> ctypes.CDLL | None:
+    if not kernels.available():
+        return None
+    lib = _build.load()
+    i64, i32, f32, ptr = ctypes.c_int64, ctypes.c_int, ctypes.c_float, ctypes.c_void_p
+    lib.hk_rms_norm.argtypes = [ptr, i64, ptr, i64, ptr, f32, f32, ptr, ptr, i64, i64, i32, i32]
+    lib.hk_rope_neox.argtypes = [ptr, i64, i64, ptr, i64, i64, i64, i64, ptr, ptr, ptr, i64, i32, i32]
+    lib.hk_act_and_mul.argtypes = [ptr, i64, ptr, i64, i64, i32, i32, i32]
+    for f in (lib.hk_rms_norm, lib.hk_rope_neox, lib.hk_act_and_mul):
+        f.restype = i32
+    return lib
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor | None:
+    """x as [rows, last dim] with unit stride along the last dim (a view when possible), or None."""
+    if x.dtype not in _DTYPE_CODE or x.numel() == 0:
+        return None
+    x2 = x.reshape(-1, x.shape[-1])
+    if x2.stride(1) != 1 or (x2.shape[0] > 1 and x2.stride(0) < x2.shape[1]):
+        return None
+    return x2
+
+
+def rms_norm(x: torch.Tensor, weight32: torch.Tensor, offset: float, eps: float,
+             residual: torch.Tensor | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor] | None:
+    """norm(x) or, with residual, (norm(x + residual), x + residual); weight32: fp32 [H]."""
+    lib = _lib()
+    if lib is None:
+        return None
+    x2 = _rows(x)
+    r2 = None if residual is None else _rows(residual)
+    if x2 is None or (residual is not None and (r2 is None or residual.dtype != x.dtype
+                                                 or residual.shape != x.shape)):
+        return None
+    t, h = x2.shape
+    out = torch.empty(x.shape, dtype=x.dtype)
+    total = torch.empty(x.shape, dtype=x.dtype) if residual is not None else None
+    rc = lib.hk_rms_norm(x2.data_ptr(), x2.stride(0), r2.data_ptr() if r2 is not None else None,
+                         r2.stride(0) if r2 is not None else 0, weight32.data_ptr(), offset, eps, out.data_ptr(),
+                         total.data_ptr() if total is not None else None, t, h, _DTYPE_CODE[x.dtype],
+                         torch.get_num_threads())
+    if rc:
+        raise RuntimeError(f"hk_rms_norm failed with code {rc}")
+    return out if total is None else (out, total)
+
+
+def _heads_ok(x: torch.Tensor, dtype: torch.dtype) -> bool:
+    """[T, H, D] with unit stride along D and heads adjacent: rows of one token are one strided run."""
+    return (x.dim() == 3 and x.dtype == dtype and x.stride(2) == 1 and x.stride(1) == x.shape[2]
+            and (x.shape[0] == 1 or x.stride(0) >= x.shape[1] * x.shape[2]))
+
+
+def rope_neox_(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rows: torch.Tensor,
+               rotary_dim: int) -> bool:
+    """Rotates q [T, Hq, D] and k [T, Hk, D] in place with table rows `rows` [T]; False if it could not."""
+    lib = _lib()
+    if lib is None or q.dtype not in _DTYPE_CODE or not (_heads_ok(q, q.dtype) and _heads_ok(k, q.dtype)):
+        return False
+    if rows.dtype != torch.int64 or not rows.is_contiguous() or rows.numel() != q.shape[0]:
+        return False
+    rc = lib.hk_rope_neox(q.data_ptr(), q.stride(0), q.shape[1], k.data_ptr(), k.stride(0), k.shape[1], q.shape[2],
+                          rotary_dim, cos.data_ptr(), sin.data_ptr(), rows.data_ptr(), q.shape[0],
+                          _DTYPE_CODE[q.dtype], torch.get_num_threads())
+    if rc:
+        raise RuntimeError(f"hk_rope_neox failed with code {rc}")
+    return True
+
+
+def act_and_mul(x: torch.Tensor, act: str) -> torch.Tensor | None:
+    """act(gate) * up for x = [..., 2d] (gate first) -> [..., d]."""
+    lib = _lib()
+    x2 = _rows(x) if lib is not None else None
+    if x2 is None or x2.shape[1] % 2:
+        return None
+    t, d = x2.shape[0], x2.shape[1] // 2
+    out = torch.empty(*x.shape[:-1], d, dtype=x.dtype)
+    rc = lib.hk_act_and_mul(x2.data_ptr(), x2.stride(0), out.data_ptr(), t, d, ACT_CODE[act], _DTYPE_CODE[x.dtype],
+                            torch.get_num_threads())
+    if rc:
+        raise RuntimeError(f"hk_act_and_mul failed with code {rc}")
+    return out

@@ -1,0 +1,76 @@
+"""The fused C kernels (RMSNorm + residual, rotary, gated activations) against the torch code they replace."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from hearth import kernels
+from hearth.kernels import fused
+from hearth.layers.rotary import RotaryEmbedding
+
+pytestmark = pytest.mark.skipif(not kernels.available(), reason="hearth kernels unavailable here")
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 2e-3}
+
+
+def _ref_rms(x, w, offset, eps, residual=None):
+    if residual is not None:
+        x = x + residual
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps) * (w.float() + offset)
+    return h.to(x.dtype), x
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("tokens", [1, 7, 300])
+@pytest.mark.parametrize("offset", [0.0, 1.0])
+def test_rms_norm_matches_torch(dtype, tokens, offset):
+    torch.manual_seed(0)
+    x, r = torch.randn(tokens, 576).to(dtype), torch.randn(tokens, 576).to(dtype) * 3
+    w = torch.randn(576)
+    ref, ref_sum = _ref_rms(x, w, offset, 1e-5, r)
+    out, total = fused.rms_norm(x, w, offset, 1e-5, r)
+    torch.testing.assert_close(total, ref_sum, rtol=0, atol=0)  # the sum is rounded exactly as torch rounds it
+    torch.testing.assert_close(out.float(), ref.float(), rtol=TOL[dtype], atol=TOL[dtype])
+    alone = fused.rms_norm(x, w, offset, 1e-5)
+    torch.testing.assert_close(alone.float(), _ref_rms(x, w, offset, 1e-5)[0].float(), rtol=TOL[dtype],
+                               atol=TOL[dtype])
+
+
+def test_rms_norm_per_head_view_and_refusals():
+    x = torch.randn(3, 4 * 16 + 2 * 16)[:, :64].reshape(3, 4, 16)  # a split of a fused projection, per head
+    w = torch.randn(16)
+    out = fused.rms_norm(x, w, 0.0, 1e-6)
+    torch.testing.assert_close(out, _ref_rms(x, w, 0.0, 1e-6)[0], rtol=1e-5, atol=1e-5)
+    assert fused.rms_norm(torch.randn(4, 8).to(torch.float64), w[:8], 0.0, 1e-6) is None
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rot", [32, 16])
+def test_rope_in_place_matches_torch(dtype, rot):
+    torch.manual_seed(1)
+    rope = RotaryEmbedding(32, rot, 128, 10000.0)
+    qkv = torch.randn(5, (4 + 2 + 2) * 32).to(dtype)
+    q, k, _ = qkv.split([128, 64, 64], dim=-1)
+    q, k = q.view(5, 4, 32), k.view(5, 2, 32)
+    pos = torch.tensor([0, 3, 7, 100, 127])
+    cos, sin = rope.cos[pos].unsqueeze(1), rope.sin[pos].unsqueeze(1)
+    ref_q, ref_k = rope._apply(q.clone(), cos, sin), rope._apply(k.clone(), cos, sin)
+    assert fused.rope_neox_(q, k, rope.cos, rope.sin, pos, rot)
+    torch.testing.assert_close(q.float(), ref_q.float(), rtol=TOL[dtype], atol=TOL[dtype])
+    torch.testing.assert_close(k.float(), ref_k.float(), rtol=TOL[dtype], atol=TOL[dtype])
+    assert not fused.rope_neox_(q, k, rope.cos, rope.sin, pos.int(), rot)  # wrong index dtype: torch path
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("act", ["silu", "gelu_tanh"])
+@pytest.mark.parametrize("tokens", [1, 33])
+def test_act_and_mul_matches_torch(dtype, act, tokens):
+    torch.manual_seed(2)
+    x = (torch.randn(tokens, 2 * 1003) * 4).to(dtype)  # odd d: vector body plus scalar tail
+    x[0, 0], x[0, 1] = -100.0, 100.0  # saturated ends of the exp
+    gate, up = x.chunk(2, dim=-1)
+    a = F.silu(gate) if act == "silu" else F.gelu(gate, approximate="tanh")
+    ref = a * up
+    out = fused.act_and_mul(x, act)
+    torch.testing.assert_close(out.float(), ref.float(), rtol=TOL[dtype] * 2, atol=TOL[dtype] * 2)
