@@ -36,3 +36,13 @@ def api_key() -> str | None:
 
 def log_level() -> str:
     return (_first("HEARTH_LOGGING_LEVEL", "VLLM_LOGGING_LEVEL") or "INFO").upper()
+
+
+def tokenizer_cache_dir() -> str | None:
+    """Where tokenizers built from GGUF metadata are cached: HEARTH_TOKENIZER_CACHE (a directory, or 0/off to turn
+    the cache off), else $XDG_CACHE_HOME/hearth/tokenizers (~/.cache/hearth/tokenizers)."""
+    value = _first("HEARTH_TOKENIZER_CACHE")
+    if value is not None:
+        return None if value.strip().lower() in ("0", "false", "no", "off") else value
+    root = _first("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(root, "hearth", "tokenizers")

@@ -4,6 +4,11 @@ Prefix caching (vLLM v1's scheme): a full block's hash chains its parent's hash 
 hashes mean equal whole prefixes. A hit re-compares the tokens (hash collisions never corrupt output). A freed
 block keeps its hash and stays findable until it is reused: the free list is an LRU, and requests free their
 blocks tail first, so the ends of prefixes are evicted before their beginnings.
+
+Sliding window (vLLM v1's sliding-window manager): when every layer attends only to the last `sliding_window`
+positions, a running request's blocks that lie wholly before its window are released as its computed tokens
+advance, and their table entries become the null block (block 0, reserved then, never written, never read by
+the kernel; the torch path reads it only at masked positions). Released blocks keep their prefix-cache hashes.
 """
 from __future__ import annotations
 
@@ -29,16 +34,33 @@ def hash_block(parent_hash: int | None, token_ids: tuple[int, ...]) -> int:
     return hash((parent_hash, token_ids))
 
 
+def freeable_window(layer_windows: list[int | None]) -> int | None:
+    """The window that decides which KV blocks no layer reads any more: the largest layer window, or None when
+    any layer attends globally (nothing can be freed then)."""
+    if not layer_windows or any(not w for w in layer_windows):
+        return None
+    return max(layer_windows)
+
+
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
+                 sliding_window: int | None = None) -> None:
+        """sliding_window: see freeable_window; None keeps every block of a request until it ends."""
         if num_blocks < 1:
             raise ValueError("the KV cache needs at least one block")
         self.block_size = block_size
         self.num_blocks = num_blocks
         self.enable_prefix_caching = enable_prefix_caching
         self.blocks = [Block(i) for i in range(num_blocks)]
+        # NOTE: with a window (and room for it) block 0 is the null block: held forever (ref_cnt 1), never
+        # allocated, hashed or written; it stands in the tables for released blocks.
+        self.sliding_window = sliding_window if sliding_window and num_blocks > 1 else None
+        self.null_block: int | None = 0 if self.sliding_window else None
+        first = 0 if self.null_block is None else 1
+        if self.null_block is not None:
+            self.blocks[0].ref_cnt = 1
         # NOTE: free blocks in LRU order (oldest first); cached blocks with ref_cnt 0 live here too.
-        self.free_blocks: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
+        self.free_blocks: OrderedDict[int, None] = OrderedDict((i, None) for i in range(first, num_blocks))
         self.cached: dict[int, int] = {}  # block hash -> block id
         self.req_blocks: dict[str, list[int]] = {}
         # Counters for metrics.
@@ -51,12 +73,20 @@ class BlockManager:
         return len(self.free_blocks)
 
     @property
+    def num_usable_blocks(self) -> int:
+        return self.num_blocks - (self.null_block is not None)
+
+    @property
     def num_used_blocks(self) -> int:
-        return self.num_blocks - len(self.free_blocks)
+        return self.num_usable_blocks - len(self.free_blocks)
 
     @property
     def usage(self) -> float:
-        return self.num_used_blocks / self.num_blocks
+        return self.num_used_blocks / self.num_usable_blocks
+
+    def num_held_blocks(self, request_id: str) -> int:
+        """Blocks the request holds a reference to (null entries of released blocks not counted)."""
+        return sum(1 for b in self.req_blocks.get(request_id, ()) if b != self.null_block)
 
     def block_table(self, request_id: str) -> list[int]:
         return self.req_blocks.get(request_id, [])
@@ -128,12 +158,21 @@ class BlockManager:
 
         computed_blocks: prefix-cache hits from get_computed_blocks, on the request's first allocation.
         """
+        if self.sliding_window is not None:
+            table = self.req_blocks.get(req.request_id)
+            if table:
+                self._release_outside_window(req, table)
+            elif computed_blocks:
+                # Hits already outside the window are not taken at all (they stay free and cached).
+                n_out = self._num_blocks_outside_window(req)
+                computed_blocks = [self.null_block] * min(n_out, len(computed_blocks)) + list(computed_blocks[n_out:])
         if not self.can_allocate(req, num_new_tokens, computed_blocks):
             return False
         table = self.req_blocks.setdefault(req.request_id, [])
         if not table:
             for b in computed_blocks:
-                self._touch(b)
+                if b != self.null_block:
+                    self._touch(b)
             table.extend(computed_blocks)
         total = req.num_computed_tokens + num_new_tokens
         while len(table) < self.blocks_needed(total):
@@ -141,6 +180,29 @@ class BlockManager:
         if self.enable_prefix_caching:
             self._cache_full_blocks(req, table, min(total, req.num_tokens))
         return True
+
+    def _num_blocks_outside_window(self, req: Request) -> int:
+        """Leading blocks of req no query from position num_computed_tokens on can attend to.
+
+        NOTE: a query at position p sees keys in (p - window, p] (the kernel's and the torch path's convention),
+        so every future query (chunked-prefill chunks included) needs keys from num_computed - window + 1 on.
+        This relies on num_computed_tokens never going back while the request holds blocks (preemption frees
+        them all; a speculative step's rejected tokens were never counted as computed).
+        """
+        first_needed = req.num_computed_tokens - self.sliding_window + 1
+        return max(first_needed, 0) // self.block_size
+
+    def _release_outside_window(self, req: Request, table: list[int]) -> None:
+        """Release the request's blocks now wholly outside the window; their entries become the null block.
+        Walks back from the newest such block and stops at the first null: released blocks form a prefix."""
+        i = min(self._num_blocks_outside_window(req), len(table)) - 1
+        while i >= 0 and table[i] != self.null_block:
+            block = self.blocks[table[i]]
+            block.ref_cnt -= 1
+            if block.ref_cnt == 0:
+                self.free_blocks[block.block_id] = None  # keeps its hash: still a prefix-cache hit until reused
+            table[i] = self.null_block
+            i -= 1
 
     def _cache_full_blocks(self, req: Request, table: list[int], num_tokens: int) -> None:
         """Register the request's full blocks (tokens known) in the prefix cache.
@@ -152,6 +214,8 @@ class BlockManager:
         hashes = self._full_block_hashes(req, num_tokens)
         bs = self.block_size
         for i, h in enumerate(hashes):
+            if table[i] == self.null_block:
+                continue  # released (sliding window): it was registered before, or never will be
             block = self.blocks[table[i]]
             if block.block_hash is not None:
                 continue
@@ -163,6 +227,8 @@ class BlockManager:
         """Release a request's blocks, tail first, so prefix tails are evicted before their heads."""
         table = self.req_blocks.pop(request_id, [])
         for block_id in reversed(table):
+            if block_id == self.null_block:
+                continue  # released already (sliding window)
             block = self.blocks[block_id]
             block.ref_cnt -= 1
             if block.ref_cnt == 0:

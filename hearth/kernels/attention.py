@@ -5,9 +5,9 @@
         attn_kernel.paged_attention(q, k_cache, v_cache, block_tables, query_start, context_lens, out, scale=...)
 
 Each selected sequence s owns flat query tokens [query_start[s], query_start[s+1]), the last of its
-context_lens[s] tokens, whose K/V are already in the cache. Causal within the sequence, optional sliding window
-and logit softcap, GQA. fp32, bf16, f16 or int8 caches (int8: one fp32 scale per token and kv head, so a block
-filled over several steps, shared by prefix caching or written by chunked prefill never needs requantizing).
+context_lens[s] tokens, whose K/V are already in the cache. Causal within the sequence, optional sliding window,
+logit softcap and ALiBi bias, GQA. fp32, bf16, f16 or int8 caches (int8: one fp32 scale per token and kv head, so a
+block filled over several steps, shared by prefix caching or written by chunked prefill never needs requantizing).
 q and out are fp32 [T, H, D]. Parallel over (sequence, kv head, query tile) work items with OpenMP (torch's thread
 count).
 """
@@ -38,7 +38,7 @@ def _lib() -> ctypes.CDLL | None:
         ptr, i64, ptr, ptr, ptr, i64,  # block tables + stride, query_start, context_lens, seq_ids, num_seqs
         ptr, i64,  # out, out token stride
         i64, i64, i64, i64, f32, f32, i64,  # block_size, heads, kv heads, head_dim, scale, softcap, window
-        i32, i32]  # isa, threads
+        ptr, i32, i32]  # alibi slopes, isa, threads
     lib.hk_paged_attention.restype = i32
     return lib
 
@@ -60,12 +60,14 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                     query_start: torch.Tensor, context_lens: torch.Tensor, out: torch.Tensor, scale: float,
                     seq_ids: torch.Tensor | None = None, sliding_window: int | None = None,
                     logit_softcap: float | None = None, k_scale: torch.Tensor | None = None,
-                    v_scale: torch.Tensor | None = None, isa: int | None = None) -> None:
+                    v_scale: torch.Tensor | None = None, alibi_slopes: torch.Tensor | None = None,
+                    isa: int | None = None) -> None:
     """Writes out[t] for the query tokens of the selected sequences (all when seq_ids is None).
 
     q, out: [T, H, D] float32, unit stride over D and head stride D. k_cache/v_cache: [num_blocks, block_size,
     Hkv, D] contiguous. block_tables [S, max_blocks], query_start [S + 1], context_lens [S], seq_ids [n]: int32,
     contiguous. int8 caches need k_scale / v_scale: float32 [num_blocks, block_size, Hkv], x = q * scale.
+    alibi_slopes: float32 [H] contiguous; adds slope[head] * (key_pos - query_pos) to the scaled scores.
     NOTE: no bounds checks on block ids or lengths: the caller (the model runner) owns them.
     """
     lib = _lib()
@@ -88,6 +90,9 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
             if sc is None or sc.dtype != torch.float32 or sc.shape != k_cache.shape[:3] or not sc.is_contiguous():
                 raise ValueError("int8 caches need contiguous float32 k_scale/v_scale [num_blocks, block_size, Hkv]")
         scales = (k_scale.data_ptr(), v_scale.data_ptr())
+    if alibi_slopes is not None and (alibi_slopes.dtype != torch.float32 or alibi_slopes.shape != (num_heads,)
+                                     or not alibi_slopes.is_contiguous()):
+        raise ValueError("alibi_slopes must be contiguous float32 [num_heads]")
     isa = isa or _isa_for(head_dim)
     num_seqs = seq_ids.numel() if seq_ids is not None else context_lens.numel()
     rc = lib.hk_paged_attention(
@@ -96,7 +101,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         block_tables.stride(0), query_start.data_ptr(), context_lens.data_ptr(),
         seq_ids.data_ptr() if seq_ids is not None else None, num_seqs, out.data_ptr(), out.stride(0),
         block_size, num_heads, num_kv_heads, head_dim, scale, logit_softcap or 0.0, sliding_window or 0,
-        isa, torch.get_num_threads())
+        alibi_slopes.data_ptr() if alibi_slopes is not None else None, isa, torch.get_num_threads())
     if rc != 0:
         raise RuntimeError(f"hk_paged_attention failed with code {rc}")
 

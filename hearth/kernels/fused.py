@@ -1,5 +1,5 @@
 """The element-wise steps of a decoder layer as single C calls (csrc/fused.cpp): RMSNorm (+ residual add),
-rotary embedding in place, gated activations.
+rotary embedding in place, gated activations, the paged KV-cache write.
 
 Each function returns None when the kernel cannot take the input (kernels unavailable, unusual strides or
 dtypes); the caller then runs its torch code. Results equal the torch code's up to fp32 summation order.
@@ -27,7 +27,8 @@ def _lib() -> ctypes.CDLL | None:
     lib.hk_rms_norm.argtypes = [ptr, i64, ptr, i64, ptr, f32, f32, ptr, ptr, i64, i64, i32, i32]
     lib.hk_rope_neox.argtypes = [ptr, i64, i64, ptr, i64, i64, i64, i64, ptr, ptr, ptr, i64, i32, i32]
     lib.hk_act_and_mul.argtypes = [ptr, i64, ptr, i64, i64, i32, i32, i32]
-    for f in (lib.hk_rms_norm, lib.hk_rope_neox, lib.hk_act_and_mul):
+    lib.hk_kv_write.argtypes = [ptr, i64, ptr, i64, ptr, ptr, ptr, i64, i64, i64]
+    for f in (lib.hk_rms_norm, lib.hk_rope_neox, lib.hk_act_and_mul, lib.hk_kv_write):
         f.restype = i32
     return lib
 
@@ -100,3 +101,24 @@ def act_and_mul(x: torch.Tensor, act: str) -> torch.Tensor | None:
     if rc:
         raise RuntimeError(f"hk_act_and_mul failed with code {rc}")
     return out
+
+
+def kv_write(k: torch.Tensor, v: torch.Tensor, k_flat: torch.Tensor, v_flat: torch.Tensor,
+             slot_mapping: torch.Tensor) -> bool:
+    """k_flat[slot_mapping] = k; v_flat[slot_mapping] = v (k, v: [T, Hkv, D]; caches [slots, Hkv, D], same dtype)
+    in one call; False if it could not (the caller then uses index_copy_)."""
+    lib = _lib()
+    if lib is None or not (_heads_ok(k, k_flat.dtype) and _heads_ok(v, k_flat.dtype)):
+        return False
+    if not (k_flat.is_contiguous() and v_flat.is_contiguous() and v_flat.dtype == k_flat.dtype
+            and k_flat.shape[1:] == k.shape[1:] and v_flat.shape[1:] == v.shape[1:] and k.shape == v.shape):
+        return False
+    if slot_mapping.dtype != torch.int64 or not slot_mapping.is_contiguous() or slot_mapping.numel() != k.shape[0]:
+        return False
+    elem = k.element_size()
+    rc = lib.hk_kv_write(k.data_ptr(), k.stride(0) * elem, v.data_ptr(), v.stride(0) * elem, k_flat.data_ptr(),
+                         v_flat.data_ptr(), slot_mapping.data_ptr(), k.shape[0], k.shape[1] * k.shape[2] * elem,
+                         min(k_flat.shape[0], v_flat.shape[0]))
+    if rc:
+        raise IndexError("KV-cache slot out of range")
+    return True

@@ -12,6 +12,7 @@ HEARTH_KERNELS=0) a torch path gathers each context from the cache.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -19,11 +20,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from hearth.kernels import attention as attn_kernel
+from hearth.kernels import fused
 
 # Fresh prompts (no cached context) at least this long use SDPA rather than the kernel when the layer allows it
-# (no softcap; window absent or not shorter than the prompt). Measured on a 2-core Zen 3 (AVX2), fp32, D=64, H/Hkv
-# 8/2 and 9/3, best of many runs: the kernel is ahead up to 512 tokens (x1.4 at 512, x2-5 below 128: one call
-# for all sequences), SDPA's blocked GEMMs from ~1024 on (x1.15 at 1024, x1.6 at 2048).
+# (no softcap or ALiBi; window absent or not shorter than the prompt). Measured on a 2-core Zen 3 (AVX2), fp32,
+# D=64, H/Hkv 8/2 and 9/3, best of many runs: the kernel is ahead up to 512 tokens (x1.4 at 512, x2-5 below 128:
+# one call for all sequences), SDPA's blocked GEMMs from ~1024 on (x1.15 at 1024, x1.6 at 2048).
 SDPA_MIN_PROMPT = 768
 
 
@@ -48,7 +50,7 @@ class AttentionMetadata:
     block_tables: torch.Tensor  # [num_seqs, max_blocks] int32, padded with 0
     num_decode_tokens: int
     prefills: list[PrefillSeq]
-    # Per-layer-kind work split, computed on first use in a step: (window, softcap?) -> (kernel seq ids or None for
+    # Per-layer-kind work split, computed on first use in a step: (window, kernel only?) -> (kernel seq ids or None for
     # all, SDPA prefills). Also the torch path's gathered slots under "torch".
     _cache: dict = field(default_factory=dict, repr=False)
 
@@ -56,10 +58,11 @@ class AttentionMetadata:
     def num_seqs(self) -> int:
         return self.context_lens.shape[0]
 
-    def split(self, sliding_window: int | None, softcap: bool) -> tuple[torch.Tensor | None, list[PrefillSeq]]:
-        key = (sliding_window, softcap)
+    def split(self, sliding_window: int | None, kernel_only: bool) -> tuple[torch.Tensor | None, list[PrefillSeq]]:
+        """kernel_only: the layer needs what SDPA's fused path lacks (softcap, ALiBi): no prompt goes to SDPA."""
+        key = (sliding_window, kernel_only)
         if key not in self._cache:
-            sdpa = [] if softcap else [
+            sdpa = [] if kernel_only else [
                 p for p in self.prefills
                 if p.query_len == p.context_len and p.query_len >= SDPA_MIN_PROMPT
                 and (not sliding_window or p.query_len <= sliding_window)]
@@ -73,7 +76,9 @@ class AttentionMetadata:
 
 class Attention(nn.Module):
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
-                 sliding_window: int | None = None, logit_softcap: float | None = None) -> None:
+                 sliding_window: int | None = None, logit_softcap: float | None = None,
+                 alibi_slopes: list[float] | None = None) -> None:
+        """alibi_slopes: one per query head; adds slope * (key_pos - query_pos) to the scaled scores (ALiBi)."""
         super().__init__()
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
@@ -81,6 +86,8 @@ class Attention(nn.Module):
         self.scale = scale
         self.sliding_window = sliding_window
         self.logit_softcap = logit_softcap
+        # NOTE: a plain attribute, not a buffer: not a checkpoint tensor, always fp32 (the kernel reads it as such).
+        self.alibi_slopes = (torch.tensor(alibi_slopes, dtype=torch.float32) if alibi_slopes is not None else None)
         self.kv_cache: tuple[torch.Tensor, torch.Tensor] | None = None  # bound by the model runner
         # int8 caches only: per-token, per-head fp32 scales [num_blocks, block_size, Hkv] (x = int8 * scale)
         self.kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -108,7 +115,7 @@ class Attention(nn.Module):
             v_flat.index_copy_(0, meta.slot_mapping, vq)
             scales[0].index_copy_(0, meta.slot_mapping, ks)
             scales[1].index_copy_(0, meta.slot_mapping, vs)
-        else:
+        elif not fused.kv_write(k, v, k_flat, v_flat, meta.slot_mapping):  # one C call; else two index_copy_
             k_flat.index_copy_(0, meta.slot_mapping, k.to(k_flat.dtype))
             v_flat.index_copy_(0, meta.slot_mapping, v.to(v_flat.dtype))
         if not self.use_kernel():
@@ -120,13 +127,15 @@ class Attention(nn.Module):
         if q32.stride(2) != 1 or q32.stride(1) != self.head_dim:
             q32 = q32.contiguous()
         out = torch.empty(num_tokens, self.num_heads, self.head_dim, dtype=torch.float32)  # [T, H, D]
-        seq_ids, sdpa = meta.split(self.sliding_window, bool(self.logit_softcap))
+        # NOTE: ALiBi prompts stay on the kernel: SDPA would need an [H, Q, Q] bias tensor materialized.
+        seq_ids, sdpa = meta.split(self.sliding_window, bool(self.logit_softcap) or self.alibi_slopes is not None)
         if seq_ids is None or seq_ids.numel():
             attn_kernel.paged_attention(q32, k_cache, v_cache, meta.block_tables, meta.query_start_loc,
                                         meta.context_lens, out, self.scale, seq_ids=seq_ids,
                                         sliding_window=self.sliding_window, logit_softcap=self.logit_softcap,
                                         k_scale=self.kv_scales[0] if scales else None,
-                                        v_scale=self.kv_scales[1] if scales else None)
+                                        v_scale=self.kv_scales[1] if scales else None,
+                                        alibi_slopes=self.alibi_slopes)
         for p in sdpa:
             # NOTE: a fresh prompt's context is exactly this step's k/v for its tokens: no cache read needed.
             s = slice(p.query_start, p.query_start + p.query_len)
@@ -171,6 +180,9 @@ class Attention(nn.Module):
         values = v_flat[slots].transpose(1, 2)  # [B, Hkv, L, D]
         qg = q.view(b, self.num_kv_heads, g, self.head_dim)  # [B, Hkv, G, D]
         scores = self._softcap(torch.matmul(qg, keys).float() * self.scale)  # [B, Hkv, G, L]
+        if self.alibi_slopes is not None:
+            rel = torch.arange(slots.shape[1]).unsqueeze(0) - positions.unsqueeze(1)  # [B, L] key - query position
+            scores = scores + self.alibi_slopes.view(1, self.num_kv_heads, g, 1) * rel[:, None, None, :]
         if self.sliding_window:
             key_pos = torch.arange(slots.shape[1]).unsqueeze(0)  # [1, L]
             too_old = key_pos <= (positions.unsqueeze(1) - self.sliding_window)
@@ -184,16 +196,21 @@ class Attention(nn.Module):
         qh = q.transpose(0, 1).unsqueeze(0)  # [1, H, Q, D]
         kh = keys.transpose(0, 1).unsqueeze(0)  # [1, Hkv, C, D]
         vh = values.transpose(0, 1).unsqueeze(0)
-        if self.logit_softcap is None and self.sliding_window is None and p.query_len == p.context_len:
+        plain = self.logit_softcap is None and self.alibi_slopes is None
+        if plain and self.sliding_window is None and p.query_len == p.context_len:
             o = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, scale=self.scale, enable_gqa=True)
         else:
             mask = self._prefill_mask(p)
-            if self.logit_softcap is None:
+            if plain:
                 o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, scale=self.scale, enable_gqa=True)
-            else:
+            else:  # fp32 scores: the softcap and the ALiBi bias (up to slope * context) want the precision
                 g = self.num_heads // self.num_kv_heads
                 kh, vh = kh.repeat_interleave(g, dim=1), vh.repeat_interleave(g, dim=1)
                 scores = self._softcap(torch.matmul(qh, kh.transpose(-1, -2)).float() * self.scale)
+                if self.alibi_slopes is not None:
+                    rel = torch.arange(p.context_len) - torch.arange(p.context_len - p.query_len, p.context_len
+                                                                     ).unsqueeze(1)  # [Q, C] key - query position
+                    scores = scores + self.alibi_slopes.view(1, -1, 1, 1) * rel
                 scores = scores.masked_fill(~mask, float("-inf"))
                 o = self._scores_to_out(scores, vh.float()).to(q.dtype)
         return o.squeeze(0).transpose(0, 1)  # [Q, H, D]
@@ -205,6 +222,19 @@ class Attention(nn.Module):
         if self.sliding_window:
             mask &= k_pos > q_pos - self.sliding_window
         return mask  # [Q, C] bool, True = attend
+
+
+def alibi_slopes(num_heads: int) -> list[float]:
+    """ALiBi's per-head slopes (Press et al.; Baichuan-13B's _get_interleave, vLLM's _get_alibi_slopes): a geometric
+    sequence from 2^(-8/n) for a power-of-2 n; otherwise the slopes of the closest smaller power of 2, then every
+    other slope of the next larger one."""
+    closest = 2 ** math.floor(math.log2(num_heads))
+    base = 2.0 ** (-(2.0 ** -(math.log2(closest) - 3)))
+    slopes = [base ** i for i in range(1, closest + 1)]
+    if closest != num_heads:
+        extra = 2.0 ** (-(2.0 ** -(math.log2(2 * closest) - 3)))
+        slopes += [extra ** i for i in range(1, 1 + 2 * (num_heads - closest), 2)]
+    return slopes
 
 
 class _Rows:
@@ -233,7 +263,9 @@ def _torch_slots(meta: AttentionMetadata, block_size: int):
             pos = torch.arange(int(dctx.max()))
             slots = tables[:nd, pos // bs] * bs + pos % bs  # [B, max_ctx]
             pad = pos.unsqueeze(0) >= dctx.unsqueeze(1)
-            # NOTE: padding reads slot 0 (masked); the runner zeroes block 0 so no NaN bit pattern leaks in.
+            # NOTE: padding reads slot 0 (masked); the runner zeroes block 0 so no NaN bit pattern leaks in. Blocks
+            # released by the sliding window are block 0 in the tables too: their positions are outside every
+            # layer's window, so the window mask hides them here and in _prefill_mask.
             mask = torch.zeros(pad.shape).masked_fill_(pad, float("-inf"))[:, None, None, :]
             decode = (slots.masked_fill(pad, 0), mask, dctx - 1)
         prefill_slots = []

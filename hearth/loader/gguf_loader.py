@@ -19,8 +19,10 @@ import gguf
 import numpy as np
 import torch
 
+from hearth import envs
 from hearth.config import HFConfig
 from hearth.kernels.quant_gguf import GGUFBlocks
+from hearth.loader import tokenizer_cache
 from hearth.loader.errors import LoadError
 
 if TYPE_CHECKING:
@@ -337,8 +339,14 @@ def _read_tensor(path: str, info: _TensorInfo) -> torch.Tensor:
 
 # ---------------------------------------------------------------- tokenizer
 
-def _build_tokenizer(path: str) -> tuple[PreTrainedTokenizerFast, str | None]:
+def _build_tokenizer(path: str, meta: dict[str, Any]) -> tuple[PreTrainedTokenizerFast, str | None]:
+    """The fast tokenizer the GGUF's metadata describes, from the tokenizer cache when it was built before."""
     from transformers import PreTrainedTokenizerFast
+
+    key = tokenizer_cache.cache_key(meta) if envs.tokenizer_cache_dir() else None
+    hit = tokenizer_cache.load(key) if key else None
+    if hit is not None:
+        return hit
 
     try:
         from transformers.integrations.gguf import convert_gguf_tokenizer, get_gguf_tokenizer
@@ -354,8 +362,11 @@ def _build_tokenizer(path: str) -> tuple[PreTrainedTokenizerFast, str | None]:
         raise GGUFError(f"{path}: cannot build a tokenizer from the embedded vocab ({e}); "
                         "pass --tokenizer with an HF tokenizer folder") from e
     backend = _drop_tokens_past(backend, len(tok_dict["tokens"]))
-    tok = PreTrainedTokenizerFast(tokenizer_object=backend, **{**tok_cfg, **extra})
-    return tok, tok_cfg.get("chat_template")
+    kwargs, chat_template = {**tok_cfg, **extra}, tok_cfg.get("chat_template")
+    saved = tokenizer_cache.store(key, backend, kwargs, chat_template) if key else None
+    if saved is not None:  # NOTE: loading the file skips tokenizer_object's deep copy of the backend
+        return PreTrainedTokenizerFast(tokenizer_file=str(saved), **kwargs), chat_template
+    return PreTrainedTokenizerFast(tokenizer_object=backend, **kwargs), chat_template
 
 
 def _drop_tokens_past(backend: Any, n: int) -> Any:
@@ -478,7 +489,7 @@ def load_gguf(path: str) -> GGUFCheckpoint:
                                **{f"{k}_factor": _read_tensor(*found[f"rope_factors_{k}.weight"]).tolist()
                                   for k in ("long", "short")}}
         cfg["original_max_position_embeddings"] = meta.get("phi3.rope.scaling.original_context_length")
-    tokenizer, chat_template = _build_tokenizer(parts[0].path)
+    tokenizer, chat_template = _build_tokenizer(parts[0].path, meta)
     eos = [meta[k] for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id",
                              "tokenizer.ggml.eom_token_id") if k in meta]
     return GGUFCheckpoint(path, cfg, tokenizer, chat_template, list(dict.fromkeys(eos)),

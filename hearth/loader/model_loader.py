@@ -102,7 +102,8 @@ def _quantization(requested: str | None, is_gguf: bool) -> str | None:
 
 
 def _max_len(hf_cfg: HFConfig, requested: int | None) -> int:
-    limit = hf_cfg.get("max_position_embeddings") or 2048
+    # NOTE: model_max_length: Baichuan 13B's configs (ALiBi: no position embeddings to bound the length).
+    limit = hf_cfg.get("max_position_embeddings") or hf_cfg.get("model_max_length") or 2048
     if requested is None:
         return int(limit)
     if requested < 1:

@@ -1,16 +1,18 @@
-"""Baichuan / Baichuan 2 (7B): the Llama graph (multi-head) with q, k, v packed in one W_pack projection and,
+"""Baichuan / Baichuan 2 (7B, 13B): the Llama graph (multi-head) with q, k, v packed in one W_pack projection and,
 for Baichuan 2, a NormHead lm_head (rows L2-normalized at inference; done once after loading).
 
-The checkpoints ship remote code (auto_map); hearth never runs it. The 13B variants use ALiBi instead of rotary,
-which hearth's attention does not implement yet: they are refused with a clear error.
+The 7B models use rotary embeddings; the 13B ones ALiBi instead (no rotary, a per-head linear bias on the scores),
+told apart as Baichuan's own code does: their configs have no max_position_embeddings (only model_max_length).
+The checkpoints ship remote code (auto_map); hearth never runs it.
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from hearth.config import HFConfig
-from hearth.layers.attention import AttentionMetadata
+from hearth.layers.attention import Attention, AttentionMetadata, alibi_slopes
 from hearth.layers.linear import Linear
 from hearth.layers.norm import RMSNorm
 from hearth.layers.rotary import get_rope
@@ -21,16 +23,31 @@ from hearth.models.llama import LlamaMLP
 BAICHUAN2_VOCAB = 125696  # Baichuan 2's tokenizer; only Baichuan 2 normalizes its lm_head
 
 
+class _NoRope(nn.Module):
+    """ALiBi models rotate nothing: positions enter through the attention bias."""
+
+    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return q, k
+
+
+def _attention(cfg: HFConfig, max_len: int, alibi: bool) -> QKVAttention:
+    hidden, heads = cfg["hidden_size"], cfg["num_attention_heads"]
+    head_dim = hidden // heads
+    if not alibi:
+        return QKVAttention(hidden, heads, heads, head_dim, get_rope(cfg, head_dim, max_len), head_dim ** -0.5)
+    attn = QKVAttention(hidden, heads, heads, head_dim, _NoRope(), head_dim ** -0.5)
+    attn.attn = Attention(heads, heads, head_dim, head_dim ** -0.5, alibi_slopes=alibi_slopes(heads))
+    return attn
+
+
 class BaichuanForCausalLM(CausalLMBase):
     def __init__(self, cfg: HFConfig, max_len: int) -> None:
         super().__init__()
-        if "max_position_embeddings" not in cfg:  # 13B configs give only model_max_length: ALiBi models
-            raise ValueError("Baichuan 13B (ALiBi position bias) is not supported yet; Baichuan/Baichuan2 7B are")
-        hidden, heads, eps = cfg["hidden_size"], cfg["num_attention_heads"], cfg.get("rms_norm_eps", 1e-6)
-        head_dim = hidden // heads
-        rope = get_rope(cfg, head_dim, max_len)
+        hidden, eps = cfg["hidden_size"], cfg.get("rms_norm_eps", 1e-6)
+        # NOTE: 13B configs give only model_max_length: ALiBi models (as Baichuan's own code decides).
+        alibi = "max_position_embeddings" not in cfg
         layers = [PreNormDecoderLayer(
-            QKVAttention(hidden, heads, heads, head_dim, rope, head_dim ** -0.5),
+            _attention(cfg, max_len, alibi),
             LlamaMLP(hidden, cfg["intermediate_size"], cfg.get("hidden_act", "silu")),
             RMSNorm(hidden, eps), RMSNorm(hidden, eps)) for _ in range(cfg["num_hidden_layers"])]
         self.model = DecoderModel(cfg, layers, RMSNorm(hidden, eps))

@@ -27,3 +27,5 @@ def assert_greedy_parity(folder: str, steps: int = 32, atol: float = 2e-3,
                 if tok in ours:
                     assert abs(ours[tok] - val) < atol, f"prompt {i} step {step} token {tok}: {ours[tok]} vs {val}"
             assert abs(lp.top[0][1] - hf_vals[0]) < atol
+    bm = llm.engine.block_manager
+    assert bm.num_used_blocks == 0 and bm.req_blocks == {}, "KV blocks leaked"  # sliding-window releases included

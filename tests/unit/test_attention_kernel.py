@@ -10,7 +10,7 @@ from hearth.kernels import attention as attn_kernel
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="hearth kernels unavailable here")
 
 
-def reference(q, k_cache, v_cache, tables, query_lens, context_lens, scale, window=None, softcap=None):
+def reference(q, k_cache, v_cache, tables, query_lens, context_lens, scale, window=None, softcap=None, alibi=None):
     """q [T, H, D]; per sequence: gather its context, full masked softmax in float64."""
     num_kv, d = k_cache.shape[2], k_cache.shape[3]
     bs = k_cache.shape[1]
@@ -26,6 +26,8 @@ def reference(q, k_cache, v_cache, tables, query_lens, context_lens, scale, wind
         if softcap:
             scores = torch.tanh(scores / softcap) * softcap
         q_pos = torch.arange(ctx - ql, ctx)[:, None]
+        if alibi is not None:  # Baichuan-13B's form: slope * key position (softmax ignores the per-row shift)
+            scores = scores + torch.tensor(alibi, dtype=torch.float64)[:, None, None] * pos.double()
         mask = pos[None, :] <= q_pos
         if window:
             mask &= pos[None, :] > q_pos - window
@@ -139,3 +141,26 @@ def test_int8_cache_with_scales(g, d):
     torch.testing.assert_close(out, ref, atol=2e-5, rtol=1e-4)
     orig = reference(q, kc, vc, tables, [a for a, _ in lens], [b for _, b in lens], d ** -0.5, window=50)
     assert (out - orig).abs().max() < 0.1  # int8 rounding (1/254 of each row's max) only
+
+
+@pytest.mark.parametrize("g", [1, 4])
+@pytest.mark.parametrize("isa", ["avx2", "avx512"])
+@pytest.mark.parametrize("window,softcap", [(None, None), (37, None), (16, 5.0)])
+def test_alibi(g, isa, window, softcap):
+    from hearth.layers.attention import alibi_slopes
+
+    if isa == "avx512" and kernels.isa() != kernels.ISA_AVX512:
+        pytest.skip("no AVX-512 here")
+    lens = [(1, 1), (1, 17), (1, 300), (7, 7), (5, 133), (40, 300)]
+    num_kv, d = 3, 64
+    q, kc, vc, tables, bt, qstart, ctx = random_case(11 * g, num_kv, g, d, 16, lens)
+    slopes = alibi_slopes(num_kv * g)  # 3 and 12 heads: not powers of 2
+    out = torch.full_like(q, float("nan"))
+    attn_kernel.paged_attention(q, kc, vc, bt, qstart, ctx, out, d ** -0.5, sliding_window=window,
+                                logit_softcap=softcap, alibi_slopes=torch.tensor(slopes),
+                                isa=kernels.ISA_AVX512 if isa == "avx512" else kernels.ISA_AVX2)
+    ref = reference(q, kc, vc, tables, [a for a, _ in lens], [b for _, b in lens], d ** -0.5, window, softcap,
+                    alibi=slopes)
+    torch.testing.assert_close(out, ref, atol=2e-5, rtol=1e-4)
+    with pytest.raises(ValueError):
+        attn_kernel.paged_attention(q, kc, vc, bt, qstart, ctx, out, d ** -0.5, alibi_slopes=torch.tensor(slopes[1:]))

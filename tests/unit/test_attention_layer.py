@@ -1,5 +1,7 @@
 """hearth.layers.attention.Attention: the kernel path (with its SDPA split) against the torch path on mixed
 batches of decodes, chunked-prefill chunks after cached context, and fresh prompts."""
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -129,3 +131,48 @@ def test_int8_kv_cache_end_to_end(tmp_path):
         assert ta[:6] == tb[:6]
         for la, lb in zip(a.outputs[0].logprobs[:6], b.outputs[0].logprobs[:6]):
             assert abs(la.top[0][1] - lb.top[0][1]) < 0.05
+
+
+def _baichuan_interleave(n: int) -> list[float]:
+    """Baichuan-13B's _get_interleave, transcribed (the reference for the slopes)."""
+    def power_of_2(n: int) -> list[float]:
+        start = 2 ** (-(2 ** -(math.log2(n) - 3)))
+        return [start * start ** i for i in range(n)]
+
+    if math.log2(n).is_integer():
+        return power_of_2(n)
+    closest = 2 ** math.floor(math.log2(n))
+    return power_of_2(closest) + _baichuan_interleave(2 * closest)[0::2][: n - closest]
+
+
+@pytest.mark.parametrize("n", [1, 2, 4, 6, 8, 12, 32, 40, 64])
+def test_alibi_slopes_match_baichuan(n: int) -> None:
+    ours, ref = attention_mod.alibi_slopes(n), _baichuan_interleave(n)
+    assert len(ours) == n and ours == pytest.approx(ref, rel=1e-12)
+
+
+@pytest.mark.skipif(not kernels.available(), reason="hearth kernels unavailable here")
+@pytest.mark.parametrize("hkv,window", [(6, None), (2, 20)])
+def test_alibi_kernel_path_matches_torch_path(hkv: int, window: int | None, monkeypatch) -> None:
+    monkeypatch.setattr(attention_mod, "SDPA_MIN_PROMPT", 32)  # the fresh 40-token prompt must still skip SDPA
+    seqs = [(1, 1), (1, 17), (1, 90), (40, 40), (9, 50), (3, 3)]
+    meta, num_blocks = make_meta(seqs, 3, seed=4)
+    h, d = 6, 64
+    layer = Attention(h, hkv, d, d ** -0.5, sliding_window=window, alibi_slopes=attention_mod.alibi_slopes(h))
+    fill_cache(layer, meta, num_blocks, seed=5)
+    g = torch.Generator().manual_seed(6)
+    t = int(meta.query_start_loc[-1])
+    q = torch.randn(t, h, d, generator=g)
+    k, v = torch.randn(t, hkv, d, generator=g), torch.randn(t, hkv, d, generator=g)
+    ours = layer(q, k, v, meta)
+    assert meta.split(window, True)[1] == []  # no SDPA for ALiBi on the kernel path
+    layer._kernel = (id(layer.kv_cache[0]), False)  # the torch path on the same (already written) cache
+    ref = layer(q, k, v, AttentionMetadata(meta.slot_mapping, meta.query_start_loc, meta.context_lens,
+                                           meta.block_tables, meta.num_decode_tokens, meta.prefills))
+    torch.testing.assert_close(ours, ref, atol=2e-5, rtol=1e-4)
+    # And ALiBi matters: without it the output differs.
+    plain = Attention(h, hkv, d, d ** -0.5, sliding_window=window)
+    plain.kv_cache, plain._kernel = layer.kv_cache, (id(layer.kv_cache[0]), False)
+    other = plain(q, k, v, AttentionMetadata(meta.slot_mapping, meta.query_start_loc, meta.context_lens,
+                                             meta.block_tables, meta.num_decode_tokens, meta.prefills))
+    assert (other - ref).abs().max() > 1e-2

@@ -74,3 +74,18 @@ def test_act_and_mul_matches_torch(dtype, act, tokens):
     ref = a * up
     out = fused.act_and_mul(x, act)
     torch.testing.assert_close(out.float(), ref.float(), rtol=TOL[dtype] * 2, atol=TOL[dtype] * 2)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_kv_write_matches_index_copy(dtype):
+    qkv = torch.randn(4, (4 + 2 + 2) * 8).to(dtype)
+    _, k, v = qkv.split([32, 16, 16], dim=-1)
+    k, v = k.view(4, 2, 8), v.view(4, 2, 8)
+    slots = torch.tensor([5, 0, 17, 9])
+    kc, vc = torch.zeros(20, 2, 8, dtype=dtype), torch.zeros(20, 2, 8, dtype=dtype)
+    assert fused.kv_write(k, v, kc, vc, slots)
+    rk, rv = torch.zeros_like(kc).index_copy_(0, slots, k), torch.zeros_like(vc).index_copy_(0, slots, v)
+    assert torch.equal(kc, rk) and torch.equal(vc, rv)
+    with pytest.raises(IndexError):
+        fused.kv_write(k, v, kc, vc, torch.tensor([5, 0, 20, 9]))
+    assert not fused.kv_write(k.float() if dtype != torch.float32 else k.half(), v, kc, vc, slots)

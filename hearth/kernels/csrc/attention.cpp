@@ -1,4 +1,4 @@
-// hearth paged attention: causal / sliding-window attention of a flat batch of query tokens against a paged KV
+// hearth paged attention: causal / sliding-window / ALiBi attention of a flat batch of query tokens against a paged KV
 // cache [num_blocks, block_size, num_kv_heads, head_dim] (fp32, bf16, f16 or int8 with per-token, per-head scales), read in place through each
 // sequence's block table: no gather of the context. Decodes (one query token), chunked-prefill chunks and
 // prefix-cache hits (queries after cached context) all take the same path. fp32 math, fp32 output.
@@ -34,6 +34,7 @@ struct AttnParams {
   int64_t block_size, num_heads, num_kv_heads, head_dim;
   float scale, softcap;  // softcap <= 0: none
   int64_t window;        // > 0: a query at position p sees keys in (p - window, p]
+  const float* alibi;    // [H] ALiBi slopes (else null): score += slope * (key_pos - query_pos)
 };
 
 struct WorkItem {
@@ -177,13 +178,14 @@ extern "C" {
 // tokens [query_start[s], query_start[s+1]); they are the last of its context_lens[s] tokens, whose K/V already sit
 // in the cache at block_tables[s][pos / block_size], offset pos % block_size. Rows of other sequences in `out` are
 // left untouched. int8 caches (kv_dtype 3) hold round(x / scale) with one fp32 scale per (slot, kv head) in
-// k_scale / v_scale. Returns 0, or a negative error code for bad arguments.
+// k_scale / v_scale. alibi_slopes (null: none): [num_heads] fp32, adds slope[head] * (key_pos - query_pos) to every
+// score after the scale and softcap. Returns 0, or a negative error code for bad arguments.
 int hk_paged_attention(const float* q, int64_t q_tok_stride, const void* k_cache, const void* v_cache,
                        int kv_dtype, const float* k_scale, const float* v_scale, int64_t block_stride, int64_t kv_tok_stride, const int32_t* block_tables,
                        int64_t bt_stride, const int32_t* query_start, const int32_t* context_lens,
                        const int32_t* seq_ids, int64_t num_seqs, float* out, int64_t out_tok_stride,
                        int64_t block_size, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, float scale,
-                       float softcap, int64_t window, int isa, int nthreads) {
+                       float softcap, int64_t window, const float* alibi_slopes, int isa, int nthreads) {
   if (isa != kAttnISA_AVX2 && isa != kAttnISA_AVX512) return -1;
   if (kv_dtype < 0 || kv_dtype > 3) return -2;
   if (kv_dtype == kAttnI8 && (!k_scale || !v_scale)) return -5;
@@ -192,7 +194,7 @@ int hk_paged_attention(const float* q, int64_t q_tok_stride, const void* k_cache
   if (num_kv_heads <= 0 || num_heads % num_kv_heads || block_size <= 0) return -4;
   const AttnParams p{q, q_tok_stride, k_cache, v_cache, kv_dtype, k_scale, v_scale, block_stride, kv_tok_stride, block_tables,
                      bt_stride, query_start, context_lens, out, out_tok_stride, block_size, num_heads,
-                     num_kv_heads, head_dim, scale, softcap, window};
+                     num_kv_heads, head_dim, scale, softcap, window, alibi_slopes};
   const int64_t G = num_heads / num_kv_heads;
   const int64_t qt = std::max<int64_t>(1, kMaxRows / G);  // query tokens per work item
   std::vector<WorkItem> items;

@@ -141,6 +141,11 @@ static void attend(const AttnParams& p, int64_t s, int64_t h, int64_t t0, int64_
       for (int64_t j = j0; j < j1; j += L) T::store(sc + j, T::mul(T::load(sc + j), vs));
       if (p.softcap > 0.f)
         for (int64_t j = j0; j < j1; ++j) sc[j] = p.softcap * std::tanh(sc[j] / p.softcap);
+      if (p.alibi) {  // bias relative to the query (<= 0), so the running max stays near the raw scores
+        const float slope = p.alibi[h * G + r % G];
+        const float rel0 = (float)(kp0 - pos);
+        for (int64_t j = j0; j < j1; ++j) sc[j] += slope * (rel0 + (float)j);
+      }
       for (int64_t j = j1; j < jv; ++j) sc[j] = -INFINITY;
       typename T::V vmax = T::load(sc + j0);
       for (int64_t j = j0 + L; j < jv; j += L) vmax = T::max(vmax, T::load(sc + j));

@@ -4,6 +4,7 @@
 //   hk_rms_norm      (x [+ residual]) -> normalized * (weight + offset), and the sum as the new residual
 //   hk_rope_neox     q, k rotated in place (rotate_half layout, first `rot` dims of each head)
 //   hk_act_and_mul   act(gate) * up for x = [gate | up] (silu, gelu-tanh)
+//   hk_kv_write      this step's K/V rows into their paged-cache slots (both caches in one call)
 // Math is fp32 like the torch code it replaces (same rounding points: the residual sum is rounded to the model
 // dtype before it is normalized, outputs once at the end).
 #include <immintrin.h>
@@ -181,6 +182,15 @@ void act_and_mul(const void* x, int64_t ldx, void* out, int64_t T, int64_t d, in
   }
 }
 
+// ---- paged KV-cache write: each new token's K and V rows (all kv heads) into its slot ----
+void kv_write(const char* k, int64_t ldk, const char* v, int64_t ldv, char* k_cache, char* v_cache,
+              const int64_t* slots, int64_t T, int64_t row_bytes) {
+  for (int64_t t = 0; t < T; ++t) {
+    std::memcpy(k_cache + slots[t] * row_bytes, k + t * ldk, row_bytes);
+    std::memcpy(v_cache + slots[t] * row_bytes, v + t * ldv, row_bytes);
+  }
+}
+
 }  // namespace
 
 #define HK_DISPATCH_DTYPE(dtype, CALL)        \
@@ -201,6 +211,16 @@ int hk_rms_norm(const void* x, int64_t ldx, const void* residual, int64_t ldr, c
 int hk_rope_neox(void* q, int64_t ldq, int64_t Hq, void* k, int64_t ldk, int64_t Hk, int64_t head_dim, int64_t rot,
                  const float* cos, const float* sin, const int64_t* rows, int64_t T, int dtype, int threads) {
   HK_DISPATCH_DTYPE(dtype, rope_neox<DT>(q, ldq, Hq, k, ldk, Hk, head_dim, rot, cos, sin, rows, T, threads))
+}
+
+// ldk / ldv in bytes; slot rows are row_bytes apart in the caches.
+int hk_kv_write(const void* k, int64_t ldk, const void* v, int64_t ldv, void* k_cache, void* v_cache,
+                const int64_t* slots, int64_t T, int64_t row_bytes, int64_t num_slots) {
+  for (int64_t t = 0; t < T; ++t)
+    if (slots[t] < 0 || slots[t] >= num_slots) return 1;  // never write outside the cache
+  kv_write(static_cast<const char*>(k), ldk, static_cast<const char*>(v), ldv, static_cast<char*>(k_cache),
+           static_cast<char*>(v_cache), slots, T, row_bytes);
+  return 0;
 }
 
 int hk_act_and_mul(const void* x, int64_t ldx, void* out, int64_t T, int64_t d, int act, int dtype, int threads) {
