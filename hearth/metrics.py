@@ -72,6 +72,13 @@ class ServerMetrics:
                              _LATENCY_BUCKETS)
         self.queue_time = histogram("vllm:request_queue_time_seconds",
                                     "Histogram of time spent in WAITING phase for request.", _LATENCY_BUCKETS)
+        # Speculative decoding (zero unless --speculative-config is set).
+        self.spec_drafts = counter("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.")
+        self.spec_draft_tokens = counter("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.")
+        self.spec_accepted_tokens = counter("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.")
+        per_pos = Counter("vllm:spec_decode_num_accepted_tokens_per_pos", "Accepted tokens per draft position.",
+                          names + ["position"], registry=r)
+        self._spec_per_pos = lambda pos: per_pos.labels(**values, position=str(pos))
         self.cpu = Info("hearth:cpu", "The CPU hearth runs on: detected ISA, compute threads, bound cores.",
                         registry=r)
         self.threads = gauge("hearth:threads", "Compute threads the engine uses.")
@@ -94,6 +101,15 @@ class ServerMetrics:
         self.preemptions.inc(max(0, stats.num_preemptions - (last.num_preemptions if last else 0)))
         self.prefix_queries.inc(max(0, stats.prefix_queries - (last.prefix_queries if last else 0)))
         self.prefix_hits.inc(max(0, stats.prefix_hits - (last.prefix_hits if last else 0)))
+        self.spec_drafts.inc(max(0, stats.spec_num_drafts - (last.spec_num_drafts if last else 0)))
+        self.spec_draft_tokens.inc(max(0, stats.spec_num_draft_tokens - (last.spec_num_draft_tokens if last else 0)))
+        self.spec_accepted_tokens.inc(max(0, stats.spec_num_accepted_tokens
+                                          - (last.spec_num_accepted_tokens if last else 0)))
+        before = last.spec_accepted_per_pos if last else ()
+        for pos, n in enumerate(stats.spec_accepted_per_pos):
+            grown = n - (before[pos] if pos < len(before) else 0)
+            if grown > 0:
+                self._spec_per_pos(pos).inc(grown)
         self._last = stats
 
     def render(self) -> bytes:

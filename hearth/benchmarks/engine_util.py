@@ -25,5 +25,6 @@ def describe(engine, load_s: float) -> dict:
         "dtype": str(mc.dtype).removeprefix("torch."),
         "threads": engine.threads,
         "max_num_seqs": engine.scheduler_config.max_num_seqs,
+        "speculative_config": engine.args.speculative_config,
         "load_s": load_s,
     }

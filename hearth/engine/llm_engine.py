@@ -11,15 +11,19 @@ import torch
 from hearth import envs
 from hearth.config import CacheConfig, EngineArgs, SchedulerConfig
 from hearth.detokenizer import IncrementalDetokenizer, find_stop, partial_stop_len
-from hearth.engine.block_manager import BlockManager
+from hearth.engine.block_manager import BlockManager, freeable_window
 from hearth.engine.kv_sizing import num_kv_blocks
 from hearth.engine.model_runner import ModelRunner
 from hearth.engine.outputs import StepOutput
 from hearth.engine.request import Request, RequestStatus
 from hearth.engine.scheduler import Scheduler
+from hearth.layers.attention import Attention
 from hearth.loader.model_loader import load_model
 from hearth.platform import cpu_info, setup_threads
 from hearth.sampling_params import SamplingParams
+from hearth.spec_decode.config import SpeculativeConfig
+from hearth.spec_decode.draft_proposer import DraftProposer, load_draft_model
+from hearth.spec_decode.speculator import Speculator
 from hearth.structured.manager import StructuredOutputManager
 
 logger = logging.getLogger("hearth")
@@ -47,6 +51,11 @@ class EngineStats:
     num_preemptions: int
     prefix_queries: int
     prefix_hits: int
+    # Speculative decoding (cumulative; zero when off): hearth.spec_decode.speculator.SpecStats.
+    spec_num_drafts: int = 0
+    spec_num_draft_tokens: int = 0
+    spec_num_accepted_tokens: int = 0
+    spec_accepted_per_pos: tuple[int, ...] = ()
 
 
 class LLMEngine:
@@ -55,11 +64,16 @@ class LLMEngine:
         bind = args.omp_threads_bind or envs.omp_threads_bind()
         self.threads, self.bound_cores = setup_threads(args.threads, bind)
         torch.manual_seed(args.seed)
+        spec_config = SpeculativeConfig.parse(args.speculative_config)  # before loading: a bad config fails fast
         loaded = load_model(args)
         self.model_config = loaded.model_config
         self.tokenizer = loaded.tokenizer
         self.model = loaded.model
         mc = self.model_config
+        draft_model = None
+        if spec_config is not None and spec_config.method == "draft_model":
+            draft_model, draft_mc = load_draft_model(args, spec_config.model, mc)
+            draft_kv_dtype = torch.int8 if args.kv_cache_dtype == "int8" else draft_mc.dtype
         space = args.kv_cache_space if args.kv_cache_space is not None else envs.kv_cache_space_gib()
         self.cache_config = CacheConfig(args.block_size, space, args.enable_prefix_caching, args.kv_cache_dtype)
         kv_dtype = torch.int8 if args.kv_cache_dtype == "int8" else mc.dtype
@@ -68,12 +82,29 @@ class LLMEngine:
             max_num_batched_tokens=args.max_num_batched_tokens or max(2048, args.max_num_seqs),
             max_model_len=mc.max_model_len, max_waiting_requests=args.max_waiting_requests)
         per_block = ModelRunner.kv_bytes_per_block(self.model, args.block_size, kv_dtype)
+        if draft_model is not None:  # the draft's KV cache has as many blocks as the target's
+            per_block += ModelRunner.kv_bytes_per_block(draft_model, args.block_size, draft_kv_dtype)
+        # Sliding-window models: blocks outside every layer's window are released as requests advance; block 0
+        # is then the null block that stands in for them, one more on top of the sized cache.
+        window = freeable_window([m.sliding_window for m in self.model.modules() if isinstance(m, Attention)])
         self.cache_config.num_blocks = num_kv_blocks(per_block, args.block_size, mc.max_model_len,
-                                                     args.max_num_seqs, space)
-        self.block_manager = BlockManager(self.cache_config.num_blocks, args.block_size, args.enable_prefix_caching)
+                                                     args.max_num_seqs, space) + (window is not None)
+        self.block_manager = BlockManager(self.cache_config.num_blocks, args.block_size, args.enable_prefix_caching,
+                                          window)
         self.scheduler = Scheduler(self.scheduler_config, self.block_manager)
         self.runner = ModelRunner(self.model, self.cache_config.num_blocks, args.block_size, kv_dtype,
                                   mc.vocab_size, args.seed)
+        self.speculator: Speculator | None = None
+        if spec_config is not None:
+            draft = None
+            if draft_model is not None:
+                if self.block_manager.sliding_window is not None:
+                    raise ValueError("a draft model cannot be used with a sliding-window target model (its released "
+                                     "blocks hold no draft KV): use {\"method\": \"ngram\"} instead")
+                draft = DraftProposer(draft_model, self.cache_config.num_blocks, args.block_size, draft_kv_dtype,
+                                      mc.vocab_size, self.runner.sampler)
+            self.speculator = Speculator(spec_config, mc.max_model_len, draft)
+            logger.info("speculative decoding: %s", spec_config)
         # Structured output: grammars compiled against the tokenizer, masks prefetched while the model runs.
         self.structured = StructuredOutputManager(self.tokenizer.hf, mc.vocab_size, mc.eos_token_ids)
         self.seqs: dict[str, _Sequence] = {}  # engine request id -> sequence
@@ -147,26 +178,44 @@ class LLMEngine:
 
     def stats(self) -> EngineStats:
         bm = self.block_manager
-        return EngineStats(len(self.scheduler.running), len(self.scheduler.waiting), bm.usage, bm.num_used_blocks,
-                           self.scheduler.num_preemptions, bm.prefix_queries, bm.prefix_hits)
+        stats = EngineStats(len(self.scheduler.running), len(self.scheduler.waiting), bm.usage, bm.num_used_blocks,
+                            self.scheduler.num_preemptions, bm.prefix_queries, bm.prefix_hits)
+        if self.speculator is not None:
+            sp = self.speculator.stats
+            stats.spec_num_drafts, stats.spec_num_draft_tokens = sp.num_drafts, sp.num_draft_tokens
+            stats.spec_num_accepted_tokens, stats.spec_accepted_per_pos = (sp.num_accepted_tokens,
+                                                                           tuple(sp.accepted_per_pos))
+        return stats
 
     # ---- the loop ----
     def step(self) -> list[StepOutput]:
+        if self.speculator is not None:
+            self.speculator.plan(self.scheduler.running)
         sched = self.scheduler.schedule()
         if sched.is_empty:
             return []
+        if self.speculator is not None:
+            self.speculator.fill(sched, self.block_manager)
         self.structured.prefetch([s.request for s in sched.scheduled if s.sample])  # overlaps the forward pass
         result = self.runner.execute(sched, self.block_manager)
-        self.scheduler.commit(sched)
+        self.scheduler.commit(sched, result.num_accepted)
+        if self.speculator is not None:
+            self.speculator.record(sched, result.num_accepted)
         now = time.monotonic()
         outputs: list[StepOutput] = []
         for rid, entries in result.prompt_logprobs.items():
             self.seqs[rid].prompt_logprobs.extend(entries)
-        for req, token, lp in result.sampled:
+        for req, tokens, lps in result.sampled:
             seq = self.seqs.get(req.request_id)
             if seq is None:
                 continue
-            outputs.append(self._process_token(seq, token, lp, now))
+            # Several tokens (speculative): stop checks run per token; tokens after a stop are dropped.
+            outs = []
+            for token, lp in zip(tokens, lps):
+                outs.append(self._process_token(seq, token, lp, now))
+                if outs[-1].finished:
+                    break
+            outputs.append(outs[0] if len(outs) == 1 else _merge(outs))
         return outputs
 
     def _process_token(self, seq: _Sequence, token: int, lp, now: float) -> StepOutput:
@@ -235,6 +284,16 @@ class LLMEngine:
         siblings = self.parents.get(seq.parent_id)
         if siblings is not None and all(rid not in self.seqs for rid in siblings):
             del self.parents[seq.parent_id]
+
+
+def _merge(outs: list[StepOutput]) -> StepOutput:
+    """One sequence's per-token outputs of one step as a single delta (the last one's status and counts)."""
+    merged = outs[-1]
+    merged.new_token_ids = [t for o in outs for t in o.new_token_ids]
+    merged.new_text = "".join(o.new_text for o in outs)
+    merged.new_logprobs = [lp for o in outs for lp in o.new_logprobs]
+    merged.prompt_logprobs = next((o.prompt_logprobs for o in outs if o.prompt_logprobs is not None), None)
+    return merged
 
 
 def _child_params(params: SamplingParams, index: int) -> SamplingParams:

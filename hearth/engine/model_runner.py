@@ -6,24 +6,33 @@ numpy and shared by every layer.
 """
 from __future__ import annotations
 
-import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 from torch import nn
 
 from hearth.engine.block_manager import BlockManager
+from hearth.engine.input_batch import SeqInput, prepare_inputs
 from hearth.engine.request import Request
 from hearth.engine.scheduler import ScheduledRequest, SchedulerOutput
-from hearth.layers.attention import Attention, AttentionMetadata, PrefillSeq
+from hearth.layers.attention import Attention
 from hearth.layers.sampler import Sampler, SamplerOutput, TokenLogprobs, logprobs_of
+from hearth.spec_decode.rejection_sampler import RejectionSampler
 
 
 @dataclass
 class StepResult:
-    sampled: list[tuple[Request, int, TokenLogprobs | None]]  # requests that produced a token this step
+    # Requests that produced tokens this step: one, or (speculative) the accepted draft tokens plus one.
+    sampled: list[tuple[Request, list[int], list[TokenLogprobs | None]]]
     prompt_logprobs: dict[str, list[TokenLogprobs | None]]  # request id -> entries for this chunk's positions
+    num_accepted: dict[str, int] = field(default_factory=dict)  # speculative request id -> draft tokens accepted
+
+
+def _new_tokens(s: ScheduledRequest) -> list[int]:
+    """The scheduled tokens: known ones from num_computed_tokens on, then the draft tokens (never in all_token_ids)."""
+    req = s.request
+    start = req.num_computed_tokens
+    return req.all_token_ids[start:start + s.num_new_tokens - len(s.spec_token_ids)] + s.spec_token_ids
 
 
 class ModelRunner:
@@ -32,6 +41,7 @@ class ModelRunner:
         self.model = model
         self.block_size = block_size
         self.sampler = Sampler(vocab_size, seed)
+        self.rejection_sampler = RejectionSampler(self.sampler)
         self.attn_layers = [m for m in model.modules() if isinstance(m, Attention)]
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         for layer in self.attn_layers:
@@ -57,46 +67,18 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput, block_manager: BlockManager) -> StepResult:
-        decodes = [s for s in sched.scheduled if s.num_new_tokens == 1 and s.request.num_computed_tokens > 0]
-        prefills = [s for s in sched.scheduled if not (s.num_new_tokens == 1 and s.request.num_computed_tokens > 0)]
-        ordered = decodes + prefills
-        input_ids, positions, meta = self._prepare(ordered, len(decodes), block_manager)
+        seqs = [SeqInput(_new_tokens(s), s.request.num_computed_tokens, block_manager.block_table(s.request.request_id))
+                for s in sched.scheduled]
+        order = sorted(range(len(seqs)), key=lambda i: not seqs[i].is_decode)  # decodes first (stable)
+        ordered = [sched.scheduled[i] for i in order]
+        input_ids, positions, meta = prepare_inputs([seqs[i] for i in order], self.block_size)
         hidden = self.model(input_ids, positions, meta)  # [T, hidden]
         return self._sample(hidden, ordered)
 
-    def _prepare(self, ordered: list[ScheduledRequest], num_decodes: int,
-                 block_manager: BlockManager) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
-        """Flat input ids, positions and attention metadata: a handful of numpy ops over all sequences, no
-        per-token Python."""
-        n = len(ordered)
-        bs = self.block_size
-        q_lens = np.fromiter((s.num_new_tokens for s in ordered), np.int64, n)
-        computed = np.fromiter((s.request.num_computed_tokens for s in ordered), np.int64, n)
-        query_start = np.zeros(n + 1, np.int64)
-        np.cumsum(q_lens, out=query_start[1:])
-        num_tokens = int(query_start[-1])
-        input_ids: list[int] = []
-        for s, start in zip(ordered, computed.tolist()):
-            input_ids.extend(s.request.all_token_ids[start:start + s.num_new_tokens])
-        seq_of_token = np.repeat(np.arange(n), q_lens)  # [T]
-        positions = np.arange(num_tokens) + (computed - query_start[:-1])[seq_of_token]  # [T]
-        tables = [block_manager.block_table(s.request.request_id) for s in ordered]
-        n_blocks = np.fromiter(map(len, tables), np.int64, n)
-        block_tables = np.zeros((n, int(n_blocks.max())), np.int32)  # [S, max_blocks], padded with block 0
-        block_tables[np.arange(block_tables.shape[1]) < n_blocks[:, None]] = np.fromiter(
-            itertools.chain.from_iterable(tables), np.int32, int(n_blocks.sum()))
-        slot_mapping = block_tables[seq_of_token, positions // bs].astype(np.int64) * bs + positions % bs
-        context_lens = computed + q_lens
-        prefills = [PrefillSeq(int(query_start[i]), int(q_lens[i]), int(context_lens[i]), i)
-                    for i in range(num_decodes, n)]
-        meta = AttentionMetadata(
-            slot_mapping=torch.from_numpy(slot_mapping), query_start_loc=torch.from_numpy(query_start.astype(np.int32)),
-            context_lens=torch.from_numpy(context_lens.astype(np.int32)), block_tables=torch.from_numpy(block_tables),
-            num_decode_tokens=num_decodes, prefills=prefills)
-        return torch.tensor(input_ids, dtype=torch.long), torch.from_numpy(positions), meta
-
     def _sample(self, hidden: torch.Tensor, ordered: list[ScheduledRequest]) -> StepResult:
         last_idx, sample_reqs = [], []
+        spec_idx: list[int] = []  # rows of speculative requests: every new token's logits are needed
+        spec: list[ScheduledRequest] = []
         prompt_lp: dict[str, list[TokenLogprobs | None]] = {}
         offset = 0
         for s in ordered:
@@ -104,16 +86,27 @@ class ModelRunner:
             if req.params.prompt_logprobs is not None and req.num_computed_tokens < req.num_prompt_tokens:
                 prompt_lp[req.request_id] = self._prompt_logprobs(hidden[offset:offset + s.num_new_tokens], req,
                                                                   s.num_new_tokens)
-            offset += s.num_new_tokens
-            if s.sample:
-                last_idx.append(offset - 1)
+            if s.spec_token_ids:
+                spec_idx.extend(range(offset, offset + s.num_new_tokens))
+                spec.append(s)
+            elif s.sample:
+                last_idx.append(offset + s.num_new_tokens - 1)
                 sample_reqs.append(req)
-        sampled: list[tuple[Request, int, TokenLogprobs | None]] = []
+            offset += s.num_new_tokens
+        sampled: list[tuple[Request, list[int], list[TokenLogprobs | None]]] = []
         if sample_reqs:
             logits = self.model.compute_logits(hidden[last_idx])  # [N, V] float32
             out: SamplerOutput = self.sampler(logits, sample_reqs)
-            sampled = list(zip(sample_reqs, out.token_ids, out.logprobs))
-        return StepResult(sampled, prompt_lp)
+            sampled = [(r, [t], [lp]) for r, t, lp in zip(sample_reqs, out.token_ids, out.logprobs)]
+        num_accepted: dict[str, int] = {}
+        if spec:
+            logits = self.model.compute_logits(hidden[spec_idx])  # [sum(1 + k), V]
+            results = self.rejection_sampler(logits, [s.request for s in spec], [s.spec_token_ids for s in spec],
+                                             [s.draft_probs for s in spec])
+            for s, res in zip(spec, results):
+                sampled.append((s.request, res.token_ids, res.logprobs))
+                num_accepted[s.request.request_id] = res.num_accepted
+        return StepResult(sampled, prompt_lp, num_accepted)
 
     def _prompt_logprobs(self, hidden: torch.Tensor, req: Request, n: int) -> list[TokenLogprobs | None]:
         """Logprobs of prompt tokens predicted within this chunk. Entry j is for prompt token start + j + 1."""

@@ -52,6 +52,10 @@ class Request:
         self.block_hashes: list[int] = []  # chained hashes of this request's full blocks, grown lazily
         # Structured output: this sequence's grammar state (hearth.structured.compiler.GrammarMatcher), or None.
         self.grammar = None
+        # Speculative decoding: draft tokens proposed for the next step (never part of all_token_ids), and how many
+        # of this request's tokens have KV in the draft model's cache (draft_model method only).
+        self.spec_token_ids: list[int] = []
+        self.num_draft_computed = 0
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -22,6 +22,9 @@ class ScheduledRequest:
     num_new_tokens: int
     # True when this chunk reaches the end of the request's known tokens: its last logits are sampled.
     sample: bool
+    # Speculative decoding: draft tokens scheduled after the last known token (counted in num_new_tokens).
+    spec_token_ids: list[int] = field(default_factory=list)
+    draft_probs: object = None  # torch.Tensor [k, V]: the distribution a draft model sampled them from, if it did
 
 
 @dataclass
@@ -73,7 +76,14 @@ class Scheduler:
             if num_new <= 0:
                 i += 1
                 continue
+            spec: list[int] = []
+            if req.spec_token_ids and req.num_tokens - req.num_computed_tokens == 1:  # decoding: verify the draft
+                spec = req.spec_token_ids[: budget - 1]
+                num_new += len(spec)
             while not bm.allocate(req, num_new):
+                if spec:  # out of blocks: drop the draft before preempting anyone
+                    num_new, spec = 1, []
+                    continue
                 victim = self.running.pop()  # never one already scheduled this step: we walk from the front
                 self._preempt(victim)
                 out.preempted.append(victim)
@@ -81,8 +91,8 @@ class Scheduler:
                     break
             else:
                 scheduled_running.append(req)
-                reaches_end = req.num_computed_tokens + num_new == req.num_tokens
-                out.scheduled.append(ScheduledRequest(req, num_new, reaches_end))
+                reaches_end = req.num_computed_tokens + num_new - len(spec) == req.num_tokens
+                out.scheduled.append(ScheduledRequest(req, num_new, reaches_end, spec))
                 budget -= num_new
                 i += 1
                 continue
@@ -117,14 +127,21 @@ class Scheduler:
         self.block_manager.free(req.request_id)
         req.status = RequestStatus.PREEMPTED
         req.num_computed_tokens = 0
+        req.spec_token_ids = []
+        req.num_draft_computed = 0
         req.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(req)
 
-    def commit(self, out: SchedulerOutput) -> None:
-        """After the model ran: the scheduled tokens now have KV in the cache."""
+    def commit(self, out: SchedulerOutput, num_accepted: dict[str, int] | None = None) -> None:
+        """After the model ran: the scheduled tokens now have KV in the cache.
+
+        NOTE: of a speculative request's draft tokens only the accepted ones count: the KV written at rejected
+        positions is garbage that later steps overwrite (and no prefix-cache hash ever covers unknown tokens).
+        """
         for s in out.scheduled:
-            s.request.num_computed_tokens += s.num_new_tokens
+            rejected = len(s.spec_token_ids) - (num_accepted or {}).get(s.request.request_id, 0)
+            s.request.num_computed_tokens += s.num_new_tokens - rejected
 
     def finish(self, req: Request, status: RequestStatus) -> None:
         """Mark a request finished (stopped, length, aborted) and free its blocks at once."""

@@ -43,11 +43,16 @@ def add_engine_args(p: argparse.ArgumentParser, model_optional: bool = False) ->
                    help="weight-only quantization: int8 (per channel) / int4[-gN] (group-wise, default group 128) "
                         "computed at load; auto (default) keeps GGUF Q8_0/Q4_0/Q4_1/Q4_K weights quantized; "
                         "none dequantizes them")
+    g.add_argument("--speculative-config", default=None,
+                   help='speculative decoding, as JSON: {"method": "ngram", "num_speculative_tokens": 4, '
+                        '"prompt_lookup_max": 4, "prompt_lookup_min": 2} (prompt lookup) or {"model": "DRAFT", '
+                        '"num_speculative_tokens": 4} (a small draft model of the same vocabulary)')
 
 
 ENGINE_ARG_NAMES = ["model", "tokenizer", "dtype", "max_model_len", "max_num_seqs", "max_num_batched_tokens",
                     "block_size", "kv_cache_space", "kv_cache_dtype", "enable_prefix_caching", "threads",
-                    "omp_threads_bind", "seed", "chat_template", "served_model_name", "quantization"]
+                    "omp_threads_bind", "seed", "chat_template", "served_model_name", "quantization",
+                    "speculative_config"]
 
 
 def engine_args_from(ns: argparse.Namespace):

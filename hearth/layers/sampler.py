@@ -52,7 +52,7 @@ class Sampler:
         logits = logits[:, : self.vocab_size]
         want_lp = [r.params.logprobs is not None for r in reqs]
         raw_logprobs = torch.log_softmax(logits, dim=-1) if any(want_lp) else None
-        logits = self._apply_processors(logits.clone(), reqs)
+        logits = self.apply_processors(logits.clone(), reqs)
         grammars = [getattr(r, "grammar", None) for r in reqs]
         if any(g is not None for g in grammars):
             apply_grammar_masks(logits, grammars)  # structured output: grammar's tokens only
@@ -75,7 +75,7 @@ class Sampler:
         return SamplerOutput(token_ids.tolist(), logprobs)
 
     # ---- logits processors ----
-    def _apply_processors(self, logits: torch.Tensor, reqs: list[Request]) -> torch.Tensor:
+    def apply_processors(self, logits: torch.Tensor, reqs: list[Request]) -> torch.Tensor:
         for i, r in enumerate(reqs):
             p = r.params
             if p.logit_bias:
@@ -102,19 +102,24 @@ class Sampler:
             counts = counts[: row.shape[0]].to(row.dtype)
             row -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(row.dtype)
 
-    def _sample(self, logits: torch.Tensor, reqs: list[Request]) -> torch.Tensor:
+    def probs(self, logits: torch.Tensor, reqs: list[Request]) -> torch.Tensor:
+        """The distribution random sampling draws from: temperature, then top-k / top-p / min-p, then softmax.
+        logits: [len(reqs), V], processors already applied."""
         temps = torch.tensor([r.params.temperature for r in reqs], dtype=logits.dtype).unsqueeze(1)
         logits = logits / temps
         if any(r.params.top_k > 0 or r.params.top_p < 1.0 or r.params.min_p > 0.0 for r in reqs):
             logits = self._top_k_top_p_min_p(logits, reqs)
-        probs = torch.softmax(logits, dim=-1)
+        return torch.softmax(logits, dim=-1)
+
+    def _sample(self, logits: torch.Tensor, reqs: list[Request]) -> torch.Tensor:
+        probs = self.probs(logits, reqs)
         # Exponential race: argmax(p / E) with E ~ Exp(1) samples from p, one independent draw per row.
         q = torch.empty_like(probs)
         for i, r in enumerate(reqs):
-            q[i].exponential_(generator=self._generator_for(r))
+            q[i].exponential_(generator=self.generator_for(r))
         return (probs / q).argmax(dim=-1)
 
-    def _generator_for(self, r: Request) -> torch.Generator:
+    def generator_for(self, r: Request) -> torch.Generator:
         if r.params.seed is None:
             return self.generator
         gen = getattr(r, "generator", None)

@@ -124,7 +124,7 @@ def test_repetition_penalty_over_prompt_and_output() -> None:
     s = Sampler(V)
     logits = LOGITS.clone().unsqueeze(0)
     r = req(prompt=[3, 2, 3], output=[6], repetition_penalty=2.0)
-    out = s._apply_processors(logits.clone(), [r])[0]
+    out = s.apply_processors(logits.clone(), [r])[0]
     expected = LOGITS.clone()
     expected[3] = 3.0 / 2.0  # positive: divided
     expected[2] = -0.5 * 2.0  # negative: multiplied
@@ -135,7 +135,7 @@ def test_repetition_penalty_over_prompt_and_output() -> None:
 def test_presence_and_frequency_penalties_over_output_only() -> None:
     s = Sampler(V)
     r = req(prompt=[0, 0, 7], output=[4, 4, 4, 6], presence_penalty=0.5, frequency_penalty=0.25)
-    out = s._apply_processors(LOGITS.clone().unsqueeze(0), [r])[0]
+    out = s.apply_processors(LOGITS.clone().unsqueeze(0), [r])[0]
     expected = LOGITS.clone()
     expected[4] -= 3 * 0.25 + 0.5
     expected[6] -= 1 * 0.25 + 0.5
@@ -143,18 +143,18 @@ def test_presence_and_frequency_penalties_over_output_only() -> None:
     assert out[0] == LOGITS[0] and out[7] == LOGITS[7]  # prompt tokens: untouched
     # Negative values reward repetition.
     r = req(output=[5], presence_penalty=-1.0, frequency_penalty=-2.0)
-    out = s._apply_processors(LOGITS.clone().unsqueeze(0), [r])[0]
+    out = s.apply_processors(LOGITS.clone().unsqueeze(0), [r])[0]
     assert out[5] == LOGITS[5] + 3.0
     # No output yet: nothing changes.
     r = req(prompt=[4, 4], presence_penalty=2.0, frequency_penalty=2.0)
-    assert torch.equal(s._apply_processors(LOGITS.clone().unsqueeze(0), [r])[0], LOGITS)
+    assert torch.equal(s.apply_processors(LOGITS.clone().unsqueeze(0), [r])[0], LOGITS)
 
 
 def test_penalties_apply_per_row() -> None:
     s = Sampler(V)
     reqs = [req(output=[3], rid="a", frequency_penalty=1.0), req(output=[3], rid="b"),
             req(prompt=[3], rid="c", repetition_penalty=1.5)]
-    out = s._apply_processors(LOGITS.expand(3, -1).clone(), reqs)
+    out = s.apply_processors(LOGITS.expand(3, -1).clone(), reqs)
     assert out[0, 3] == 2.0 and out[1, 3] == 3.0 and out[2, 3] == 2.0
     assert torch.equal(out[1], LOGITS)
 
@@ -162,7 +162,7 @@ def test_penalties_apply_per_row() -> None:
 def test_logit_bias() -> None:
     s = Sampler(V)
     r = req(logit_bias={5: 10.0, 3: -4.0}, temperature=0.0)
-    out = s._apply_processors(LOGITS.clone().unsqueeze(0), [r])[0]
+    out = s.apply_processors(LOGITS.clone().unsqueeze(0), [r])[0]
     expected = LOGITS.clone()
     expected[5] += 10.0
     expected[3] -= 4.0
@@ -182,15 +182,15 @@ def test_min_tokens_blocks_eos_and_stop_ids() -> None:
     logits = logits.unsqueeze(0)
     kw = {"min_tokens": 2, "stop_token_ids": [4], "temperature": 0.0}
     r = req(output=[7], **kw)  # 1 output token < 2: eos and stop ids are banned
-    out = s._apply_processors(logits.clone(), [r])[0]
+    out = s.apply_processors(logits.clone(), [r])[0]
     assert out[EOS] == float("-inf") and out[4] == float("-inf")
     assert torch.equal(out[[0, 2, 3, 5, 6, 7]], logits[0, [0, 2, 3, 5, 6, 7]])
     assert s(logits.clone(), [r]).token_ids == [3]
     r = req(output=[7, 7], **kw)  # reached min_tokens: nothing banned
-    assert torch.equal(s._apply_processors(logits.clone(), [r])[0], logits[0])
+    assert torch.equal(s.apply_processors(logits.clone(), [r])[0], logits[0])
     assert s(logits.clone(), [r]).token_ids == [EOS]
     r = req(output=[7], ignore_eos=True, **kw)  # eos is not a stop with ignore_eos; stop ids still are
-    out = s._apply_processors(logits.clone(), [r])[0]
+    out = s.apply_processors(logits.clone(), [r])[0]
     assert out[EOS] == 50.0 and out[4] == float("-inf")
 
 
