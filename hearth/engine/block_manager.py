@@ -125,9 +125,13 @@ class BlockManager:
             if block.token_ids != tuple(req.all_token_ids[i * bs:(i + 1) * bs]):
                 break  # hash collision: treat as a miss
             hits.append(block_id)
-        self.prefix_queries += req.num_tokens
-        self.prefix_hits += len(hits) * bs
         return hits, len(hits) * bs
+
+    def record_prefix_lookup(self, num_queried: int, num_hit: int) -> None:
+        """Count one lookup whose request was admitted (a request that waits for blocks looks up again each step;
+        only the lookup that admits it counts, as in vLLM's prefix_cache_queries / _hits)."""
+        self.prefix_queries += num_queried
+        self.prefix_hits += num_hit
 
     def _take_free_block(self) -> int:
         block_id, _ = self.free_blocks.popitem(last=False)

@@ -105,7 +105,8 @@ class Scheduler:
             if out.preempted and req in out.preempted:
                 break  # don't re-admit what this step just preempted
             computed_blocks, num_cached = ([], 0)
-            if req.num_computed_tokens == 0 and req.params.prompt_logprobs is None:
+            looked_up = req.num_computed_tokens == 0 and req.params.prompt_logprobs is None and bm.enable_prefix_caching
+            if looked_up:
                 # NOTE: prompt logprobs need every prompt position computed, so such requests skip the cache.
                 computed_blocks, num_cached = bm.get_computed_blocks(req)
             num_new = min(req.num_tokens - num_cached, budget)
@@ -113,6 +114,8 @@ class Scheduler:
             if not bm.allocate(req, num_new, computed_blocks):
                 req.num_computed_tokens = 0
                 break
+            if looked_up:
+                bm.record_prefix_lookup(req.num_tokens, num_cached)
             self.waiting.popleft()
             if req.first_scheduled_time is None:
                 req.first_scheduled_time = now

@@ -293,3 +293,22 @@ def test_n2_shares_prompt_blocks(tiny_llama: str) -> None:
                                                                      ignore_eos=True))
     assert outs[0].outputs[0].token_ids == outs[0].outputs[1].token_ids
     assert outs[0].num_cached_tokens == 16
+
+
+def test_prefix_counters_count_only_the_admitting_lookup() -> None:
+    """A request that waits for blocks is looked up again every step; only the lookup that admits it counts."""
+    bm = BlockManager(4, 4)
+    sched = Scheduler(SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=64, max_model_len=64), bm)
+    hog = Request("hog", list(range(12)), SamplingParams(max_tokens=4), [0])
+    sched.add_request(hog)
+    sched.commit(sched.schedule())  # 3 of 4 blocks
+    waiter = Request("w", list(range(100, 110)), SamplingParams(max_tokens=4), [0])
+    sched.add_request(waiter)
+    for _ in range(3):
+        out = sched.schedule()  # the waiter needs 3 blocks: stays waiting
+        assert all(s.request is hog for s in out.scheduled)
+        sched.commit(out)
+    assert bm.prefix_queries == 12  # only the hog's admission
+    sched.finish(hog, RequestStatus.FINISHED_STOPPED)
+    sched.schedule()
+    assert bm.prefix_queries == 22
