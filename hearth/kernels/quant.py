@@ -7,18 +7,28 @@
 Layout (`QWeight`): int8 data [N, K] int8, or int4 data [N, K/2] uint8 where each 16-byte sub-block holds 32 weights
 (low nibbles = elements 0..15, high nibbles = 16..31: GGUF Q4_0's order, so Q4_0/Q4_1 repack as a byte copy);
 scales (and, int4, mins) fp32 [N, K/G]. Dequantized weight: int8 q * s; int4 q * s + min (q in 0..15), computed as
-one fma, which is exactly what gguf.quants.dequantize gives for Q8_0, Q4_0, Q4_1 and Q4_K: the kernel's result is
-the dequantized float model's up to summation order.
+one fma, which is exactly what gguf.quants.dequantize gives for Q8_0, Q4_0, Q4_1 and Q4_K (so prefill, and decode
+with float activations, give the dequantized float model's results up to summation order).
+
+Decode kernels (M <= MAX_KERNEL_M), two variants (ACTIVATIONS):
+  "int8" (default)  x is quantized once per call to int8 blocks of 32 (scale amax / 127, round half to even; see
+                    quantize_activations), then integer dot products (AVX2 maddubs + madd, or AVX-512 VNNI vpdpbusd
+                    where the CPU has it) and one float fma per block: llama.cpp's Q8 activation scheme. The result
+                    is exactly dequantized weights x int8-rounded activations up to fp32 summation order; vs fp32 x
+                    each output moves by at most sum_k |w_k| * amax(block of k) / 254.
+  "float"           x stays fp32 and weights are dequantized in registers: the dequantized float model's results up
+                    to summation order (HEARTH_QUANT_ACT=float), but compute-bound at ~4 vector ops per weight.
+On the 2-core AVX2 EPYC the int8 path is ~3-5x faster at M = 1 (close to memory bandwidth) and ~2-4x at M = 8.
 
 Why own kernels: torch's `_weight_int8pack_mm` / `_weight_int4pack_mm_for_cpu` on torch 2.13 (this 2-core AVX2
 EPYC) take ~30-50 ms for a 2048x5632 weight at M=1 with fp32 x (a scalar path; ~1.2-1.5 ms with bf16 x, which
-rounds activations to bf16) and ~350-450 ms at M=8; hearth's fp32 models need fp32 x (and GGUF files must give the
-dequantized model's tokens), so these kernels keep x in fp32 and dequantize weights in registers.
+rounds activations to bf16) and ~350-450 ms at M=8.
 """
 from __future__ import annotations
 
 import ctypes
 import functools
+import os
 from dataclasses import dataclass
 
 import torch
@@ -31,6 +41,11 @@ from hearth.kernels import _build
 # Measured on the 2-core AVX2 EPYC (shared, noisy; medians), W 2048x5632, 2 threads, kernel vs tiles+GEMM:
 # int8 M=64 92 vs 208 ms, M=128 200 vs 248, M=256 399 vs 323; int4 g32 M=128 256 vs 240, M=256 453 vs 280.
 MAX_KERNEL_M = 128
+# Decode-shape kernel: "int8" quantizes x per call to int8 blocks of 32 and uses integer dot products (memory-bound
+# on AVX2; results = dequantized weights x int8-rounded activations, like llama.cpp), "float" keeps x in fp32 and
+# dequantizes the weights in registers (exactly the dequantized float model up to summation order, ~2-4x slower).
+# HEARTH_QUANT_ACT=float selects the latter process-wide.
+ACTIVATIONS = "float" if os.environ.get("HEARTH_QUANT_ACT", "").strip().lower() in ("float", "fp32", "f32") else "int8"
 # fp32 elements per dequantized tile in the prefill path (16 MiB).
 _TILE_ELEMS = 4 << 20
 
@@ -74,6 +89,8 @@ def _lib() -> ctypes.CDLL | None:
     i64, i32, ptr = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p
     lib.hq_linear.argtypes = [ptr, i32, i64, i64, i64, ptr, i32, i64, i64, ptr, ptr, i64, i64, ptr, ptr, i32, i32]
     lib.hq_linear.restype = i32
+    lib.hq_linear_dot.argtypes = lib.hq_linear.argtypes
+    lib.hq_linear_dot.restype = i32
     lib.hq_dequant.argtypes = [ptr, i32, i64, i64, ptr, ptr, i64, i64, i64, i64, ptr, i32, i32]
     lib.hq_dequant.restype = i32
     return lib
@@ -149,20 +166,32 @@ def _isa(isa_code: int | None) -> int:
     return isa_code or kernels.isa()
 
 
-def _run(x: torch.Tensor, qw: QWeight, bias: torch.Tensor | None, isa_code: int | None = None) -> torch.Tensor:
-    """The C++ kernel on x [M, K] -> fp32 [M, N]."""
+def _run(x: torch.Tensor, qw: QWeight, bias: torch.Tensor | None, isa_code: int | None = None,
+         act: str | None = None) -> torch.Tensor:
+    """The C++ kernel on x [M, K] -> fp32 [M, N]; act "int8" (default: ACTIVATIONS) or "float", see the module doc."""
     m, k = x.shape
     n = qw.data.shape[0]
     if x.stride(1) != 1 or (m > 1 and x.stride(0) < k):
         x = x.contiguous()
     out = torch.empty(m, n, dtype=torch.float32)
-    rc = _lib().hq_linear(x.data_ptr(), _DTYPE_CODE[x.dtype], m, k, x.stride(0), qw.data.data_ptr(),
+    fn = _lib().hq_linear_dot if (act or ACTIVATIONS) == "int8" else _lib().hq_linear
+    rc = fn(x.data_ptr(), _DTYPE_CODE[x.dtype], m, k, x.stride(0), qw.data.data_ptr(),
                           int(qw.bits == 4), n, qw.data.stride(0), qw.scales.data_ptr(), _ptr(qw.mins),
                           qw.scales.stride(0), qw.group, _ptr(bias), out.data_ptr(), _isa(isa_code),
                           torch.get_num_threads())
     if rc != 0:
         raise RuntimeError(f"hq_linear failed with code {rc}")
     return out
+
+
+def quantize_activations(x: torch.Tensor) -> torch.Tensor:
+    """Reference of the int8 activation rounding of the "int8" kernels: x [M, K] fp32 -> the dequantized floats
+    dx * qx per block of 32 (dx = amax / 127, qx = round-half-even(x / dx)), bit-identical to the kernel's qx, dx."""
+    m, k = x.shape
+    xb = x.float().reshape(m, k // 32, 32)
+    d = xb.abs().amax(-1, keepdim=True) / 127.0
+    inv = torch.where(d > 0, 1.0 / d, torch.zeros_like(d))
+    return (torch.round(xb * inv) * d).reshape(m, k)
 
 
 def dequantize_rows(qw: QWeight, start: int, end: int, isa_code: int | None = None) -> torch.Tensor:

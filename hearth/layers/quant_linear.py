@@ -10,8 +10,9 @@ Schemes (EngineArgs.quantization):
 lm_head and the embeddings stay in the model dtype (tied heads read the embedding table).
 
 QuantLinear is a Linear (the model's loader fills it through the same `load_shard`); `weight` holds the packed
-integers, `scales` / `mins` are buffers. Forward: hearth.kernels.quant.linear (the C++ kernel for decode shapes,
-dequantized row tiles + torch's fp32 GEMM for prefill).
+integers, `scales` / `mins` are buffers. Forward: hearth.kernels.quant.linear (the C++ kernel for decode shapes, which
+by default rounds activations to int8 blocks of 32 for integer dot products -- see quant.ACTIVATIONS; dequantized row
+tiles + torch's fp32 GEMM for prefill).
 """
 from __future__ import annotations
 

@@ -1,7 +1,10 @@
 """Quantized paths on the real bundled SmolLM2 (a Q4_1 GGUF), greedy, offline API.
 
-- Default load keeps Q4_1 quantized (hearth int4, group 32): its greedy tokens equal the dequantized fp32 model's
-  (`--quantization none`, gguf.quants dequantization) -- same weights, same math up to summation order.
+- Default load keeps Q4_1 quantized (hearth int4, group 32). Its decode kernels round activations to int8 blocks of 32
+  (hearth.kernels.quant.ACTIVATIONS, llama.cpp's scheme): greedy tokens equal the dequantized fp32 model's
+  (`--quantization none`, gguf.quants dequantization), or first differ where fp32's top-2 logits are within
+  INT8_MARGIN. With float activations (HEARTH_QUANT_ACT=float) they are equal: same weights, same math up to
+  summation order.
 - `--quantization int8` (per-channel, from the dequantized fp32 weights): greedy tokens equal fp32's, or first
   differ at a step where fp32's top-2 logits are within INT8_MARGIN.
 """
@@ -11,6 +14,7 @@ import os
 import pytest
 
 from hearth import LLM, SamplingParams
+from hearth.kernels import quant
 from hearth.layers.quant_linear import QuantLinear
 
 pytestmark = pytest.mark.slow
@@ -18,7 +22,8 @@ pytestmark = pytest.mark.slow
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a small village,",
            "1, 2, 3, 4,", "The three primary colors are", "import numpy as np\n"]
 STEPS = 24
-# Logit gap (nats; = logprob gap) between fp32's top-2 tokens below which int8 may pick the other one.
+# Logit gap (nats; = logprob gap) between fp32's top-2 tokens below which int8 weights or int8 activations may pick
+# the other one.
 INT8_MARGIN = 0.5
 
 
@@ -47,21 +52,37 @@ def dense():
     return outs
 
 
-def test_q4_1_kept_quantized_equals_dequantized(dense) -> None:
-    llm, outs = _greedy(None)
-    layers = _quant_layers(llm)
-    assert len(layers) == 30 * 4  # 30 blocks x (qkv, o, gate_up, down): all Q4_1 in this file
-    assert all(m.qweight is not None and m.qweight.bits == 4 and m.qweight.group == 32 for m in layers)
-    for ref, got in zip(dense, outs):
-        assert got.token_ids == ref.token_ids
-
-
-def test_int8_matches_fp32_within_margin(dense) -> None:
-    llm, outs = _greedy("int8")
-    assert all(m.qweight is not None and m.qweight.bits == 8 for m in _quant_layers(llm))
+def _assert_within_margin(dense, outs) -> None:
     for ref, got in zip(dense, outs):
         for step, (a, b) in enumerate(zip(ref.token_ids, got.token_ids)):
             if a != b:  # the first divergence must be a near tie for fp32; later tokens have other prefixes
                 (_, lp1), (_, lp2) = ref.logprobs[step].top[:2]
                 assert lp1 - lp2 < INT8_MARGIN, (step, a, b, lp1 - lp2)
                 break
+
+
+def _check_q4_1_layers(llm: LLM) -> None:
+    layers = _quant_layers(llm)
+    assert len(layers) == 30 * 4  # 30 blocks x (qkv, o, gate_up, down): all Q4_1 in this file
+    assert all(m.qweight is not None and m.qweight.bits == 4 and m.qweight.group == 32 for m in layers)
+
+
+def test_q4_1_kept_quantized_float_activations_equals_dequantized(dense, monkeypatch) -> None:
+    monkeypatch.setattr(quant, "ACTIVATIONS", "float")
+    llm, outs = _greedy(None)
+    _check_q4_1_layers(llm)
+    for ref, got in zip(dense, outs):
+        assert got.token_ids == ref.token_ids
+
+
+def test_q4_1_kept_quantized_int8_activations_within_margin(dense, monkeypatch) -> None:
+    monkeypatch.setattr(quant, "ACTIVATIONS", "int8")
+    llm, outs = _greedy(None)
+    _check_q4_1_layers(llm)
+    _assert_within_margin(dense, outs)
+
+
+def test_int8_matches_fp32_within_margin(dense) -> None:
+    llm, outs = _greedy("int8")
+    assert all(m.qweight is not None and m.qweight.bits == 8 for m in _quant_layers(llm))
+    _assert_within_margin(dense, outs)

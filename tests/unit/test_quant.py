@@ -46,20 +46,47 @@ def _qweights(w: torch.Tensor) -> list[quant.QWeight]:
     return out
 
 
+def _act_reference(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """What the int8-activation kernels compute: the int8-rounded x times the dequantized weights."""
+    return _reference(quant.quantize_activations(x.float().reshape(-1, x.shape[-1])).reshape(x.shape), w, bias)
+
+
 @needs_kernels
-@pytest.mark.parametrize("N,K", [(5, 32), (130, 576), (257, 896), (64, 1536)])
+@pytest.mark.parametrize("N,K", [(5, 32), (130, 576), (257, 896), (64, 1536), (37, 96)])
 def test_kernel_matches_dequantized_reference(N: int, K: int) -> None:
     g = torch.Generator().manual_seed(N * 31 + K)
     w = torch.randn(N, K, generator=g) / K**0.5
     bias = torch.randn(N, generator=g)
-    for qw in _qweights(w):
+    qws = _qweights(w) + ([quant.quantize_int4(w, 96)] if K % 96 == 0 else [])  # odd block count, odd group
+    for qw in qws:
         wd = quant.dequantize(qw)
         for isa in _isas():
             assert torch.equal(quant.dequantize_rows(qw, 0, N, isa_code=isa), wd)
             for M in (1, 2, 5, 8, 33):
                 x = torch.randn(M, K, generator=g)
                 for b in (None, bias):
-                    _close(quant._run(x, qw, b, isa_code=isa), _reference(x, wd, b))
+                    _close(quant._run(x, qw, b, isa_code=isa, act="float"), _reference(x, wd, b))
+                    # the integer dot products are exact: only fp32 summation order differs
+                    _close(quant._run(x, qw, b, isa_code=isa, act="int8"), _act_reference(x, wd, b))
+
+
+@needs_kernels
+@pytest.mark.parametrize("N,K", [(64, 576), (32, 2048)])
+def test_int8_activations_error_bound(N: int, K: int) -> None:
+    """int8 activations vs exact fp32 x: per block of 32, |x - dx * qx| <= dx / 2 (dx = amax / 127), so
+    |y_int8 - y| <= sum_k |w[n, k]| * dx[block(k)] / 2 -- a hard bound, typically ~1/254 of sum |w| * |amax|
+    (plus fp32 rounding), not a statistical tolerance."""
+    g = torch.Generator().manual_seed(K)
+    w = torch.randn(N, K, generator=g) / K**0.5
+    x = torch.randn(8, K, generator=g) * torch.rand(8, K, generator=g) * 4  # uneven magnitudes per block
+    x[:, 5] = 30.0  # an outlier: its block's other elements get a coarse step
+    for qw in _qweights(w):
+        wd = quant.dequantize(qw)
+        dx = x.reshape(8, K // 32, 32).abs().amax(-1) / 127.0
+        bound = (wd.abs() @ dx.repeat_interleave(32, dim=1).t() / 2).t() * (1 + 1e-3) + 1e-4
+        err = (quant._run(x, qw, None, act="int8") - _reference(x, wd, None)).abs()
+        assert (err <= bound).all(), (err - bound).max()
+        assert torch.equal(quant.quantize_activations(quant.quantize_activations(x)), quant.quantize_activations(x))
 
 
 @needs_kernels
@@ -68,14 +95,16 @@ def test_linear_dispatch_dtypes_strides_and_prefill() -> None:
     w = torch.randn(96, 256, generator=g) / 16
     qw = quant.quantize_int4(w, 64)
     wd = quant.dequantize(qw)
-    for m in (1, 7, quant.MAX_KERNEL_M, quant.MAX_KERNEL_M + 5):  # kernel, and dequantized tiles + torch GEMM
-        x = torch.randn(2, m, 300, generator=g)[..., 10:266]  # strided rows
-        _close(quant.linear(x, qw), _reference(x, wd, None))
+    for shape in ((1, 1), (2, 7), (1, quant.MAX_KERNEL_M)):  # kernel (int8 activations; x rows in chunks of 32)
+        x = torch.randn(*shape, 300, generator=g)[..., 10:266]  # strided rows
+        _close(quant.linear(x, qw), _act_reference(x, wd, None))
+    x = torch.randn(2, quant.MAX_KERNEL_M + 5, 300, generator=g)[..., 10:266]  # dequantized tiles + torch GEMM
+    _close(quant.linear(x, qw), _reference(x, wd, None))
     x = torch.randn(3, 256, generator=g)
     for dt in (torch.bfloat16, torch.float16):
         y = quant.linear(x.to(dt), qw)
         assert y.dtype == dt
-        _close(y.float(), _reference(x.to(dt), wd, None), tol=1e-2)
+        _close(y.float(), _act_reference(x.to(dt), wd, None), tol=1e-2)
 
 
 def test_quantize_error_bounds() -> None:
@@ -116,7 +145,8 @@ def test_gguf_repack_equals_gguf_dequantize(qtype: Q) -> None:
     assert torch.equal(quant.dequantize(blocks.index_rows(perm).repack()), ref[perm])
     if quant.available():
         x = torch.randn(3, k)
-        _close(quant.linear(x, qw), _reference(x, ref, None))
+        _close(quant.linear(x, qw), _act_reference(x, ref, None))
+        _close(quant._run(x, qw, None, act="float"), _reference(x, ref, None))
 
 
 def test_quant_linear_merged_shards_and_dense_fallback() -> None:
@@ -131,7 +161,8 @@ def test_quant_linear_merged_shards_and_dense_fallback() -> None:
     lin.load_shard("bias", None, torch.arange(128.0))
     assert lin.qweight is not None and lin.qweight.group == 64 and lin.weight.dtype == torch.uint8
     wd = torch.cat([quant.dequantize(quant.quantize_int4(w, 64)) for w in ws.values()])
-    _close(lin(x), _reference(x, wd, torch.arange(128.0)))
+    ref = _act_reference if quant.available() else _reference
+    _close(lin(x), ref(x, wd, torch.arange(128.0)))
     # gguf: all shards Q4_0/Q4_1 -> int4; a Q8_0 shard among them -> dense, exactly the dequantized floats
     raws = {name: (qt, gguf.quants.quantize(w.numpy(), qt))
             for (name, w), qt in zip(ws.items(), (Q.Q4_0, Q.Q4_1, Q.Q4_0))}

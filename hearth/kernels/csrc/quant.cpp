@@ -2,8 +2,13 @@
 // scale) and int4 (per-group scale and min) weights; x fp32 / bf16 / f16, fp32 accumulate. See quant_impl.h for the
 // layout. Same build rules as linear.cpp: per-ISA `#pragma GCC target`, chosen at run time by the caller, C ABI.
 //
-// NOTE: x stays in floating point (no int8 activations), so VNNI's integer dot products do not apply: the results
-// must equal the dequantized float model's up to summation order (GGUF files load quantized by default).
+// Two paths for small M:
+//   hq_linear      x stays fp32 and weights are dequantized in registers (quant_impl.h): the dequantized float
+//                  model's results up to summation order, but compute-bound (~4 vector ops per weight).
+//   hq_linear_dot  x quantized once per call to int8 blocks of 32 (llama.cpp's Q8 activations), integer dot
+//                  products (maddubs / vpdpbusd), one float fma per 32 (int8) or 2 x 32 (int4) weights
+//                  (quant_dot_impl.h): ~4x fewer instructions, decode becomes memory-bound. Results are the
+//                  dequantized weights times the int8-rounded x (relative error ~ 1/254 of each block's amax).
 #include <immintrin.h>
 #include <omp.h>
 
@@ -26,6 +31,14 @@ struct Problem {
   float* out;            // [M][N]
   int64_t M, N, K;
   bool int4;
+};
+
+// x quantized for the integer-dot path (quant_dot_impl.h).
+struct XQ {
+  const int8_t* q;    // [M][K] (int4: pairs of blocks permuted, see quant_dot_impl.h)
+  const float* d;     // int8: [M][nb] dx; int4: [M][npairs][8] = dxA x4, dxB x4 (+ [8] for an odd last block)
+  const float* xs;    // int4: [M][K / G] per-group sums of the dequantized x; else nullptr
+  int64_t ld_d, ld_xs;
 };
 
 #pragma GCC push_options
@@ -63,6 +76,17 @@ struct T {
   }
 };
 #include "quant_impl.h"
+struct D {
+  static inline __m256i dot(__m256i acc, __m256i u, __m256i s) {
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
+  }
+  static inline __m256i dot2(__m256i acc, __m256i u1, __m256i s1, __m256i u2, __m256i s2) {
+    // (callers keep |u1.s1 pair| + |u2.s2 pair| < 2^15: int4 weights only)
+    const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(u1, s1), _mm256_maddubs_epi16(u2, s2));
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(p, _mm256_set1_epi16(1)));
+  }
+};
+#include "quant_dot_impl.h"
 }  // namespace avx2
 #pragma GCC pop_options
 
@@ -95,6 +119,21 @@ struct T {
 };
 #include "quant_impl.h"
 }  // namespace avx512
+#pragma GCC pop_options
+
+// AVX-512 VNNI (Cascade Lake+, Zen 4): the same 256-bit integer-dot code with vpdpbusd (EVEX, needs VL). Chosen at
+// run time by __builtin_cpu_supports; never executed on the AVX2-only development machine.
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")
+namespace vnni {
+struct D {
+  static inline __m256i dot(__m256i acc, __m256i u, __m256i s) { return _mm256_dpbusd_epi32(acc, u, s); }
+  static inline __m256i dot2(__m256i acc, __m256i u1, __m256i s1, __m256i u2, __m256i s2) {
+    return _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(acc, u1, s1), u2, s2);
+  }
+};
+#include "quant_dot_impl.h"
+}  // namespace vnni
 #pragma GCC pop_options
 
 constexpr int kISA_AVX2 = 1, kISA_AVX512 = 2;
@@ -181,6 +220,46 @@ int hq_linear(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, con
     else
       avx2::run(p, c0, c1);
   });
+  return 0;
+}
+
+// Same arguments and result layout as hq_linear; x quantized to int8 blocks of 32 first (see the top of this file).
+// Returns 0 or a negative error.
+int hq_linear_dot(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, const void* w, int int4, int64_t N,
+                  int64_t ldw, const float* scales, const float* mins, int64_t ldg, int64_t group, const float* bias,
+                  float* out, int isa, int nthreads) {
+  using namespace hq;
+  if (isa != kISA_AVX2 && isa != kISA_AVX512) return -1;
+  if (x_dtype < 0 || x_dtype > 2) return -2;
+  if (K % 32 || group % 32 || group <= 0 || K % group) return -3;
+  if (int4 && mins == nullptr) return -4;
+  if (M <= 0 || N <= 0) return 0;
+  static const bool has_vnni = __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl");
+  const bool use_vnni = isa == kISA_AVX512 && has_vnni;
+  std::vector<float> buf;
+  const float* xp = pack_x(x, x_dtype, M, K, ldx, buf);
+  const int64_t nb = K / 32, ld_d = int4 ? (nb / 2 + nb % 2) * 8 : nb, ld_xs = int4 ? K / group : 0;
+  // x rows in chunks of MB: each chunk's int8 copy (MB x K bytes) stays in L2 while the weights stream past it.
+  constexpr int64_t MB = 32;
+  const int64_t mb_max = std::min(MB, M);
+  std::vector<int8_t> q(mb_max * K);
+  std::vector<float> d(mb_max * ld_d), xs(std::max<int64_t>(1, mb_max * ld_xs));
+  for (int64_t m0 = 0; m0 < M; m0 += MB) {
+    const int64_t mb = std::min(MB, M - m0);
+    for (int64_t m = 0; m < mb; ++m)
+      avx2::quantize_x_row(xp + (m0 + m) * K, K, int4 != 0, group, q.data() + m * K, d.data() + m * ld_d,
+                           int4 ? xs.data() + m * ld_xs : nullptr);
+    Problem p{nullptr, w, ldw, scales, mins, ldg, group / 32, bias, out + m0 * N, mb, N, K, int4 != 0};
+    const XQ xq{q.data(), d.data(), int4 ? xs.data() : nullptr, ld_d, ld_xs};
+    // Rows in units of 4 (the M = 1 tile), split evenly between threads.
+    parallel((N + 3) / 4, nthreads, [&](int64_t c0, int64_t c1) {
+      const int64_t n0 = c0 * 4, n1 = std::min(N, c1 * 4);
+      if (use_vnni)
+        vnni::run_dot(p, xq, n0, n1);
+      else
+        avx2::run_dot(p, xq, n0, n1);
+    });
+  }
   return 0;
 }
 

@@ -1,0 +1,249 @@
+// Integer-dot body of the quantized decode GEMM (small M): x is quantized once per call to int8 blocks of 32
+// (llama.cpp's Q8_0/Q8_1 activations), then y[m][n] = sum over blocks of scale products times integer dot products.
+// Included by quant.cpp inside a namespace providing, under the matching `#pragma GCC target`:
+//   struct D { static __m256i dot(__m256i acc, __m256i u, __m256i s); }   acc (8 x s32) += sums of 4 adjacent u8*s8
+//   (and dot2(acc, u1, s1, u2, s2) = dot(dot(acc, u1, s1), u2, s2))
+// (AVX2: maddubs + madd with ones; AVX-512 VNNI: one vpdpbusd). Both are exact here: |u8 * s8| pairs stay below
+// 2^15 (int8 weights: 127 * 128 * 2 = 32512; int4: 15 * 127 * 2), so maddubs never saturates.
+//
+// Math (XQ = the quantized activations, see quantize_x): per block b of 32, x ~ dx[b] * qx[b][i] (qx in -127..127,
+// dx = amax / 127, round-half-even), and the result is exactly the dequantized weights times that dequantized x up
+// to fp32 summation order:
+//   int8 w = q * s[g]          : y = sum_b s[g(b)] * dx[b] * (q . qx)_b
+//   int4 w = q * s[g] + mn[g]  : y = sum_b s[g(b)] * dx[b] * (q . qx)_b + sum_g mn[g] * xs[g],
+//                                xs[g] = sum over blocks b of group g of dx[b] * sum_i qx[b][i]  (precomputed)
+// int4 works on pairs of blocks (2j, 2j + 1): one 32-byte load holds both blocks' nibbles, low nibbles = elements
+// 0..15 of each, high nibbles = 16..31; quantize_x stores qx of a pair as [A0..15 B0..15 A16..31 B16..31] so that
+// maddubs(lo, qx[0:32]) + maddubs(hi, qx[32:64]) has block A in the low 128-bit lane and B in the high one.
+// (XQ, the quantized x, is defined in quant.cpp.)
+
+
+static inline float hsum8(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+static inline float dot_f32(const float* a, const float* b, int64_t n) {
+  __m256 acc = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
+  float s = hsum8(acc);
+  for (; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+// One row of x (K floats) -> XQ row m. int4: pair-permuted qx, dx per pair vector, group sums (G weights a group).
+static void quantize_x_row(const float* x, int64_t K, bool int4, int64_t G, int8_t* q, float* d, float* xs) {
+  const int64_t nb = K / 32;
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  float dxs[2], sums[2];
+  for (int64_t b = 0; b < nb; ++b) {
+    const float* p = x + b * 32;
+    __m256 v[4];
+    __m256 mx = _mm256_setzero_ps();
+    for (int i = 0; i < 4; ++i) {
+      v[i] = _mm256_loadu_ps(p + 8 * i);
+      mx = _mm256_max_ps(mx, _mm256_andnot_ps(sign, v[i]));
+    }
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    const float amax = _mm_cvtss_f32(m4);
+    const float dx = amax / 127.0f;
+    const float id = dx > 0.0f ? 1.0f / dx : 0.0f;
+    const __m256 vid = _mm256_set1_ps(id);
+    __m256i iq[4];
+    for (int i = 0; i < 4; ++i) iq[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], vid));  // round half to even
+    // s32 -> s8 in element order: packs interleave 128-bit lanes, the permute restores 0..31.
+    const __m256i s16 = _mm256_packs_epi32(iq[0], iq[1]), t16 = _mm256_packs_epi32(iq[2], iq[3]);
+    __m256i s8 = _mm256_packs_epi16(s16, t16);
+    s8 = _mm256_permutevar8x32_epi32(s8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    const __m256i t = _mm256_add_epi32(_mm256_add_epi32(iq[0], iq[1]), _mm256_add_epi32(iq[2], iq[3]));
+    __m128i t4 = _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
+    t4 = _mm_add_epi32(t4, _mm_shuffle_epi32(t4, 0x4E));
+    t4 = _mm_add_epi32(t4, _mm_shuffle_epi32(t4, 0xB1));
+    const int32_t sum = _mm_cvtsi128_si32(t4);
+    if (!int4) {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + b * 32), s8);
+      d[b] = dx;
+      continue;
+    }
+    const int64_t pair = b / 2, half = b % 2;
+    const bool odd_last = (nb % 2) && b == nb - 1;
+    if (odd_last) {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + b * 32), s8);  // natural order, lanes = lo | hi
+    } else {
+      int8_t* o = q + pair * 64 + half * 16;
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(o), _mm256_castsi256_si128(s8));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(o + 32), _mm256_extracti128_si256(s8, 1));
+    }
+    dxs[half] = dx;
+    sums[half] = dx * (float)sum;
+    if (half == 1 || odd_last) {
+      float* dd = d + pair * 8;
+      for (int i = 0; i < 4; ++i) dd[i] = dxs[0], dd[4 + i] = half ? dxs[1] : dxs[0];
+    }
+    const int64_t g = b * 32 / G;
+    if (b * 32 % G == 0) xs[g] = 0.0f;
+    xs[g] += sums[half];
+  }
+}
+
+// acc (8 x s32) of a pair of int4 blocks against x's pair-permuted 64 bytes.
+static inline __m256i u4_pair(__m256i acc, __m256i lo, __m256i hi, const int8_t* qx) {
+  return D::dot2(acc, lo, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qx)), hi,
+                 _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qx + 32)));
+}
+
+// Weight scale vector of pair j: [s(2j) x4, s(2j+1) x4].
+template <bool kSameGroup>
+static inline __m256 pair_scales(const float* s, int64_t j, int64_t spg) {
+  if constexpr (kSameGroup) {
+    return _mm256_broadcast_ss(s + (2 * j) / spg);
+  } else {
+    return _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_broadcast_ss(s + (2 * j) / spg)),
+                                _mm_broadcast_ss(s + (2 * j + 1) / spg), 1);
+  }
+}
+
+// Rows [n0, n0 + NR) x rows [m0, m0 + MR): out = int4 weights . XQ.
+template <int MR, int NR, bool kSameGroup>
+static inline void micro_u4(const Problem& a, const XQ& xq, int64_t m0, int64_t n0) {
+  const int64_t nb = a.K / 32, np = nb / 2, spg = a.sb_per_group;
+  const __m256i mask = _mm256_set1_epi8(0x0F);
+  __m256 acc[MR][NR];
+  for (int m = 0; m < MR; ++m)
+    for (int r = 0; r < NR; ++r) acc[m][r] = _mm256_setzero_ps();
+  const uint8_t* w[NR];
+  const float* sc[NR];
+  for (int r = 0; r < NR; ++r) {
+    w[r] = static_cast<const uint8_t*>(a.w) + (n0 + r) * a.ldw;
+    sc[r] = a.scales + (n0 + r) * a.ldg;
+  }
+  for (int64_t j = 0; j < np; ++j) {
+    __m256i lo[NR], hi[NR];
+    __m256 ws[NR];
+    for (int r = 0; r < NR; ++r) {
+      const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[r] + j * 32));
+      lo[r] = _mm256_and_si256(b, mask);
+      hi[r] = _mm256_and_si256(_mm256_srli_epi16(b, 4), mask);
+      ws[r] = pair_scales<kSameGroup>(sc[r], j, spg);
+    }
+    for (int m = 0; m < MR; ++m) {
+      const int8_t* qx = xq.q + (m0 + m) * a.K + j * 64;
+      const __m256 dx = _mm256_loadu_ps(xq.d + (m0 + m) * xq.ld_d + j * 8);
+      for (int r = 0; r < NR; ++r) {
+        const __m256i p = u4_pair(_mm256_setzero_si256(), lo[r], hi[r], qx);
+        acc[m][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(dx, ws[r]), acc[m][r]);
+      }
+    }
+  }
+  if (nb % 2) {  // odd last block: natural order, 16 bytes -> [lo | hi] in one register
+    const int64_t b = nb - 1;
+    for (int r = 0; r < NR; ++r) {
+      const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w[r] + b * 16));
+      const __m256i q = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), mask);
+      const __m256 ws = _mm256_broadcast_ss(sc[r] + b / spg);
+      for (int m = 0; m < MR; ++m) {
+        const __m256i p = D::dot(_mm256_setzero_si256(), q,
+                                 _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq.q + (m0 + m) * a.K + b * 32)));
+        const __m256 dx = _mm256_loadu_ps(xq.d + (m0 + m) * xq.ld_d + np * 8);
+        acc[m][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(dx, ws), acc[m][r]);
+      }
+    }
+  }
+  const int64_t ng = a.K / (32 * spg);
+  for (int m = 0; m < MR; ++m)
+    for (int r = 0; r < NR; ++r) {
+      const int64_t n = n0 + r;
+      float s = hsum8(acc[m][r]) + dot_f32(a.mins + n * a.ldg, xq.xs + (m0 + m) * xq.ld_xs, ng);
+      if (a.bias) s += a.bias[n];
+      a.out[(m0 + m) * a.N + n] = s;
+    }
+}
+
+// 32 int8 weights x 32 int8 activations, signed x signed: |w| (u8) times x with w's sign.
+static inline __m256i i8_block(__m256i acc, __m256i w, const int8_t* qx) {
+  const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qx));
+  return D::dot(acc, _mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
+}
+
+// Same for int8 weights. kPerChannel: one scale for the row, applied once at the end.
+template <int MR, int NR, bool kPerChannel>
+static inline void micro_i8(const Problem& a, const XQ& xq, int64_t m0, int64_t n0) {
+  const int64_t nb = a.K / 32, spg = a.sb_per_group;
+  __m256 acc[MR][NR];
+  for (int m = 0; m < MR; ++m)
+    for (int r = 0; r < NR; ++r) acc[m][r] = _mm256_setzero_ps();
+  const int8_t* w[NR];
+  const float* sc[NR];
+  for (int r = 0; r < NR; ++r) {
+    w[r] = static_cast<const int8_t*>(a.w) + (n0 + r) * a.ldw;
+    sc[r] = a.scales + (n0 + r) * a.ldg;
+  }
+  for (int64_t b = 0; b < nb; ++b) {
+    __m256i wv[NR];
+    for (int r = 0; r < NR; ++r) wv[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[r] + b * 32));
+    for (int m = 0; m < MR; ++m) {
+      const int8_t* qx = xq.q + (m0 + m) * a.K + b * 32;
+      const float dx = xq.d[(m0 + m) * xq.ld_d + b];
+      for (int r = 0; r < NR; ++r) {
+        const __m256i p = i8_block(_mm256_setzero_si256(), wv[r], qx);
+        const __m256 f = kPerChannel ? _mm256_set1_ps(dx) : _mm256_set1_ps(dx * sc[r][b / spg]);
+        acc[m][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), f, acc[m][r]);
+      }
+    }
+  }
+  for (int m = 0; m < MR; ++m)
+    for (int r = 0; r < NR; ++r) {
+      const int64_t n = n0 + r;
+      float s = hsum8(acc[m][r]);
+      if (kPerChannel) s *= sc[r][0];
+      if (a.bias) s += a.bias[n];
+      a.out[(m0 + m) * a.N + n] = s;
+    }
+}
+
+template <int MR, int NR>
+static inline void micro_dot(const Problem& a, const XQ& xq, int64_t m0, int64_t n0) {
+  if (a.int4) {
+    if (a.sb_per_group % 2 == 0)
+      micro_u4<MR, NR, true>(a, xq, m0, n0);
+    else
+      micro_u4<MR, NR, false>(a, xq, m0, n0);
+  } else {
+    if (a.sb_per_group * 32 == a.K)
+      micro_i8<MR, NR, true>(a, xq, m0, n0);
+    else
+      micro_i8<MR, NR, false>(a, xq, m0, n0);
+  }
+}
+
+template <int MR, int NR>
+static inline void micro_dot_mr(int mr, const Problem& a, const XQ& xq, int64_t m0, int64_t n0) {
+  if constexpr (MR >= 1) {
+    if (mr == MR) return micro_dot<MR, NR>(a, xq, m0, n0);
+    micro_dot_mr<MR - 1, NR>(mr, a, xq, m0, n0);
+  }
+}
+
+// Output rows [n_begin, n_end) for all M rows of x. M == 1: 4 weight rows at a time (independent accumulators);
+// M > 1: up to kDotMR x rows per weight row, so each weight row (a few KiB) is unpacked once per x tile and re-read
+// from L1 by the next tile; x (M x K bytes, M <= 32 per call of this) stays in L2.
+// M > 1 tile: 4 x rows per weight row (measured on the 2-core AVX2 EPYC, 1 thread, CPU time, M = 8: 4 x 1 beat 2 x 2,
+// 4 x 2 and 8 x 1, which spill accumulators or unpacked weights out of the 16 ymm registers).
+constexpr int64_t kDotMR = 4, kDotNR = 1;
+static void run_dot(const Problem& a, const XQ& xq, int64_t n_begin, int64_t n_end) {
+  constexpr int64_t MB = kDotMR;
+  for (int64_t n = n_begin; n < n_end;) {
+    if (a.M == 1 && n + 4 <= n_end) {
+      micro_dot<1, 4>(a, xq, 0, n);
+      n += 4;
+    } else {
+      for (int64_t m0 = 0; m0 < a.M; m0 += MB) micro_dot_mr<MB, kDotNR>((int)std::min(MB, a.M - m0), a, xq, m0, n);
+      n += kDotNR;
+    }
+  }
+}
