@@ -6,37 +6,12 @@ from torch import nn
 
 from hearth.config import HFConfig
 from hearth.layers.activation import ACT_AND_MUL
-from hearth.layers.attention import Attention, AttentionMetadata
-from hearth.layers.embedding import Embedding
+from hearth.layers.attention import AttentionMetadata
 from hearth.layers.linear import Linear
 from hearth.layers.norm import RMSNorm
-from hearth.layers.rotary import get_rope
-from hearth.models.blocks import PreNormDecoderLayer
+from hearth.layers.rotary import RotaryEmbedding, get_rope
+from hearth.models.blocks import DecoderModel, PreNormDecoderLayer, QKVAttention
 from hearth.models.common import CausalLMBase
-
-
-class LlamaAttention(nn.Module):
-    def __init__(self, cfg: HFConfig, max_len: int, qkv_bias: bool, sliding_window: int | None = None) -> None:
-        super().__init__()
-        self.num_heads = cfg["num_attention_heads"]
-        self.num_kv_heads = cfg.num_kv_heads_
-        self.head_dim = cfg.head_dim_
-        q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        self.qkv_proj = Linear(cfg["hidden_size"], q + 2 * kv, bias=qkv_bias, shard_sizes={"q": q, "k": kv, "v": kv})
-        # HF Llama's attention_bias covers o_proj too; Qwen2's qkv bias does not.
-        self.o_proj = Linear(q, cfg["hidden_size"], bias=qkv_bias and bool(cfg.get("attention_bias", False)))
-        self.rotary_emb = get_rope(cfg, self.head_dim, max_len)
-        self.attn = Attention(self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim ** -0.5, sliding_window)
-        self.q_size, self.kv_size = q, kv
-
-    def forward(self, positions: torch.Tensor, x: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        qkv = self.qkv_proj(x)
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(-1, self.num_heads, self.head_dim)  # [T, H, D]
-        k = k.view(-1, self.num_kv_heads, self.head_dim)
-        v = v.view(-1, self.num_kv_heads, self.head_dim)
-        q, k = self.rotary_emb(positions, q, k)
-        return self.o_proj(self.attn(q, k, v, meta))
 
 
 class LlamaMLP(nn.Module):
@@ -51,33 +26,15 @@ class LlamaMLP(nn.Module):
         return self.down_proj(self.act_and_mul(self.gate_up_proj(x)))
 
 
-class LlamaDecoderLayer(PreNormDecoderLayer):
-    def __init__(self, cfg: HFConfig, max_len: int, qkv_bias: bool, sliding_window: int | None) -> None:
-        eps = cfg.get("rms_norm_eps", 1e-6)
-        super().__init__(
-            attn=LlamaAttention(cfg, max_len, qkv_bias, sliding_window),
-            mlp=LlamaMLP(cfg["hidden_size"], cfg["intermediate_size"], cfg.get("hidden_act", "silu"),
-                         bool(cfg.get("mlp_bias", False))),
-            input_norm=RMSNorm(cfg["hidden_size"], eps),
-            pre_mlp_norm=RMSNorm(cfg["hidden_size"], eps))
-
-
-class LlamaModel(nn.Module):
-    def __init__(self, cfg: HFConfig, max_len: int, qkv_bias: bool = False) -> None:
-        super().__init__()
-        self.embed_tokens = Embedding(cfg["vocab_size"], cfg["hidden_size"])
-        sliding_window = cfg.get("sliding_window") if cfg.get("use_sliding_window", True) else None
-        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, max_len, qkv_bias, sliding_window)
-                                    for _ in range(cfg["num_hidden_layers"]))
-        self.norm = RMSNorm(cfg["hidden_size"], cfg.get("rms_norm_eps", 1e-6))
-
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        x = self.embed_tokens(input_ids)
-        residual = None
-        for layer in self.layers:
-            x, residual = layer(positions, x, residual, meta)
-        x, _ = self.norm(x, residual)
-        return x
+def llama_layer(cfg: HFConfig, rope: RotaryEmbedding, qkv_bias: bool,
+                sliding_window: int | None) -> PreNormDecoderLayer:
+    hidden, head_dim, eps = cfg["hidden_size"], cfg.head_dim_, cfg.get("rms_norm_eps", 1e-6)
+    # HF Llama's attention_bias covers o_proj too; Qwen2's qkv bias does not.
+    attn = QKVAttention(hidden, cfg["num_attention_heads"], cfg.num_kv_heads_, head_dim, rope, head_dim ** -0.5,
+                        qkv_bias=qkv_bias, o_bias=qkv_bias and bool(cfg.get("attention_bias", False)),
+                        sliding_window=sliding_window)
+    mlp = LlamaMLP(hidden, cfg["intermediate_size"], cfg.get("hidden_act", "silu"), bool(cfg.get("mlp_bias", False)))
+    return PreNormDecoderLayer(attn, mlp, RMSNorm(hidden, eps), RMSNorm(hidden, eps))
 
 
 class LlamaForCausalLM(CausalLMBase):
@@ -86,7 +43,11 @@ class LlamaForCausalLM(CausalLMBase):
     def __init__(self, cfg: HFConfig, max_len: int) -> None:
         super().__init__()
         self.tie_word_embeddings = bool(cfg.get("tie_word_embeddings", False))
-        self.model = LlamaModel(cfg, max_len, qkv_bias=self.qkv_bias or bool(cfg.get("attention_bias", False)))
+        qkv_bias = self.qkv_bias or bool(cfg.get("attention_bias", False))
+        rope = get_rope(cfg, cfg.head_dim_, max_len)  # NOTE: one cos/sin table shared by every layer
+        window = cfg.get("sliding_window") if cfg.get("use_sliding_window", True) else None
+        layers = [llama_layer(cfg, rope, qkv_bias, window) for _ in range(cfg["num_hidden_layers"])]
+        self.model = DecoderModel(cfg, layers, RMSNorm(cfg["hidden_size"], cfg.get("rms_norm_eps", 1e-6)))
         if not self.tie_word_embeddings:
             self.lm_head = Linear(cfg["hidden_size"], cfg["vocab_size"])
 
