@@ -427,6 +427,20 @@ class GGUFCheckpoint:
             finally:
                 buf.close()
 
+    def head_blocks(self, keep_quantized: frozenset[str]) -> GGUFBlocks | None:
+        """The LM head's blocks (output.weight, else the tied token_embd.weight) if its type is in keep_quantized."""
+        infos = {info.name: (part, info) for part in self._parts for info in part.tensors}
+        found = infos.get("output.weight") or infos.get("token_embd.weight")
+        if found is None or _TYPES[found[1].ggml_type][0] not in keep_quantized:
+            return None
+        part, info = found
+        with open(part.path, "rb") as f:
+            buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        try:
+            return self._blocks(buf, info, "lm_head.weight")
+        finally:
+            buf.close()
+
     def _blocks(self, buf: mmap.mmap, info: _TensorInfo, hf: str) -> GGUFBlocks:
         """Raw rows of a block-quantized weight; q/k rows un-permuted (rows of block formats are independent)."""
         _, block, block_bytes = _TYPES[info.ggml_type]

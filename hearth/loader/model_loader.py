@@ -175,6 +175,11 @@ def _load_gguf(path: str, args: EngineArgs) -> LoadedModel:
     scheme = _quantization(args.quantization, True)
     keep = KEPT_NAMES if scheme == "gguf" else frozenset()
     model = _build(arch, hf_cfg, max_len, dtype, ckpt.tensors(dtype, keep), scheme)
+    head = ckpt.head_blocks(keep) if keep else None
+    if head is not None and tuple(head.shape) == (hf_cfg["vocab_size"], hf_cfg["hidden_size"]):
+        # The LM head reads the largest matrix of a small model every step: keep it in its (exactly repacked)
+        # blocks too; the embedding keeps its dense table for row lookups.
+        model.lm_head_qweight = head.repack()
     eos = list(ckpt.eos_token_ids) or _eos_ids({}, hf_cfg, tokenizer)
     name = args.served_model_name or os.path.basename(path).removesuffix(".gguf")
     mc = ModelConfig(path, hf_cfg, arch, dtype, max_len, eos, ckpt.bos_token_id, True, name)

@@ -31,9 +31,17 @@ class CausalLMBase(nn.Module):
     tie_word_embeddings: bool = False
     final_logit_softcap: float | None = None
 
+    # The head's weight kept quantized (GGUF head tensors of a kept type); None: the dense weight below.
+    lm_head_qweight = None
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        weight = self.model.embed_tokens.weight if self.tie_word_embeddings else self.lm_head.weight
-        logits = kernels.linear(hidden, weight).float()
+        if self.lm_head_qweight is not None:
+            from hearth.kernels import quant
+
+            logits = quant.linear(hidden, self.lm_head_qweight).float()
+        else:
+            weight = self.model.embed_tokens.weight if self.tie_word_embeddings else self.lm_head.weight
+            logits = kernels.linear(hidden, weight).float()
         if self.final_logit_softcap:
             logits = torch.tanh(logits / self.final_logit_softcap) * self.final_logit_softcap
         return logits

@@ -48,7 +48,7 @@ def _quant_layers(llm: LLM) -> list[QuantLinear]:
 @pytest.fixture(scope="module")
 def dense():
     llm, outs = _greedy("none")
-    assert not _quant_layers(llm)
+    assert not _quant_layers(llm) and llm.engine.model.lm_head_qweight is None
     return outs
 
 
@@ -65,6 +65,8 @@ def _check_q4_1_layers(llm: LLM) -> None:
     layers = _quant_layers(llm)
     assert len(layers) == 30 * 4  # 30 blocks x (qkv, o, gate_up, down): all Q4_1 in this file
     assert all(m.qweight is not None and m.qweight.bits == 4 and m.qweight.group == 32 for m in layers)
+    head = llm.engine.model.lm_head_qweight  # the tied Q8_0 token_embd, kept in its blocks for the LM head
+    assert head is not None and head.bits == 8 and tuple(head.shape) == (49152, 576)
 
 
 def test_q4_1_kept_quantized_float_activations_equals_dequantized(dense, monkeypatch) -> None:
