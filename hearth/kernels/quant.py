@@ -11,14 +11,17 @@ one fma, which is exactly what gguf.quants.dequantize gives for Q8_0, Q4_0, Q4_1
 with float activations, give the dequantized float model's results up to summation order).
 
 Decode kernels (M <= MAX_KERNEL_M), two variants (ACTIVATIONS):
-  "int8" (default)  x is quantized once per call to int8 blocks of 32 (scale amax / 127, round half to even; see
+  "int8"            x is quantized once per call to int8 blocks of 32 (scale amax / 127, round half to even; see
                     quantize_activations), then integer dot products (AVX2 maddubs + madd, or AVX-512 VNNI vpdpbusd
                     where the CPU has it) and one float fma per block: llama.cpp's Q8 activation scheme. The result
                     is exactly dequantized weights x int8-rounded activations up to fp32 summation order; vs fp32 x
                     each output moves by at most sum_k |w_k| * amax(block of k) / 254.
-  "float"           x stays fp32 and weights are dequantized in registers: the dequantized float model's results up
-                    to summation order (HEARTH_QUANT_ACT=float), but compute-bound at ~4 vector ops per weight.
-On the 2-core AVX2 EPYC the int8 path is ~3-5x faster at M = 1 (close to memory bandwidth) and ~2-4x at M = 8.
+  "float" (default) x stays fp32 and weights are dequantized in registers: the dequantized float model's results up
+                    to summation order, but compute-bound at ~4 vector ops per weight.
+On the 2-core AVX2 EPYC the int8 path is ~3-5x faster per linear at M = 1 and ~2-4x at M = 8 (HEARTH_QUANT_ACT=int8).
+Why float is the default: on the bundled SmolLM2 Q4_1, "What is the capital of France?" starts with a near tie ("The"
+-1.88 vs "L" -1.96); int8 activations flip it and the answer derails ("L'Etoile, la Marseillaise, ..."), exactly as
+llama.cpp's llama-server answers on the same file, while float activations answer "The capital of France is Paris.".
 
 Why own kernels: torch's `_weight_int8pack_mm` / `_weight_int4pack_mm_for_cpu` on torch 2.13 (this 2-core AVX2
 EPYC) take ~30-50 ms for a 2048x5632 weight at M=1 with fp32 x (a scalar path; ~1.2-1.5 ms with bf16 x, which
@@ -44,8 +47,8 @@ MAX_KERNEL_M = 128
 # Decode-shape kernel: "int8" quantizes x per call to int8 blocks of 32 and uses integer dot products (memory-bound
 # on AVX2; results = dequantized weights x int8-rounded activations, like llama.cpp), "float" keeps x in fp32 and
 # dequantizes the weights in registers (exactly the dequantized float model up to summation order, ~2-4x slower).
-# HEARTH_QUANT_ACT=float selects the latter process-wide.
-ACTIVATIONS = "float" if os.environ.get("HEARTH_QUANT_ACT", "").strip().lower() in ("float", "fp32", "f32") else "int8"
+# HEARTH_QUANT_ACT=int8 selects the former process-wide; float (exact) is the default, see the module doc.
+ACTIVATIONS = "int8" if os.environ.get("HEARTH_QUANT_ACT", "").strip().lower() in ("int8", "i8", "q8") else "float"
 # fp32 elements per dequantized tile in the prefill path (16 MiB).
 _TILE_ELEMS = 4 << 20
 

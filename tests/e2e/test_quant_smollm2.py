@@ -1,10 +1,9 @@
 """Quantized paths on the real bundled SmolLM2 (a Q4_1 GGUF), greedy, offline API.
 
-- Default load keeps Q4_1 quantized (hearth int4, group 32). Its decode kernels round activations to int8 blocks of 32
-  (hearth.kernels.quant.ACTIVATIONS, llama.cpp's scheme): greedy tokens equal the dequantized fp32 model's
-  (`--quantization none`, gguf.quants dequantization), or first differ where fp32's top-2 logits are within
-  INT8_MARGIN. With float activations (HEARTH_QUANT_ACT=float) they are equal: same weights, same math up to
-  summation order.
+- Default load keeps Q4_1 quantized (hearth int4, group 32). With float activations (the default) greedy tokens equal
+  the dequantized fp32 model's (`--quantization none`, gguf.quants dequantization): same weights, same math up to
+  summation order. With activations rounded to int8 blocks of 32 (HEARTH_QUANT_ACT=int8, llama.cpp's scheme) they
+  equal it or first differ where fp32's top-2 logits are within INT8_MARGIN.
 - `--quantization int8` (per-channel, from the dequantized fp32 weights): greedy tokens equal fp32's, or first
   differ at a step where fp32's top-2 logits are within INT8_MARGIN.
 """

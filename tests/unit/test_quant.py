@@ -46,6 +46,11 @@ def _qweights(w: torch.Tensor) -> list[quant.QWeight]:
     return out
 
 
+def _default_reference(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """What quant.linear's kernel computes with the process-wide activation mode (quant.ACTIVATIONS)."""
+    return (_act_reference if quant.ACTIVATIONS == "int8" else _reference)(x, w, bias)
+
+
 def _act_reference(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """What the int8-activation kernels compute: the int8-rounded x times the dequantized weights."""
     return _reference(quant.quantize_activations(x.float().reshape(-1, x.shape[-1])).reshape(x.shape), w, bias)
@@ -95,16 +100,16 @@ def test_linear_dispatch_dtypes_strides_and_prefill() -> None:
     w = torch.randn(96, 256, generator=g) / 16
     qw = quant.quantize_int4(w, 64)
     wd = quant.dequantize(qw)
-    for shape in ((1, 1), (2, 7), (1, quant.MAX_KERNEL_M)):  # kernel (int8 activations; x rows in chunks of 32)
+    for shape in ((1, 1), (2, 7), (1, quant.MAX_KERNEL_M)):  # kernel (x rows in chunks of 32)
         x = torch.randn(*shape, 300, generator=g)[..., 10:266]  # strided rows
-        _close(quant.linear(x, qw), _act_reference(x, wd, None))
+        _close(quant.linear(x, qw), _default_reference(x, wd, None))
     x = torch.randn(2, quant.MAX_KERNEL_M + 5, 300, generator=g)[..., 10:266]  # dequantized tiles + torch GEMM
     _close(quant.linear(x, qw), _reference(x, wd, None))
     x = torch.randn(3, 256, generator=g)
     for dt in (torch.bfloat16, torch.float16):
         y = quant.linear(x.to(dt), qw)
         assert y.dtype == dt
-        _close(y.float(), _act_reference(x.to(dt), wd, None), tol=1e-2)
+        _close(y.float(), _default_reference(x.to(dt), wd, None), tol=1e-2)
 
 
 def test_quantize_error_bounds() -> None:
@@ -145,7 +150,7 @@ def test_gguf_repack_equals_gguf_dequantize(qtype: Q) -> None:
     assert torch.equal(quant.dequantize(blocks.index_rows(perm).repack()), ref[perm])
     if quant.available():
         x = torch.randn(3, k)
-        _close(quant.linear(x, qw), _act_reference(x, ref, None))
+        _close(quant.linear(x, qw), _default_reference(x, ref, None))
         _close(quant._run(x, qw, None, act="float"), _reference(x, ref, None))
 
 
@@ -161,7 +166,7 @@ def test_quant_linear_merged_shards_and_dense_fallback() -> None:
     lin.load_shard("bias", None, torch.arange(128.0))
     assert lin.qweight is not None and lin.qweight.group == 64 and lin.weight.dtype == torch.uint8
     wd = torch.cat([quant.dequantize(quant.quantize_int4(w, 64)) for w in ws.values()])
-    ref = _act_reference if quant.available() else _reference
+    ref = _default_reference if quant.available() else _reference
     _close(lin(x), ref(x, wd, torch.arange(128.0)))
     # gguf: all shards Q4_0/Q4_1 -> int4; a Q8_0 shard among them -> dense, exactly the dequantized floats
     raws = {name: (qt, gguf.quants.quantize(w.numpy(), qt))
