@@ -91,6 +91,21 @@ static void quantize_x_row(const float* x, int64_t K, bool int4, int64_t G, int8
   }
 }
 
+// Software prefetch. M > 1 tiles (compute-bound): each weight row kPrefetchBytes ahead of the current block.
+// M = 1 (kPrefetchNext; memory-bound): while a tile of NR rows is processed, the NEXT tile (rows n0 + NR .., the
+// following NR * ldw bytes, plus its scales and mins) is prefetched in address order, a slice of `step` bytes per
+// block. Measured on the 2-core Zen 3 VM, 1 thread, K = 2048 (GB/s incl. scales and mins): 32000 rows (50 MB, not
+// in L3) int4-g32 5.6 -> 10.2, int8 5.8 -> 9.3; 11264 rows 4.9 -> 11.0, 5.4 -> 9.9; 2048 rows (in L3) unchanged.
+// The in-row prefetch 512 bytes ahead did nothing (likely: the lines that miss are the first ones of each new
+// tile). 2 tiles ahead was no better than 1; _MM_HINT_T1 / NTA no different from T0.
+constexpr int64_t kPrefetchBytes = 512;
+
+static inline void prefetch_next(const char* p, int64_t step) {
+  _mm_prefetch(p, _MM_HINT_T0);
+  _mm_prefetch(p + 64, _MM_HINT_T0);  // step is 2 lines when rows are contiguous (4 rows x 32 bytes a block)
+  for (int64_t o = 128; o < step; o += 64) _mm_prefetch(p + o, _MM_HINT_T0);
+}
+
 // acc (8 x s32) of a pair of int4 blocks against x's pair-permuted 64 bytes.
 static inline __m256i u4_pair(__m256i acc, __m256i lo, __m256i hi, const int8_t* qx) {
   return D::dot2(acc, lo, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qx)), hi,
@@ -109,7 +124,7 @@ static inline __m256 pair_scales(const float* s, int64_t j, int64_t spg) {
 }
 
 // Rows [n0, n0 + NR) x rows [m0, m0 + MR): out = int4 weights . XQ.
-template <int MR, int NR, bool kSameGroup>
+template <int MR, int NR, bool kSameGroup, bool kPrefetchNext>
 static inline void micro_u4(const Problem& a, const XQ& xq, int64_t m0, int64_t n0) {
   const int64_t nb = a.K / 32, np = nb / 2, spg = a.sb_per_group;
   const __m256i mask = _mm256_set1_epi8(0x0F);
@@ -122,10 +137,26 @@ static inline void micro_u4(const Problem& a, const XQ& xq, int64_t m0, int64_t 
     w[r] = static_cast<const uint8_t*>(a.w) + (n0 + r) * a.ldw;
     sc[r] = a.scales + (n0 + r) * a.ldg;
   }
+  // Next tile (rows n0 + NR ..): its data, scales and mins are prefetched during this one, see prefetch_next.
+  const char* wn = static_cast<const char*>(a.w) + (n0 + NR) * a.ldw;
+  const char* sn = reinterpret_cast<const char*>(a.scales + (n0 + NR) * a.ldg);
+  const char* mn = reinterpret_cast<const char*>(a.mins + (n0 + NR) * a.ldg);
+  const int64_t wstep = np ? (NR * a.ldw + np - 1) / np : 0, sbytes = NR * a.ldg * 4;
   for (int64_t j = 0; j < np; ++j) {
     __m256i lo[NR], hi[NR];
     __m256 ws[NR];
+    if (kPrefetchNext) {
+      prefetch_next(wn + j * wstep, wstep);
+      if (j * 64 < sbytes) {
+        _mm_prefetch(sn + j * 64, _MM_HINT_T0);
+        _mm_prefetch(mn + j * 64, _MM_HINT_T0);
+      }
+    }
     for (int r = 0; r < NR; ++r) {
+      if (!kPrefetchNext) {
+        _mm_prefetch(reinterpret_cast<const char*>(w[r] + j * 32) + kPrefetchBytes, _MM_HINT_T0);
+        if (j % 8 == 0) _mm_prefetch(reinterpret_cast<const char*>(sc[r] + (2 * j) / spg) + 64, _MM_HINT_T0);
+      }
       const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[r] + j * 32));
       lo[r] = _mm256_and_si256(b, mask);
       hi[r] = _mm256_and_si256(_mm256_srli_epi16(b, 4), mask);
@@ -171,7 +202,7 @@ static inline __m256i i8_block(__m256i acc, __m256i w, const int8_t* qx) {
 }
 
 // Same for int8 weights. kPerChannel: one scale for the row, applied once at the end.
-template <int MR, int NR, bool kPerChannel>
+template <int MR, int NR, bool kPerChannel, bool kPrefetchNext>
 static inline void micro_i8(const Problem& a, const XQ& xq, int64_t m0, int64_t n0) {
   const int64_t nb = a.K / 32, spg = a.sb_per_group;
   __m256 acc[MR][NR];
@@ -183,9 +214,20 @@ static inline void micro_i8(const Problem& a, const XQ& xq, int64_t m0, int64_t 
     w[r] = static_cast<const int8_t*>(a.w) + (n0 + r) * a.ldw;
     sc[r] = a.scales + (n0 + r) * a.ldg;
   }
+  const char* wn = static_cast<const char*>(a.w) + (n0 + NR) * a.ldw;  // next tile, see micro_u4
+  const char* sn = reinterpret_cast<const char*>(a.scales + (n0 + NR) * a.ldg);
+  const int64_t wstep = nb ? (NR * a.ldw + nb - 1) / nb : 0, sbytes = NR * a.ldg * 4;
   for (int64_t b = 0; b < nb; ++b) {
     __m256i wv[NR];
-    for (int r = 0; r < NR; ++r) wv[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[r] + b * 32));
+    if (kPrefetchNext) {
+      prefetch_next(wn + b * wstep, wstep);
+      if (b * 64 < sbytes) _mm_prefetch(sn + b * 64, _MM_HINT_T0);
+    }
+    for (int r = 0; r < NR; ++r) {
+      if (!kPrefetchNext)
+        _mm_prefetch(reinterpret_cast<const char*>(w[r] + b * 32) + kPrefetchBytes, _MM_HINT_T0);  // see micro_u4
+      wv[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[r] + b * 32));
+    }
     for (int m = 0; m < MR; ++m) {
       const int8_t* qx = xq.q + (m0 + m) * a.K + b * 32;
       const float dx = xq.d[(m0 + m) * xq.ld_d + b];
@@ -206,18 +248,18 @@ static inline void micro_i8(const Problem& a, const XQ& xq, int64_t m0, int64_t 
     }
 }
 
-template <int MR, int NR>
+template <int MR, int NR, bool kPrefetchNext = false>
 static inline void micro_dot(const Problem& a, const XQ& xq, int64_t m0, int64_t n0) {
   if (a.int4) {
     if (a.sb_per_group % 2 == 0)
-      micro_u4<MR, NR, true>(a, xq, m0, n0);
+      micro_u4<MR, NR, true, kPrefetchNext>(a, xq, m0, n0);
     else
-      micro_u4<MR, NR, false>(a, xq, m0, n0);
+      micro_u4<MR, NR, false, kPrefetchNext>(a, xq, m0, n0);
   } else {
     if (a.sb_per_group * 32 == a.K)
-      micro_i8<MR, NR, true>(a, xq, m0, n0);
+      micro_i8<MR, NR, true, kPrefetchNext>(a, xq, m0, n0);
     else
-      micro_i8<MR, NR, false>(a, xq, m0, n0);
+      micro_i8<MR, NR, false, kPrefetchNext>(a, xq, m0, n0);
   }
 }
 
@@ -239,7 +281,7 @@ static void run_dot(const Problem& a, const XQ& xq, int64_t n_begin, int64_t n_e
   constexpr int64_t MB = kDotMR;
   for (int64_t n = n_begin; n < n_end;) {
     if (a.M == 1 && n + 4 <= n_end) {
-      micro_dot<1, 4>(a, xq, 0, n);
+      micro_dot<1, 4, true>(a, xq, 0, n);
       n += 4;
     } else {
       for (int64_t m0 = 0; m0 < a.M; m0 += MB) micro_dot_mr<MB, kDotNR>((int)std::min(MB, a.M - m0), a, xq, m0, n);
