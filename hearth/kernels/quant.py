@@ -10,18 +10,29 @@ scales (and, int4, mins) fp32 [N, K/G]. Dequantized weight: int8 q * s; int4 q *
 one fma, which is exactly what gguf.quants.dequantize gives for Q8_0, Q4_0, Q4_1 and Q4_K (so prefill, and decode
 with float activations, give the dequantized float model's results up to summation order).
 
-Decode kernels (M <= MAX_KERNEL_M), two variants (ACTIVATIONS):
+Decode kernels (M <= MAX_KERNEL_M), three variants (ACTIVATIONS; HEARTH_QUANT_ACT=float|int8|int8x2):
+  "int8x2" (default) two-term int8 activations: per block of 32, d1 = amax / 127, q1 = round(x / d1), d2 = d1 / 254,
+                    q2 = round((x - 254 d2 q1) / d2), so x ~ d2 * (254 q1 + q2) with error <= d2 / 2 = amax / 64516
+                    (see quantize_activations_x2, bit-exact to the kernel). Two integer dot chains (maddubs + madd)
+                    on the same unpacked weights, combined in int32 (254 p1 + p2, exact), one float fma per block.
+                    vs fp32 x each output moves by at most sum_k |w_k| * amax(block of k) / 64516: on the bundled
+                    SmolLM2 Q4_1 greedy tokens equal the dequantized model's (tests/e2e/test_quant_smollm2.py).
   "int8"            x is quantized once per call to int8 blocks of 32 (scale amax / 127, round half to even; see
                     quantize_activations), then integer dot products (AVX2 maddubs + madd, or AVX-512 VNNI vpdpbusd
                     where the CPU has it) and one float fma per block: llama.cpp's Q8 activation scheme. The result
                     is exactly dequantized weights x int8-rounded activations up to fp32 summation order; vs fp32 x
                     each output moves by at most sum_k |w_k| * amax(block of k) / 254.
-  "float" (default) x stays fp32 and weights are dequantized in registers: the dequantized float model's results up
+  "float"           x stays fp32 and weights are dequantized in registers: the dequantized float model's results up
                     to summation order, but compute-bound at ~4 vector ops per weight.
-On the 2-core AVX2 EPYC the int8 path is ~3-5x faster per linear at M = 1 and ~2-4x at M = 8 (HEARTH_QUANT_ACT=int8).
-Why float is the default: on the bundled SmolLM2 Q4_1, "What is the capital of France?" starts with a near tie ("The"
--1.88 vs "L" -1.96); int8 activations flip it and the answer derails ("L'Etoile, la Marseillaise, ..."), exactly as
-llama.cpp's llama-server answers on the same file, while float activations answer "The capital of France is Paris.".
+Measured on the 2-core AVX2 Zen 3 VM with a CI run sharing it (1 thread, M = 1, alternated in one process, medians;
+p10-p90 spread ~10-30%), per linear, float / int8 / int8x2: 2048x2048 (in cache) int4-g32 711 / 316 / 393 us, int8
+360 / 156 / 251 us; 32000x2048 (DRAM) int4-g32 16.6 / 5.2 / 5.1 ms, int8 17.7 / 7.3 / 6.9 ms (int8x2 is as
+memory-bound as int8 there). TinyLlama-shape Q4_0 decode step, process CPU ms, 1 thread: float 314, int8x2 138,
+int8 132 (2.3x; ranges +-10-15%); 2 threads under heavy contention: 857 / 482 / 411 CPU ms.
+Why not plain int8 by default: on the bundled SmolLM2 Q4_1, "What is the capital of France?" starts with a near tie
+("The" -1.88 vs "L" -1.96); int8 activations flip it and the answer derails ("L'Etoile, la Marseillaise, ..."),
+exactly as llama.cpp's llama-server answers on the same file, while float and int8x2 activations give the same
+logprobs to 0.01 and answer "The capital of France is Paris.".
 
 Why own kernels: torch's `_weight_int8pack_mm` / `_weight_int4pack_mm_for_cpu` on torch 2.13 (this 2-core AVX2
 EPYC) take ~30-50 ms for a 2048x5632 weight at M=1 with fp32 x (a scalar path; ~1.2-1.5 ms with bf16 x, which
@@ -44,11 +55,13 @@ from hearth.kernels import _build
 # Measured on the 2-core AVX2 EPYC (shared, noisy; medians), W 2048x5632, 2 threads, kernel vs tiles+GEMM:
 # int8 M=64 92 vs 208 ms, M=128 200 vs 248, M=256 399 vs 323; int4 g32 M=128 256 vs 240, M=256 453 vs 280.
 MAX_KERNEL_M = 128
-# Decode-shape kernel: "int8" quantizes x per call to int8 blocks of 32 and uses integer dot products (memory-bound
-# on AVX2; results = dequantized weights x int8-rounded activations, like llama.cpp), "float" keeps x in fp32 and
-# dequantizes the weights in registers (exactly the dequantized float model up to summation order, ~2-4x slower).
-# HEARTH_QUANT_ACT=int8 selects the former process-wide; float (exact) is the default, see the module doc.
-ACTIVATIONS = "int8" if os.environ.get("HEARTH_QUANT_ACT", "").strip().lower() in ("int8", "i8", "q8") else "float"
+# Decode-shape kernel: "int8x2" (default) quantizes x per call to two int8 terms per block of 32 (error amax / 64516)
+# and uses integer dot products; "int8" one term (llama.cpp's scheme, can flip near ties); "float" keeps x in fp32
+# and dequantizes the weights in registers (exactly the dequantized float model up to summation order, ~2-3x slower).
+# HEARTH_QUANT_ACT=float|int8|int8x2 selects one process-wide, see the module doc.
+_ACT_ENV = os.environ.get("HEARTH_QUANT_ACT", "").strip().lower()
+ACTIVATIONS = {"int8": "int8", "i8": "int8", "q8": "int8", "int8x2": "int8x2", "x2": "int8x2",
+               "float": "float", "fp32": "float"}.get(_ACT_ENV, "int8x2")
 # fp32 elements per dequantized tile in the prefill path (16 MiB).
 _TILE_ELEMS = 4 << 20
 
@@ -94,6 +107,8 @@ def _lib() -> ctypes.CDLL | None:
     lib.hq_linear.restype = i32
     lib.hq_linear_dot.argtypes = lib.hq_linear.argtypes
     lib.hq_linear_dot.restype = i32
+    lib.hq_linear_dot2.argtypes = lib.hq_linear.argtypes
+    lib.hq_linear_dot2.restype = i32
     lib.hq_dequant.argtypes = [ptr, i32, i64, i64, ptr, ptr, i64, i64, i64, i64, ptr, i32, i32]
     lib.hq_dequant.restype = i32
     return lib
@@ -171,13 +186,14 @@ def _isa(isa_code: int | None) -> int:
 
 def _run(x: torch.Tensor, qw: QWeight, bias: torch.Tensor | None, isa_code: int | None = None,
          act: str | None = None) -> torch.Tensor:
-    """The C++ kernel on x [M, K] -> fp32 [M, N]; act "int8" (default: ACTIVATIONS) or "float", see the module doc."""
+    """The C++ kernel on x [M, K] -> fp32 [M, N]; act "float", "int8" or "int8x2" (default: ACTIVATIONS), see the
+    module doc."""
     m, k = x.shape
     n = qw.data.shape[0]
     if x.stride(1) != 1 or (m > 1 and x.stride(0) < k):
         x = x.contiguous()
     out = torch.empty(m, n, dtype=torch.float32)
-    fn = _lib().hq_linear_dot if (act or ACTIVATIONS) == "int8" else _lib().hq_linear
+    fn = {"int8": _lib().hq_linear_dot, "int8x2": _lib().hq_linear_dot2, "float": _lib().hq_linear}[act or ACTIVATIONS]
     rc = fn(x.data_ptr(), _DTYPE_CODE[x.dtype], m, k, x.stride(0), qw.data.data_ptr(),
                           int(qw.bits == 4), n, qw.data.stride(0), qw.scales.data_ptr(), _ptr(qw.mins),
                           qw.scales.stride(0), qw.group, _ptr(bias), out.data_ptr(), _isa(isa_code),
@@ -195,6 +211,24 @@ def quantize_activations(x: torch.Tensor) -> torch.Tensor:
     d = xb.abs().amax(-1, keepdim=True) / 127.0
     inv = torch.where(d > 0, 1.0 / d, torch.zeros_like(d))
     return (torch.round(xb * inv) * d).reshape(m, k)
+
+
+def quantize_activations_x2(x: torch.Tensor) -> torch.Tensor:
+    """Reference of the two-term activations of the "int8x2" kernels: x [M, K] fp32 -> d2 * (254 * q1 + q2) per block
+    of 32, bit-identical to the kernel's q1, q2, d2: d1 = amax / 127, q1 = round-half-even(x * fl(1 / d1)),
+    d2 = fl(d1 / 254), r = fl(x - d2 * (254 * q1)) (one rounding: the kernel's fma), q2 = clamp(round-half-even(
+    r * fl(1 / d2)), -127, 127). |x - result| <= d2 / 2 (+ fp32 rounding) = amax / 64516."""
+    m, k = x.shape
+    xb = x.float().reshape(m, k // 32, 32)
+    d1 = xb.abs().amax(-1, keepdim=True) / 127.0
+    inv1 = torch.where(d1 > 0, 1.0 / d1, torch.zeros_like(d1))
+    q1 = torch.round(xb * inv1)
+    d2 = d1 / 254.0
+    inv2 = torch.where(d2 > 0, 1.0 / d2, torch.zeros_like(d2))
+    hi = q1 * 254.0  # exact integers
+    r = (xb.double() - d2.double() * hi.double()).float()  # exact in double, so one rounding like the fma
+    q2 = torch.round(r * inv2).clamp_(-127, 127)
+    return ((hi + q2) * d2).reshape(m, k)
 
 
 def dequantize_rows(qw: QWeight, start: int, end: int, isa_code: int | None = None) -> torch.Tensor:

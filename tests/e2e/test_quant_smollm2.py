@@ -1,9 +1,10 @@
 """Quantized paths on the real bundled SmolLM2 (a Q4_1 GGUF), greedy, offline API.
 
-- Default load keeps Q4_1 quantized (hearth int4, group 32). With float activations (the default) greedy tokens equal
-  the dequantized fp32 model's (`--quantization none`, gguf.quants dequantization): same weights, same math up to
-  summation order. With activations rounded to int8 blocks of 32 (HEARTH_QUANT_ACT=int8, llama.cpp's scheme) they
-  equal it or first differ where fp32's top-2 logits are within INT8_MARGIN.
+- Default load keeps Q4_1 quantized (hearth int4, group 32). With float activations greedy tokens equal the
+  dequantized fp32 model's (`--quantization none`, gguf.quants dequantization): same weights, same math up to
+  summation order. So do they with two-term int8 activations (the default, HEARTH_QUANT_ACT=int8x2: x ~ d2 * (254 q1
+  + q2) per block of 32, error <= amax / 64516). With activations rounded to int8 blocks of 32 (HEARTH_QUANT_ACT=int8,
+  llama.cpp's scheme) they equal it or first differ where fp32's top-2 logits are within INT8_MARGIN.
 - `--quantization int8` (per-channel, from the dequantized fp32 weights): greedy tokens equal fp32's, or first
   differ at a step where fp32's top-2 logits are within INT8_MARGIN.
 """
@@ -70,6 +71,14 @@ def _check_q4_1_layers(llm: LLM) -> None:
 
 def test_q4_1_kept_quantized_float_activations_equals_dequantized(dense, monkeypatch) -> None:
     monkeypatch.setattr(quant, "ACTIVATIONS", "float")
+    llm, outs = _greedy(None)
+    _check_q4_1_layers(llm)
+    for ref, got in zip(dense, outs):
+        assert got.token_ids == ref.token_ids
+
+
+def test_q4_1_kept_quantized_int8x2_activations_equals_dequantized(dense, monkeypatch) -> None:
+    monkeypatch.setattr(quant, "ACTIVATIONS", "int8x2")
     llm, outs = _greedy(None)
     _check_q4_1_layers(llm)
     for ref, got in zip(dense, outs):

@@ -48,12 +48,17 @@ def _qweights(w: torch.Tensor) -> list[quant.QWeight]:
 
 def _default_reference(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """What quant.linear's kernel computes with the process-wide activation mode (quant.ACTIVATIONS)."""
-    return (_act_reference if quant.ACTIVATIONS == "int8" else _reference)(x, w, bias)
+    return {"int8": _act_reference, "int8x2": _x2_reference}.get(quant.ACTIVATIONS, _reference)(x, w, bias)
 
 
 def _act_reference(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """What the int8-activation kernels compute: the int8-rounded x times the dequantized weights."""
     return _reference(quant.quantize_activations(x.float().reshape(-1, x.shape[-1])).reshape(x.shape), w, bias)
+
+
+def _x2_reference(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """What the two-term ("int8x2") kernels compute: the two-term x (quantize_activations_x2) times the weights."""
+    return _reference(quant.quantize_activations_x2(x.float().reshape(-1, x.shape[-1])).reshape(x.shape), w, bias)
 
 
 @needs_kernels
@@ -73,6 +78,7 @@ def test_kernel_matches_dequantized_reference(N: int, K: int) -> None:
                     _close(quant._run(x, qw, b, isa_code=isa, act="float"), _reference(x, wd, b))
                     # the integer dot products are exact: only fp32 summation order differs
                     _close(quant._run(x, qw, b, isa_code=isa, act="int8"), _act_reference(x, wd, b))
+                    _close(quant._run(x, qw, b, isa_code=isa, act="int8x2"), _x2_reference(x, wd, b))
 
 
 @needs_kernels
@@ -92,6 +98,34 @@ def test_int8_activations_error_bound(N: int, K: int) -> None:
         err = (quant._run(x, qw, None, act="int8") - _reference(x, wd, None)).abs()
         assert (err <= bound).all(), (err - bound).max()
         assert torch.equal(quant.quantize_activations(quant.quantize_activations(x)), quant.quantize_activations(x))
+
+
+@needs_kernels
+@pytest.mark.parametrize("N,K", [(64, 576), (32, 2048)])
+def test_int8x2_activations_error_bound(N: int, K: int) -> None:
+    """Two-term activations vs exact fp32 x: per block of 32, |x - d2 * (254 q1 + q2)| <= d2 / 2 with
+    d2 = amax / (127 * 254), so |y_x2 - y| <= sum_k |w[n, k]| * d2[block(k)] / 2 (a hard bound, plus fp32 rounding of
+    the reconstruction and the sums: the 1e-6 relative slack, 254 x below the int8 mode's bound)."""
+    g = torch.Generator().manual_seed(K + 1)
+    w = torch.randn(N, K, generator=g) / K**0.5
+    x = torch.randn(8, K, generator=g) * torch.rand(8, K, generator=g) * 4  # uneven magnitudes per block
+    x[:, 5] = 30.0  # an outlier
+    x[:, 40:72] = torch.arange(32) * 0.25 - 4.0  # exact half-step residuals
+    x[:, 100:132] = 0.0  # an all-zero block
+    xr = quant.quantize_activations_x2(x)
+    d2 = x.reshape(8, K // 32, 32).abs().amax(-1) / 127.0 / 254.0
+    assert ((xr - x).abs() <= (d2 / 2 * (1 + 1e-3)).repeat_interleave(32, dim=1) + 1e-6 * x.abs()).all()
+    assert torch.equal(xr[:, 100:132], torch.zeros(8, 32))
+    ref = x.double()
+    for qw in _qweights(w):
+        wd = quant.dequantize(qw)
+        bound = (wd.abs() @ d2.repeat_interleave(32, dim=1).t() / 2).t() * (1 + 1e-3)
+        bound += 1e-6 * (wd.abs() @ x.abs().t()).t() + 1e-6  # fp32 rounding of x's reconstruction and of the sums
+        y = quant._run(x, qw, None, act="int8x2")
+        err = (y.double() - (ref @ wd.double().t())).abs()
+        assert (err <= bound).all(), (err - bound).max()
+        err8 = (quant._run(x, qw, None, act="int8").double() - (ref @ wd.double().t())).abs()
+        assert err.max() * 20 < err8.max()  # far tighter than the int8 mode
 
 
 @needs_kernels

@@ -9,6 +9,9 @@
 //                  products (maddubs / vpdpbusd), one float fma per 32 (int8) or 2 x 32 (int4) weights
 //                  (quant_dot_impl.h): ~4x fewer instructions, decode becomes memory-bound. Results are the
 //                  dequantized weights times the int8-rounded x (relative error ~ 1/254 of each block's amax).
+//   hq_linear_dot2 the same with two-term activations x ~ d2 * (254 * q1 + q2) per block (error <= d2 / 2 =
+//                  amax / 64516): a second integer dot chain on the same unpacked weights, still one float fma per
+//                  block (quant_dot_impl.h, kX2).
 #include <immintrin.h>
 #include <omp.h>
 
@@ -39,6 +42,7 @@ struct XQ {
   const float* d;     // int8: [M][nb] dx; int4: [M][npairs][8] = dxA x4, dxB x4 (+ [8] for an odd last block)
   const float* xs;    // int4: [M][K / G] per-group sums of the dequantized x; else nullptr
   int64_t ld_d, ld_xs;
+  const int8_t* q2;   // two-term mode ("int8x2"): the residual's int8 [M][K], same layout as q; else nullptr
 };
 
 #pragma GCC push_options
@@ -223,12 +227,12 @@ int hq_linear(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, con
   return 0;
 }
 
-// Same arguments and result layout as hq_linear; x quantized to int8 blocks of 32 first (see the top of this file).
-// Returns 0 or a negative error.
-int hq_linear_dot(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, const void* w, int int4, int64_t N,
-                  int64_t ldw, const float* scales, const float* mins, int64_t ldg, int64_t group, const float* bias,
-                  float* out, int isa, int nthreads) {
-  using namespace hq;
+}  // extern "C"
+
+namespace hq {
+static int linear_dot(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, const void* w, int int4, int64_t N,
+                      int64_t ldw, const float* scales, const float* mins, int64_t ldg, int64_t group,
+                      const float* bias, float* out, int isa, int nthreads, bool x2) {
   if (isa != kISA_AVX2 && isa != kISA_AVX512) return -1;
   if (x_dtype < 0 || x_dtype > 2) return -2;
   if (K % 32 || group % 32 || group <= 0 || K % group) return -3;
@@ -242,15 +246,15 @@ int hq_linear_dot(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx,
   // x rows in chunks of MB: each chunk's int8 copy (MB x K bytes) stays in L2 while the weights stream past it.
   constexpr int64_t MB = 32;
   const int64_t mb_max = std::min(MB, M);
-  std::vector<int8_t> q(mb_max * K);
+  std::vector<int8_t> q(mb_max * K), q2(x2 ? mb_max * K : 0);
   std::vector<float> d(mb_max * ld_d), xs(std::max<int64_t>(1, mb_max * ld_xs));
   for (int64_t m0 = 0; m0 < M; m0 += MB) {
     const int64_t mb = std::min(MB, M - m0);
     for (int64_t m = 0; m < mb; ++m)
       avx2::quantize_x_row(xp + (m0 + m) * K, K, int4 != 0, group, q.data() + m * K, d.data() + m * ld_d,
-                           int4 ? xs.data() + m * ld_xs : nullptr);
+                           int4 ? xs.data() + m * ld_xs : nullptr, x2 ? q2.data() + m * K : nullptr);
     Problem p{nullptr, w, ldw, scales, mins, ldg, group / 32, bias, out + m0 * N, mb, N, K, int4 != 0};
-    const XQ xq{q.data(), d.data(), int4 ? xs.data() : nullptr, ld_d, ld_xs};
+    const XQ xq{q.data(), d.data(), int4 ? xs.data() : nullptr, ld_d, ld_xs, x2 ? q2.data() : nullptr};
     // Rows in units of 4 (the M = 1 tile), split evenly between threads.
     parallel((N + 3) / 4, nthreads, [&](int64_t c0, int64_t c1) {
       const int64_t n0 = c0 * 4, n1 = std::min(N, c1 * 4);
@@ -261,6 +265,26 @@ int hq_linear_dot(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx,
     });
   }
   return 0;
+}
+}  // namespace hq
+
+extern "C" {
+
+// Same arguments and result layout as hq_linear; x quantized to int8 blocks of 32 first (see the top of this file).
+// Returns 0 or a negative error.
+int hq_linear_dot(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, const void* w, int int4, int64_t N,
+                  int64_t ldw, const float* scales, const float* mins, int64_t ldg, int64_t group, const float* bias,
+                  float* out, int isa, int nthreads) {
+  return hq::linear_dot(x, x_dtype, M, K, ldx, w, int4, N, ldw, scales, mins, ldg, group, bias, out, isa, nthreads,
+                        false);
+}
+
+// Same, two-term activations ("int8x2", see the top of this file).
+int hq_linear_dot2(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, const void* w, int int4, int64_t N,
+                   int64_t ldw, const float* scales, const float* mins, int64_t ldg, int64_t group, const float* bias,
+                   float* out, int isa, int nthreads) {
+  return hq::linear_dot(x, x_dtype, M, K, ldx, w, int4, N, ldw, scales, mins, ldg, group, bias, out, isa, nthreads,
+                        true);
 }
 
 // Rows [n0, n1) of the dequantized weight -> out [n1 - n0][K] fp32 (same layout arguments as hq_linear).

@@ -35,7 +35,11 @@ static inline float dot_f32(const float* a, const float* b, int64_t n) {
 }
 
 // One row of x (K floats) -> XQ row m. int4: pair-permuted qx, dx per pair vector, group sums (G weights a group).
-static void quantize_x_row(const float* x, int64_t K, bool int4, int64_t G, int8_t* q, float* d, float* xs) {
+// q2 != nullptr: two-term ("int8x2") mode, see kX2 below: d2 = fl(dx / 254), q1 = round(x / dx) (as above),
+// r = fl(x - d2 * (254 * q1)) (one fma), q2 = clamp(round(r * fl(1 / d2)), -127, 127); x ~ d2 * (254 * q1 + q2),
+// |x - that| <= d2 / 2 (+ fp32 rounding). d holds d2 then, and the group sums are those of d2 * (254 * q1 + q2).
+static void quantize_x_row(const float* x, int64_t K, bool int4, int64_t G, int8_t* q, float* d, float* xs,
+                           int8_t* q2 = nullptr) {
   const int64_t nb = K / 32;
   const __m256 sign = _mm256_set1_ps(-0.0f);
   float dxs[2], sums[2];
@@ -51,7 +55,7 @@ static void quantize_x_row(const float* x, int64_t K, bool int4, int64_t G, int8
     m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
     m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
     const float amax = _mm_cvtss_f32(m4);
-    const float dx = amax / 127.0f;
+    float dx = amax / 127.0f;
     const float id = dx > 0.0f ? 1.0f / dx : 0.0f;
     const __m256 vid = _mm256_set1_ps(id);
     __m256i iq[4];
@@ -60,6 +64,22 @@ static void quantize_x_row(const float* x, int64_t K, bool int4, int64_t G, int8
     const __m256i s16 = _mm256_packs_epi32(iq[0], iq[1]), t16 = _mm256_packs_epi32(iq[2], iq[3]);
     __m256i s8 = _mm256_packs_epi16(s16, t16);
     s8 = _mm256_permutevar8x32_epi32(s8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    __m256i s8b = _mm256_setzero_si256();
+    if (q2) {
+      const float d2 = dx / 254.0f;
+      const __m256 vd2 = _mm256_set1_ps(d2), vid2 = _mm256_set1_ps(d2 > 0.0f ? 1.0f / d2 : 0.0f);
+      const __m256i k254 = _mm256_set1_epi32(254), lim = _mm256_set1_epi32(127), nlim = _mm256_set1_epi32(-127);
+      __m256i jq[4];
+      for (int i = 0; i < 4; ++i) {
+        const __m256i hi = _mm256_mullo_epi32(iq[i], k254);
+        const __m256 r = _mm256_fnmadd_ps(vd2, _mm256_cvtepi32_ps(hi), v[i]);  // x - d2 * 254 q1, one rounding
+        jq[i] = _mm256_max_epi32(nlim, _mm256_min_epi32(lim, _mm256_cvtps_epi32(_mm256_mul_ps(r, vid2))));
+        iq[i] = _mm256_add_epi32(hi, jq[i]);  // 254 q1 + q2 (for the block sum)
+      }
+      s8b = _mm256_packs_epi16(_mm256_packs_epi32(jq[0], jq[1]), _mm256_packs_epi32(jq[2], jq[3]));
+      s8b = _mm256_permutevar8x32_epi32(s8b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+      dx = d2;
+    }
     const __m256i t = _mm256_add_epi32(_mm256_add_epi32(iq[0], iq[1]), _mm256_add_epi32(iq[2], iq[3]));
     __m128i t4 = _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
     t4 = _mm_add_epi32(t4, _mm_shuffle_epi32(t4, 0x4E));
@@ -67,6 +87,7 @@ static void quantize_x_row(const float* x, int64_t K, bool int4, int64_t G, int8
     const int32_t sum = _mm_cvtsi128_si32(t4);
     if (!int4) {
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + b * 32), s8);
+      if (q2) _mm256_storeu_si256(reinterpret_cast<__m256i*>(q2 + b * 32), s8b);
       d[b] = dx;
       continue;
     }
@@ -74,10 +95,16 @@ static void quantize_x_row(const float* x, int64_t K, bool int4, int64_t G, int8
     const bool odd_last = (nb % 2) && b == nb - 1;
     if (odd_last) {
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + b * 32), s8);  // natural order, lanes = lo | hi
+      if (q2) _mm256_storeu_si256(reinterpret_cast<__m256i*>(q2 + b * 32), s8b);
     } else {
       int8_t* o = q + pair * 64 + half * 16;
       _mm_storeu_si128(reinterpret_cast<__m128i*>(o), _mm256_castsi256_si128(s8));
       _mm_storeu_si128(reinterpret_cast<__m128i*>(o + 32), _mm256_extracti128_si256(s8, 1));
+      if (q2) {
+        int8_t* o2 = q2 + pair * 64 + half * 16;
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(o2), _mm256_castsi256_si128(s8b));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(o2 + 32), _mm256_extracti128_si256(s8b, 1));
+      }
     }
     dxs[half] = dx;
     sums[half] = dx * (float)sum;
@@ -112,6 +139,21 @@ static inline __m256i u4_pair(__m256i acc, __m256i lo, __m256i hi, const int8_t*
                  _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qx + 32)));
 }
 
+// Two-term activations (kX2, "int8x2"): x ~ d2 * (254 * q1 + q2) per block, so one block's dot product is
+// d2 * (254 * (w . q1) + w . q2): a second integer dot chain on the same unpacked weights, combined in int32
+// (exact: |254 * p1 + p2| per s32 lane <= 254 * 4 * 127 * 127 + 4 * 127 * 127 < 2^24 for int8 weights, 8 * 15 * 127
+// * 255 for int4 pairs, so also exact as fp32), then the same single float fma per block as the int8 mode.
+static inline __m256i times254(__m256i p) {
+  return _mm256_sub_epi32(_mm256_slli_epi32(p, 8), _mm256_slli_epi32(p, 1));
+}
+
+template <bool kX2>
+static inline __m256i u4_pair_x(__m256i lo, __m256i hi, const int8_t* qx, const int8_t* qx2) {
+  const __m256i p = u4_pair(_mm256_setzero_si256(), lo, hi, qx);
+  if constexpr (!kX2) return p;
+  else return u4_pair(times254(p), lo, hi, qx2);
+}
+
 // Weight scale vector of pair j: [s(2j) x4, s(2j+1) x4].
 template <bool kSameGroup>
 static inline __m256 pair_scales(const float* s, int64_t j, int64_t spg) {
@@ -124,7 +166,7 @@ static inline __m256 pair_scales(const float* s, int64_t j, int64_t spg) {
 }
 
 // Rows [n0, n0 + NR) x rows [m0, m0 + MR): out = int4 weights . XQ.
-template <int MR, int NR, bool kSameGroup, bool kPrefetchNext>
+template <int MR, int NR, bool kSameGroup, bool kPrefetchNext, bool kX2>
 static inline void micro_u4(const Problem& a, const XQ& xq, int64_t m0, int64_t n0) {
   const int64_t nb = a.K / 32, np = nb / 2, spg = a.sb_per_group;
   const __m256i mask = _mm256_set1_epi8(0x0F);
@@ -164,9 +206,10 @@ static inline void micro_u4(const Problem& a, const XQ& xq, int64_t m0, int64_t 
     }
     for (int m = 0; m < MR; ++m) {
       const int8_t* qx = xq.q + (m0 + m) * a.K + j * 64;
+      const int8_t* qx2 = kX2 ? xq.q2 + (m0 + m) * a.K + j * 64 : nullptr;
       const __m256 dx = _mm256_loadu_ps(xq.d + (m0 + m) * xq.ld_d + j * 8);
       for (int r = 0; r < NR; ++r) {
-        const __m256i p = u4_pair(_mm256_setzero_si256(), lo[r], hi[r], qx);
+        const __m256i p = u4_pair_x<kX2>(lo[r], hi[r], qx, qx2);
         acc[m][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(dx, ws[r]), acc[m][r]);
       }
     }
@@ -178,8 +221,11 @@ static inline void micro_u4(const Problem& a, const XQ& xq, int64_t m0, int64_t 
       const __m256i q = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), mask);
       const __m256 ws = _mm256_broadcast_ss(sc[r] + b / spg);
       for (int m = 0; m < MR; ++m) {
-        const __m256i p = D::dot(_mm256_setzero_si256(), q,
-                                 _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq.q + (m0 + m) * a.K + b * 32)));
+        __m256i p = D::dot(_mm256_setzero_si256(), q,
+                           _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq.q + (m0 + m) * a.K + b * 32)));
+        if constexpr (kX2)
+          p = D::dot(times254(p), q,
+                     _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq.q2 + (m0 + m) * a.K + b * 32)));
         const __m256 dx = _mm256_loadu_ps(xq.d + (m0 + m) * xq.ld_d + np * 8);
         acc[m][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(dx, ws), acc[m][r]);
       }
@@ -202,7 +248,7 @@ static inline __m256i i8_block(__m256i acc, __m256i w, const int8_t* qx) {
 }
 
 // Same for int8 weights. kPerChannel: one scale for the row, applied once at the end.
-template <int MR, int NR, bool kPerChannel, bool kPrefetchNext>
+template <int MR, int NR, bool kPerChannel, bool kPrefetchNext, bool kX2>
 static inline void micro_i8(const Problem& a, const XQ& xq, int64_t m0, int64_t n0) {
   const int64_t nb = a.K / 32, spg = a.sb_per_group;
   __m256 acc[MR][NR];
@@ -232,7 +278,8 @@ static inline void micro_i8(const Problem& a, const XQ& xq, int64_t m0, int64_t 
       const int8_t* qx = xq.q + (m0 + m) * a.K + b * 32;
       const float dx = xq.d[(m0 + m) * xq.ld_d + b];
       for (int r = 0; r < NR; ++r) {
-        const __m256i p = i8_block(_mm256_setzero_si256(), wv[r], qx);
+        __m256i p = i8_block(_mm256_setzero_si256(), wv[r], qx);
+        if constexpr (kX2) p = i8_block(times254(p), wv[r], xq.q2 + (m0 + m) * a.K + b * 32);
         const __m256 f = kPerChannel ? _mm256_set1_ps(dx) : _mm256_set1_ps(dx * sc[r][b / spg]);
         acc[m][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), f, acc[m][r]);
       }
@@ -248,26 +295,26 @@ static inline void micro_i8(const Problem& a, const XQ& xq, int64_t m0, int64_t 
     }
 }
 
-template <int MR, int NR, bool kPrefetchNext = false>
+template <int MR, int NR, bool kX2, bool kPrefetchNext = false>
 static inline void micro_dot(const Problem& a, const XQ& xq, int64_t m0, int64_t n0) {
   if (a.int4) {
     if (a.sb_per_group % 2 == 0)
-      micro_u4<MR, NR, true, kPrefetchNext>(a, xq, m0, n0);
+      micro_u4<MR, NR, true, kPrefetchNext, kX2>(a, xq, m0, n0);
     else
-      micro_u4<MR, NR, false, kPrefetchNext>(a, xq, m0, n0);
+      micro_u4<MR, NR, false, kPrefetchNext, kX2>(a, xq, m0, n0);
   } else {
     if (a.sb_per_group * 32 == a.K)
-      micro_i8<MR, NR, true, kPrefetchNext>(a, xq, m0, n0);
+      micro_i8<MR, NR, true, kPrefetchNext, kX2>(a, xq, m0, n0);
     else
-      micro_i8<MR, NR, false, kPrefetchNext>(a, xq, m0, n0);
+      micro_i8<MR, NR, false, kPrefetchNext, kX2>(a, xq, m0, n0);
   }
 }
 
-template <int MR, int NR>
+template <int MR, int NR, bool kX2>
 static inline void micro_dot_mr(int mr, const Problem& a, const XQ& xq, int64_t m0, int64_t n0) {
   if constexpr (MR >= 1) {
-    if (mr == MR) return micro_dot<MR, NR>(a, xq, m0, n0);
-    micro_dot_mr<MR - 1, NR>(mr, a, xq, m0, n0);
+    if (mr == MR) return micro_dot<MR, NR, kX2>(a, xq, m0, n0);
+    micro_dot_mr<MR - 1, NR, kX2>(mr, a, xq, m0, n0);
   }
 }
 
@@ -277,15 +324,24 @@ static inline void micro_dot_mr(int mr, const Problem& a, const XQ& xq, int64_t 
 // M > 1 tile: 4 x rows per weight row (measured on the 2-core AVX2 EPYC, 1 thread, CPU time, M = 8: 4 x 1 beat 2 x 2,
 // 4 x 2 and 8 x 1, which spill accumulators or unpacked weights out of the 16 ymm registers).
 constexpr int64_t kDotMR = 4, kDotNR = 1;
-static void run_dot(const Problem& a, const XQ& xq, int64_t n_begin, int64_t n_end) {
+template <bool kX2>
+static void run_dot_t(const Problem& a, const XQ& xq, int64_t n_begin, int64_t n_end) {
   constexpr int64_t MB = kDotMR;
   for (int64_t n = n_begin; n < n_end;) {
     if (a.M == 1 && n + 4 <= n_end) {
-      micro_dot<1, 4, true>(a, xq, 0, n);
+      micro_dot<1, 4, kX2, true>(a, xq, 0, n);
       n += 4;
     } else {
-      for (int64_t m0 = 0; m0 < a.M; m0 += MB) micro_dot_mr<MB, kDotNR>((int)std::min(MB, a.M - m0), a, xq, m0, n);
+      for (int64_t m0 = 0; m0 < a.M; m0 += MB)
+        micro_dot_mr<MB, kDotNR, kX2>((int)std::min(MB, a.M - m0), a, xq, m0, n);
       n += kDotNR;
     }
   }
+}
+
+static void run_dot(const Problem& a, const XQ& xq, int64_t n_begin, int64_t n_end) {
+  if (xq.q2)
+    run_dot_t<true>(a, xq, n_begin, n_end);
+  else
+    run_dot_t<false>(a, xq, n_begin, n_end);
 }
