@@ -1,6 +1,8 @@
 """Tiny random checkpoints built with transformers' own config and model classes, for parity tests."""
 from __future__ import annotations
 
+import math
+
 import os
 
 import torch
@@ -107,3 +109,15 @@ def hf_greedy(folder: str, prompts: list[list[int]], steps: int, top: int = 5):
 
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     return [hf_greedy_loop(model, ids, steps, top) for ids in prompts]
+
+
+def baichuan_alibi_slopes(n: int) -> list[float]:
+    """Baichuan-13B's _get_interleave (its ALiBi slopes), transcribed: the reference for hearth's slopes."""
+    def power_of_2(n: int) -> list[float]:
+        start = 2 ** (-(2 ** -(math.log2(n) - 3)))
+        return [start * start ** i for i in range(n)]
+
+    if math.log2(n).is_integer():
+        return power_of_2(n)
+    closest = 2 ** math.floor(math.log2(n))
+    return power_of_2(closest) + baichuan_alibi_slopes(2 * closest)[0::2][: n - closest]

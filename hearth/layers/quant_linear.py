@@ -7,8 +7,8 @@ Schemes (EngineArgs.quantization):
   gguf          (GGUF files by default, or `auto`) keep Q8_0 / Q4_0 / Q4_1 / Q4_K weights quantized, repacked into
                 hearth's int8 / int4 layout without going through floats. A layer whose shards arrive in other
                 formats (F16, Q6_K, ... or a mix of int8 and int4 types) is stored dense, exactly like Linear.
-lm_head and the embeddings stay in the model dtype (tied heads read the embedding table); a GGUF's LM head of a kept type
-is also kept in its blocks (model_loader, CausalLMBase.lm_head_qweight).
+lm_head and the embeddings stay in the model dtype (tied heads read the embedding table); a GGUF's LM head of a kept
+type is also kept in its blocks (model_loader, CausalLMBase.lm_head_qweight).
 
 QuantLinear is a Linear (the model's loader fills it through the same `load_shard`); `weight` holds the packed
 integers, `scales` / `mins` are buffers. Forward: hearth.kernels.quant.linear (the C++ kernel for decode shapes, which

@@ -15,19 +15,9 @@ from safetensors.torch import load_file
 
 from tests.models.parity import PARITY_PROMPTS, assert_greedy_parity
 from tests.models.test_parity_baichuan import _repack_as_baichuan
-from tests.tiny_models import build_checkpoint, tiny_config
+from tests.tiny_models import baichuan_alibi_slopes, build_checkpoint, tiny_config
 
 
-def _interleave(n: int) -> list[float]:
-    """Baichuan-13B's _get_interleave (its ALiBi slopes), transcribed."""
-    def power_of_2(n: int) -> list[float]:
-        start = 2 ** (-(2 ** -(math.log2(n) - 3)))
-        return [start * start ** i for i in range(n)]
-
-    if math.log2(n).is_integer():
-        return power_of_2(n)
-    closest = 2 ** math.floor(math.log2(n))
-    return power_of_2(closest) + _interleave(2 * closest)[0::2][: n - closest]
 
 
 class Baichuan13BReference:
@@ -38,7 +28,7 @@ class Baichuan13BReference:
         if self.cfg.get("norm_head"):
             self.w["lm_head.weight"] = torch.nn.functional.normalize(self.w["lm_head.weight"], dim=-1)
         self.heads = self.cfg["num_attention_heads"]
-        self.slopes = torch.tensor(_interleave(self.heads), dtype=torch.float64)
+        self.slopes = torch.tensor(baichuan_alibi_slopes(self.heads), dtype=torch.float64)
 
     def _rms(self, x: torch.Tensor, name: str) -> torch.Tensor:
         var = x.pow(2).mean(-1, keepdim=True)

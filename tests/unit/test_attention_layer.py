@@ -1,6 +1,5 @@
 """hearth.layers.attention.Attention: the kernel path (with its SDPA split) against the torch path on mixed
 batches of decodes, chunked-prefill chunks after cached context, and fresh prompts."""
-import math
 
 import numpy as np
 import pytest
@@ -9,6 +8,7 @@ import torch
 from hearth import kernels
 from hearth.layers import attention as attention_mod
 from hearth.layers.attention import Attention, AttentionMetadata, PrefillSeq
+from tests.tiny_models import baichuan_alibi_slopes
 
 BS = 16
 
@@ -133,21 +133,11 @@ def test_int8_kv_cache_end_to_end(tmp_path):
             assert abs(la.top[0][1] - lb.top[0][1]) < 0.05
 
 
-def _baichuan_interleave(n: int) -> list[float]:
-    """Baichuan-13B's _get_interleave, transcribed (the reference for the slopes)."""
-    def power_of_2(n: int) -> list[float]:
-        start = 2 ** (-(2 ** -(math.log2(n) - 3)))
-        return [start * start ** i for i in range(n)]
-
-    if math.log2(n).is_integer():
-        return power_of_2(n)
-    closest = 2 ** math.floor(math.log2(n))
-    return power_of_2(closest) + _baichuan_interleave(2 * closest)[0::2][: n - closest]
 
 
 @pytest.mark.parametrize("n", [1, 2, 4, 6, 8, 12, 32, 40, 64])
 def test_alibi_slopes_match_baichuan(n: int) -> None:
-    ours, ref = attention_mod.alibi_slopes(n), _baichuan_interleave(n)
+    ours, ref = attention_mod.alibi_slopes(n), baichuan_alibi_slopes(n)
     assert len(ours) == n and ours == pytest.approx(ref, rel=1e-12)
 
 
