@@ -76,7 +76,7 @@ def cpu_info() -> CPUInfo:
                     cores.add((physical_id, core_id))
     except OSError:
         pass
-    usable = len(os.sched_getaffinity(0))
+    usable = len(_PROCESS_AFFINITY)
     physical = min(len(cores) or usable, usable)
     numa = len([d for d in os.listdir("/sys/devices/system/node") if d.startswith("node")]) \
         if os.path.isdir("/sys/devices/system/node") else 1
@@ -107,21 +107,36 @@ def bind_omp_threads(cores: list[int]) -> bool:
     NOTE: libgomp keeps one worker pool per thread that opens parallel regions, so a thread that will run the
     model (e.g. the server's engine thread) must call this itself.
 
-    Runs one parallel region through libgomp's GOMP_parallel; each worker pins itself (pid 0 = calling thread).
-    Returns False where torch's OpenMP runtime cannot be found (binding is then skipped, never fatal).
+    Uses hearth's compiled hk_bind_threads (one C parallel region); where the kernels cannot load, one region
+    through libgomp's GOMP_parallel with a Python callback (correct on the main thread; on other threads torch
+    was seen to run later regions on a fresh, unpinned worker). Returns False when binding was not possible
+    (never fatal).
     """
     import torch  # noqa: F401  (loads libgomp)
 
-    lib_path = None
+    from hearth.kernels import _build
+
+    lib = _build.load()
+    if lib is not None:
+        arr = (ctypes.c_int32 * len(cores))(*cores)
+        failed = lib.hk_bind_threads(arr, len(cores))
+        if failed:
+            logger.warning("core binding failed for %d of %d threads", failed, len(cores))
+        return failed == 0
+    return _bind_with_gomp_callback(cores)
+
+
+def _libgomp() -> ctypes.CDLL | None:
     with open("/proc/self/maps") as f:
         for line in f:
             if "libgomp" in line or "libiomp" in line:
-                lib_path = line.split()[-1]
-                break
-    if lib_path is None:
-        return False
-    gomp = ctypes.CDLL(lib_path)
-    if not hasattr(gomp, "GOMP_parallel"):
+                return ctypes.CDLL(line.split()[-1])
+    return None
+
+
+def _bind_with_gomp_callback(cores: list[int]) -> bool:
+    gomp = _libgomp()
+    if gomp is None or not hasattr(gomp, "GOMP_parallel"):
         return False
     gomp.omp_get_thread_num.restype = ctypes.c_int
     errors: list[str] = []
@@ -141,12 +156,29 @@ def bind_omp_threads(cores: list[int]) -> bool:
     return True
 
 
+def release_calling_thread() -> None:
+    """Undo binding for a thread that stops running the model (the server's main thread, once the engine thread
+    has its own pool): it may run on every allowed core again, and its idle OpenMP workers exit, so they neither
+    share the engine master's core nor count against libgomp's spin budget."""
+    try:
+        os.sched_setaffinity(0, _PROCESS_AFFINITY)
+    except OSError as e:
+        logger.debug("could not reset thread affinity: %s", e)
+    gomp = _libgomp()
+    if gomp is not None and hasattr(gomp, "omp_pause_resource_all"):
+        gomp.omp_pause_resource_all(1)  # omp_pause_soft: free this thread's pool
+
+
+# The cores this process may use, read before any binding narrows the calling thread's mask.
+_PROCESS_AFFINITY = frozenset(os.sched_getaffinity(0))
+
+
 def setup_threads(threads: int | None, bind: str) -> tuple[int, list[int]]:
     """Set torch's thread count and bind OpenMP threads to cores. Returns (threads, bound cores or [])."""
     import torch
 
     info = cpu_info()
-    allowed = sorted(os.sched_getaffinity(0))
+    allowed = sorted(_PROCESS_AFFINITY)
     if threads is None:
         threads = info.physical_cores
     if threads < 1:

@@ -18,7 +18,7 @@ from hearth.engine.llm_engine import EngineStats, LLMEngine
 from hearth.engine.outputs import StepOutput
 from hearth.engine.request import Request
 from hearth.metrics import ServerMetrics
-from hearth.platform import bind_omp_threads
+from hearth.platform import bind_omp_threads, release_calling_thread
 from hearth.sampling_params import SamplingParams
 
 logger = logging.getLogger("hearth")
@@ -137,6 +137,10 @@ class AsyncEngine:
     # ---- lifecycle ----
     def start(self) -> None:
         if self._thread is None:
+            if self.engine.bound_cores:
+                # The loading thread (this one, the event loop's) stops running the model: unpin it so it does
+                # not share core 0 with the engine thread's OpenMP master.
+                release_calling_thread()
             self._thread = threading.Thread(target=self._run, name="hearth-engine", daemon=True)
             self._thread.start()
 
