@@ -423,7 +423,7 @@ class GGUFCheckpoint:
                         t = _unpermute(t, cfg["num_key_value_heads"])
                     if self._arch.norm_offset and hf.endswith("norm.weight"):
                         t = t.float() - self._arch.norm_offset  # in fp32, before any downcast
-                    yield hf, t.to(dtype).contiguous()
+                    yield hf, _storage(t, dtype, info).contiguous()
             finally:
                 buf.close()
 
@@ -453,6 +453,20 @@ class GGUFCheckpoint:
         elif self._arch.permute_qk and ".self_attn.k_proj." in hf:
             heads = self.hf_config["num_key_value_heads"]
         return blocks if heads is None else blocks.index_rows(_unpermute(torch.arange(rows), heads))
+
+
+def _storage(t: torch.Tensor, dtype: torch.dtype, info: _TensorInfo) -> torch.Tensor:
+    """The tensor a float32 model receives for a matrix: F16/BF16 as stored (Linear and Embedding keep 16-bit
+    weights where the kernels read them, else widen exactly); a block type read densely (Q6_K, Q5_K, ... e.g. the
+    output.weight llama-quantize writes as Q6_K beside Q4_0 layers) as float16, half the bytes per decode step
+    of float32 for a rounding of <= 2^-11 relative, far below the block format's own step."""
+    if dtype != torch.float32 or t.dim() != 2:
+        return t.to(dtype)
+    if t.dtype in (torch.float16, torch.bfloat16):
+        return t
+    if info.ggml_type not in _TORCH_FLOAT:
+        return t.to(torch.float16)
+    return t.to(dtype)
 
 
 def _is_linear_weight(hf: str, info: _TensorInfo) -> bool:
