@@ -22,7 +22,8 @@ class Tokenizer:
         from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
         try:
-            hf = AutoTokenizer.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
+            hf = _named_tokenizer(folder) or AutoTokenizer.from_pretrained(folder, local_files_only=True,
+                                                                           trust_remote_code=False)
         except Exception as e:  # transformers raises many kinds here
             # AutoTokenizer also reads config.json (e.g. it rejects a UTF-8 BOM that hearth accepts): a plain
             # fast tokenizer needs only tokenizer.json.
@@ -63,6 +64,31 @@ class Tokenizer:
     def should_add_bos_in_chat(self) -> bool:
         """Chat templates usually write the BOS text themselves; encoding must not add a second one."""
         return False
+
+
+def _named_tokenizer(folder: str) -> Any | None:
+    """The class tokenizer_config.json names, loaded directly: what AutoTokenizer resolves to, without its
+    AutoConfig step (which imports the model family's modules and torch.distributed: ~2.5 s of a 5 s start-up).
+    None when the config names no class transformers has built in (AutoTokenizer then decides)."""
+    import json
+
+    from transformers.models.auto.tokenization_auto import tokenizer_class_from_name
+
+    path = os.path.join(folder, "tokenizer_config.json")
+    if not os.path.isfile(path) or not os.path.isfile(os.path.join(folder, "tokenizer.json")):
+        return None
+    try:
+        with open(path, encoding="utf-8-sig") as f:
+            cfg = json.load(f)
+    except (OSError, ValueError):
+        return None
+    name = cfg.get("tokenizer_class") if isinstance(cfg, dict) else None
+    if not isinstance(name, str) or "auto_map" in cfg:
+        return None
+    cls = tokenizer_class_from_name(name) or tokenizer_class_from_name(name.removesuffix("Fast"))
+    if cls is None:
+        return None
+    return cls.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
 
 
 def resolve_chat_template(value: str | None) -> str | None:

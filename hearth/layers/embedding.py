@@ -2,7 +2,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hearth.layers.linear import keep_16bit
+from hearth.layers.linear import adoptable, keep_16bit
 
 
 class Embedding(nn.Module):
@@ -22,7 +22,10 @@ class Embedding(nn.Module):
         if tuple(self.weight.shape) != tuple(tensor.shape):
             raise ValueError(f"shape mismatch for embedding: checkpoint {tuple(tensor.shape)}, "
                              f"model {tuple(self.weight.shape)}")
-        self.weight.data.copy_(tensor)
+        if adoptable(self.weight, tensor):
+            self.weight = nn.Parameter(tensor, requires_grad=False)
+        else:
+            self.weight.data.copy_(tensor)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         return F.embedding(input_ids, self.weight).to(self.out_dtype)

@@ -19,6 +19,14 @@ def keep_16bit(param: torch.Tensor, tensor: torch.Tensor) -> bool:
     return param.dtype == torch.float32 and tensor.dtype in LOSSLESS_16BIT and kernels.available()
 
 
+def adoptable(param: torch.Tensor, tensor: torch.Tensor) -> bool:
+    """A whole checkpoint tensor in the parameter's dtype and shape becomes the parameter itself, no copy: a
+    safetensors tensor is a view of the file's (private, copy-on-write) mapping, so loading reads the page cache
+    instead of faulting in and filling a second copy (start-up time and peak RSS)."""
+    return (tensor.dtype == param.dtype and tuple(tensor.shape) == tuple(param.shape) and tensor.is_contiguous()
+            and tensor.device.type == "cpu" and not tensor.requires_grad)
+
+
 class Linear(nn.Module):
     """y = x W^T (+ b), W: [out_features, in_features] in the compute dtype."""
 
@@ -46,6 +54,9 @@ class Linear(nn.Module):
         if param == "weight" and keep_16bit(target, tensor):
             self.weight = nn.Parameter(torch.empty(target.shape, dtype=tensor.dtype), requires_grad=False)
             target = self.weight
+        if adoptable(target, tensor) and shard is None:
+            setattr(self, param, nn.Parameter(tensor, requires_grad=False))
+            return
         if shard is not None:
             start, size = self.shards[shard]
             target = target.data.narrow(0, start, size)

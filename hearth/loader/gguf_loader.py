@@ -423,7 +423,7 @@ class GGUFCheckpoint:
                         t = _unpermute(t, cfg["num_key_value_heads"])
                     if self._arch.norm_offset and hf.endswith("norm.weight"):
                         t = t.float() - self._arch.norm_offset  # in fp32, before any downcast
-                    yield hf, _storage(t, dtype, info).contiguous()
+                    yield hf, _storage(t, dtype, info, "embed_tokens" not in hf).contiguous()
             finally:
                 buf.close()
 
@@ -455,16 +455,17 @@ class GGUFCheckpoint:
         return blocks if heads is None else blocks.index_rows(_unpermute(torch.arange(rows), heads))
 
 
-def _storage(t: torch.Tensor, dtype: torch.dtype, info: _TensorInfo) -> torch.Tensor:
+def _storage(t: torch.Tensor, dtype: torch.dtype, info: _TensorInfo, read_per_step: bool) -> torch.Tensor:
     """The tensor a float32 model receives for a matrix: F16/BF16 as stored (Linear and Embedding keep 16-bit
-    weights where the kernels read them, else widen exactly); a block type read densely (Q6_K, Q5_K, ... e.g. the
-    output.weight llama-quantize writes as Q6_K beside Q4_0 layers) as float16, half the bytes per decode step
-    of float32 for a rounding of <= 2^-11 relative, far below the block format's own step."""
+    weights where the kernels read them, else widen exactly). A block type read densely by a projection or the
+    head (read_per_step: Q6_K, Q5_K, ..., e.g. the output.weight llama-quantize writes as Q6_K beside Q4_0 layers)
+    comes as float16: half the bytes per decode step of float32, for a rounding of <= 2^-11 relative, far below
+    the block format's own step. Embedding tables (row lookups) stay exact."""
     if dtype != torch.float32 or t.dim() != 2:
         return t.to(dtype)
     if t.dtype in (torch.float16, torch.bfloat16):
         return t
-    if info.ggml_type not in _TORCH_FLOAT:
+    if read_per_step and info.ggml_type not in _TORCH_FLOAT:
         return t.to(torch.float16)
     return t.to(dtype)
 

@@ -7,6 +7,7 @@ import os
 import sys
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
@@ -17,6 +18,7 @@ from hearth.config import EngineArgs, HFConfig, ModelConfig, resolve_dtype
 from hearth.loader.errors import LoadError
 from hearth.loader.hf_folder import iter_safetensors, read_generation_config, read_hf_config, safetensors_files
 from hearth.models.registry import get_model_class, supported_architectures
+from hearth.platform import release_calling_thread
 from hearth.tokenizer import Tokenizer, resolve_chat_template
 
 logger = logging.getLogger("hearth")
@@ -135,14 +137,22 @@ def _load_hf_folder(folder: str, args: EngineArgs) -> LoadedModel:
     hf_cfg = read_hf_config(folder)
     arch = _arch_of(hf_cfg, folder)
     files = safetensors_files(folder)
-    tokenizer = Tokenizer.from_folder(args.tokenizer or folder, resolve_chat_template(args.chat_template))
     gen_cfg = read_generation_config(folder)
     dtype = _resolve_model_dtype(args.dtype, hf_cfg)
     max_len = _max_len(hf_cfg, args.max_model_len)
     scheme = _quantization(args.quantization, False)
     if scheme == "gguf":
         raise ValueError("--quantization gguf needs a .gguf file; use int8 or int4 for an HF folder")
-    model = _build(arch, hf_cfg, max_len, dtype, iter_safetensors(files, dtype), scheme)
+    # The tokenizer (mostly transformers' imports, ~2 s) loads beside the weights (copies that release the GIL).
+    with ThreadPoolExecutor(1, thread_name_prefix="hearth-tokenizer", initializer=release_calling_thread) as pool:
+        tokenizer_job = pool.submit(Tokenizer.from_folder, args.tokenizer or folder,
+                                    resolve_chat_template(args.chat_template))
+        try:
+            model = _build(arch, hf_cfg, max_len, dtype, iter_safetensors(files, dtype), scheme)
+        except BaseException:
+            tokenizer_job.cancel()
+            raise
+        tokenizer = tokenizer_job.result()
     mc = ModelConfig(folder, hf_cfg, arch, dtype, max_len, _eos_ids(gen_cfg, hf_cfg, tokenizer),
                      gen_cfg.get("bos_token_id", hf_cfg.get("bos_token_id")), False,
                      args.served_model_name or os.path.basename(os.path.normpath(folder)))
