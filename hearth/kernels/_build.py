@@ -98,6 +98,8 @@ def load() -> ctypes.CDLL | None:
         lib.hk_read_sum.restype = ctypes.c_double
         lib.hk_bind_threads.argtypes = [ptr, i32]
         lib.hk_bind_threads.restype = i32
+        lib.hk_widen.argtypes = [ptr, i32, i64, ptr, i32]
+        lib.hk_widen.restype = i32
         if build_seconds > 2.0:
             logger.info("compiled hearth kernels in %.1f s (cached in %s)", build_seconds, build_dir)
         return lib

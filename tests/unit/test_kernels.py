@@ -89,3 +89,18 @@ def test_linear_falls_back_without_kernels(monkeypatch):
     _close(kernels.linear(x, w, b), _reference(x, w, b))
     x64 = torch.randn(2, 16, dtype=torch.float64)
     _close(kernels.linear(x64, w.double(), None), F.linear(x64, w.double()))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("n", [1, 7, 8, 1001, 70_000])
+def test_widen_is_exact(dtype: torch.dtype, n: int) -> None:
+    if not kernels.available():
+        pytest.skip("kernels unavailable")
+    t = (torch.randn(n) * 3).to(dtype)
+    assert torch.equal(kernels.widen(t), t.float())
+    w = t.reshape(1, n)
+    got = kernels.widen(w, scratch=True)
+    assert got.shape == w.shape and torch.equal(got, w.float())
+    # the scratch buffer is reused: a second, smaller call reads its own values
+    small = t[: max(1, n // 2)].reshape(1, -1)
+    assert torch.equal(kernels.widen(small, scratch=True), small.float())
