@@ -87,9 +87,15 @@ static inline void micro_mr(int mr, int nr, const float* x, int64_t ldx, const t
 }
 
 // Output-row chunks [c0, c1) of the problem in `a`.
+// Weight rows per parallel chunk. One x row: 2 tiles, so small N still splits evenly between threads (with 16
+// tiles, Qwen2.5-0.5B's N = 896 / 1152 projections were 7 / 9 chunks: one thread did 4 / 5 while the other
+// waited at the region's end). More x rows: 16 tiles, whose K blocks are reused across the x tile.
+template <int MR, int NR>
+constexpr int64_t chunk_rows() { return NR * (MR == 1 ? 2 : 16); }
+
 template <class W, int MR, int NR>
 static void run_chunks(const Problem& a, int64_t c0, int64_t c1) {
-  constexpr int64_t NC = NR * 16;
+  constexpr int64_t NC = chunk_rows<MR, NR>();
   const int64_t M = a.M, N = a.N, K = a.K;
   const int64_t kc = K / CH;
   int64_t kb = a.kblock_chunks;
@@ -149,7 +155,9 @@ static void run_w(const Problem& a, int64_t c0, int64_t c1) {
     run_chunks<W, T::kMR, T::kNR>(a, c0, c1);
 }
 
-static int64_t rows_per_chunk(int64_t M) { return 16 * (M == 1 ? T::kNR1 : T::kNR); }
+static int64_t rows_per_chunk(int64_t M) {
+  return M == 1 ? chunk_rows<1, T::kNR1>() : chunk_rows<T::kMR, T::kNR>();
+}
 
 static void run(const Problem& a, int64_t c0, int64_t c1) {
   switch (a.wkind) {
