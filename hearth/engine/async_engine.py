@@ -131,7 +131,8 @@ class AsyncEngine:
         if metrics is not None:
             from hearth.platform import cpu_info
 
-            metrics.set_cpu(cpu_info().isa, engine.threads, engine.bound_cores, engine.cache_config.num_blocks)
+            metrics.set_cpu(cpu_info().isa, engine.threads, engine.bound_cores,
+                            engine.block_manager.num_usable_blocks)
             metrics.observe_stats(self._stats)
 
     # ---- lifecycle ----

@@ -118,10 +118,11 @@ class LLMEngine:
 
     def startup_summary(self) -> str:
         mc, cc = self.model_config, self.cache_config
-        tokens = cc.num_blocks * cc.block_size
+        blocks = self.block_manager.num_usable_blocks  # (without the reserved null block of windowed models)
+        tokens = blocks * cc.block_size
         cores = ",".join(map(str, self.bound_cores)) or "unbound"
         return (f"hearth ready: {mc.architecture}, dtype {str(mc.dtype).removeprefix('torch.')}, "
-                f"{self.threads} threads (cores {cores}; {cpu_info().isa}), KV cache {cc.num_blocks} blocks x "
+                f"{self.threads} threads (cores {cores}; {cpu_info().isa}), KV cache {blocks} blocks x "
                 f"{cc.block_size} = {tokens} tokens, max concurrency {tokens / mc.max_model_len:.1f}x at "
                 f"max-model-len {mc.max_model_len}")
 
