@@ -250,4 +250,7 @@ def test_gguf_loader_raw_blocks_match_dequantized(tmp_path: Path) -> None:
         assert "model.layers.0.self_attn.q_proj.weight" in kept and "model.layers.0.self_attn.k_proj.weight" in kept
         assert not any("embed_tokens" in n or n.startswith("lm_head") for n in kept)
         for name in kept:  # q/k rows un-permuted on the raw rows give the same weights
-            assert torch.equal(quant.dequantize(raw[name].repack()), dense[name]), name
+            exact = quant.dequantize(raw[name].repack())
+            assert torch.equal(exact, raw[name].dequantize()), name
+            # the dense path hands block types to a float32 model as float16
+            assert dense[name].dtype == torch.float16 and torch.equal(exact.half(), dense[name]), name
