@@ -69,16 +69,9 @@ def _check_q4_1_layers(llm: LLM) -> None:
     assert head is not None and head.bits == 8 and tuple(head.shape) == (49152, 576)
 
 
-def test_q4_1_kept_quantized_float_activations_equals_dequantized(dense, monkeypatch) -> None:
-    monkeypatch.setattr(quant, "ACTIVATIONS", "float")
-    llm, outs = _greedy(None)
-    _check_q4_1_layers(llm)
-    for ref, got in zip(dense, outs):
-        assert got.token_ids == ref.token_ids
-
-
-def test_q4_1_kept_quantized_int8x2_activations_equals_dequantized(dense, monkeypatch) -> None:
-    monkeypatch.setattr(quant, "ACTIVATIONS", "int8x2")
+@pytest.mark.parametrize("activations", ["float", "int8x2"])
+def test_q4_1_kept_quantized_equals_dequantized(dense, monkeypatch, activations: str) -> None:
+    monkeypatch.setattr(quant, "ACTIVATIONS", activations)
     llm, outs = _greedy(None)
     _check_q4_1_layers(llm)
     for ref, got in zip(dense, outs):
