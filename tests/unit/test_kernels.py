@@ -53,10 +53,12 @@ def test_matches_f_linear(wdtype, K, N):
 def test_ragged_k_and_k_blocks(K):
     g = torch.Generator().manual_seed(K)
     w = torch.randn(37, K, generator=g).bfloat16()
-    x = torch.randn(9, K, generator=g)
-    for isa in _isas():
-        for kblock in (0, 16, 32):
-            _close(kernels._run(x, w, None, kblock=kblock, isa_code=isa), _reference(x, w, None))
+    bias = torch.randn(37, generator=g)
+    for M in (1, 9):  # one x row has its own path (row streams)
+        x = torch.randn(M, K, generator=g)
+        for isa in _isas():
+            for kblock in (0, 16, 32):
+                _close(kernels._run(x, w, bias, kblock=kblock, isa_code=isa), _reference(x, w, bias))
 
 
 @needs_kernels
