@@ -89,6 +89,18 @@ struct D {
     const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(u1, s1), _mm256_maddubs_epi16(u2, s2));
     return _mm256_add_epi32(acc, _mm256_madd_epi16(p, _mm256_set1_epi16(1)));
   }
+  // Two-term activations (kX2): 254 * (u.s) + u.t per s32 lane, the factor 254 applied by madd's 16-bit weight
+  // (exact: |pair sum| <= 2 * 128 * 127, times 2 * 254, fits int32).
+  static inline __m256i dot_x2(__m256i u, __m256i s, __m256i t) {
+    return _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(254)),
+                            _mm256_madd_epi16(_mm256_maddubs_epi16(u, t), _mm256_set1_epi16(1)));
+  }
+  // 254 * (u1.s1 + u2.s2) + (u1.t1 + u2.t2) (int4 weights, as dot2)
+  static inline __m256i dot2_x2(__m256i u1, __m256i s1, __m256i u2, __m256i s2, __m256i t1, __m256i t2) {
+    const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(u1, s1), _mm256_maddubs_epi16(u2, s2));
+    const __m256i q = _mm256_add_epi16(_mm256_maddubs_epi16(u1, t1), _mm256_maddubs_epi16(u2, t2));
+    return _mm256_add_epi32(_mm256_madd_epi16(p, _mm256_set1_epi16(254)), _mm256_madd_epi16(q, _mm256_set1_epi16(1)));
+  }
 };
 #include "quant_dot_impl.h"
 }  // namespace avx2
@@ -134,6 +146,13 @@ struct D {
   static inline __m256i dot(__m256i acc, __m256i u, __m256i s) { return _mm256_dpbusd_epi32(acc, u, s); }
   static inline __m256i dot2(__m256i acc, __m256i u1, __m256i s1, __m256i u2, __m256i s2) {
     return _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(acc, u1, s1), u2, s2);
+  }
+  static inline __m256i times254(__m256i p) { return _mm256_sub_epi32(_mm256_slli_epi32(p, 8), _mm256_slli_epi32(p, 1)); }
+  static inline __m256i dot_x2(__m256i u, __m256i s, __m256i t) {
+    return dot(times254(dot(_mm256_setzero_si256(), u, s)), u, t);
+  }
+  static inline __m256i dot2_x2(__m256i u1, __m256i s1, __m256i u2, __m256i s2, __m256i t1, __m256i t2) {
+    return dot2(times254(dot2(_mm256_setzero_si256(), u1, s1, u2, s2)), u1, t1, u2, t2);
   }
 };
 #include "quant_dot_impl.h"

@@ -141,33 +141,43 @@ static inline __m256i u4_pair(__m256i acc, __m256i lo, __m256i hi, const int8_t*
 
 // Two-term activations (kX2, "int8x2"): x ~ d2 * (254 * q1 + q2) per block, so one block's dot product is
 // d2 * (254 * (w . q1) + w . q2): a second integer dot chain on the same unpacked weights, combined in int32
-// (exact: |254 * p1 + p2| per s32 lane <= 254 * 4 * 127 * 127 + 4 * 127 * 127 < 2^24 for int8 weights, 8 * 15 * 127
-// * 255 for int4 pairs, so also exact as fp32), then the same single float fma per block as the int8 mode.
-static inline __m256i times254(__m256i p) {
-  return _mm256_sub_epi32(_mm256_slli_epi32(p, 8), _mm256_slli_epi32(p, 1));
-}
+// (D::dot_x2 / dot2_x2; exact: |254 * p1 + p2| per s32 lane <= 254 * 4 * 127 * 127 + 4 * 127 * 127 < 2^24 for int8
+// weights, 8 * 15 * 127 * 255 for int4 pairs, so also exact as fp32), then the same single float fma per block as
+// the int8 mode.
+static inline __m256i ld256(const int8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
 
 template <bool kX2>
 static inline __m256i u4_pair_x(__m256i lo, __m256i hi, const int8_t* qx, const int8_t* qx2) {
-  const __m256i p = u4_pair(_mm256_setzero_si256(), lo, hi, qx);
-  if constexpr (!kX2) return p;
-  else return u4_pair(times254(p), lo, hi, qx2);
+  if constexpr (!kX2) return u4_pair(_mm256_setzero_si256(), lo, hi, qx);
+  else return D::dot2_x2(lo, ld256(qx), hi, ld256(qx + 32), ld256(qx2), ld256(qx2 + 32));
+}
+
+// Scale groups are kSpg sub-blocks of 32 when kSpg > 0 (compile time: 1 = Q4_0/Q4_1/Q8_0/Q4_K, 2, 4), else
+// a.sb_per_group (a run-time division per block; profiled at ~30% of the int4 kernel's time when it was the only
+// path). kSpg = -1 (int8 only): one scale per row.
+template <int kSpg>
+static inline int64_t group_of(int64_t sb, int64_t spg) {
+  if constexpr (kSpg > 0) return sb / kSpg;
+  else return sb / spg;
 }
 
 // Weight scale vector of pair j: [s(2j) x4, s(2j+1) x4].
-template <bool kSameGroup>
+template <int kSpg>
 static inline __m256 pair_scales(const float* s, int64_t j, int64_t spg) {
-  if constexpr (kSameGroup) {
-    return _mm256_broadcast_ss(s + (2 * j) / spg);
+  if constexpr (kSpg == 1) {  // two adjacent scales: one 8-byte load, spread over the lanes
+    const __m256 v = _mm256_castpd_ps(_mm256_broadcast_sd(reinterpret_cast<const double*>(s + 2 * j)));
+    return _mm256_permutevar8x32_ps(v, _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1));
+  } else if (kSpg > 1 ? true : spg % 2 == 0) {
+    return _mm256_broadcast_ss(s + group_of<kSpg>(2 * j, spg));
   } else {
     return _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_broadcast_ss(s + (2 * j) / spg)),
                                 _mm_broadcast_ss(s + (2 * j + 1) / spg), 1);
   }
 }
 
-// Rows [n0, n0 + NR) x rows [m0, m0 + MR): out = int4 weights . XQ.
-template <int MR, int NR, bool kSameGroup, bool kPrefetchNext, bool kX2>
-static inline void micro_u4(const Problem& a, const XQ& xq, int64_t m0, int64_t n0) {
+// Rows n0 + r * rs (r < NR) x rows [m0, m0 + MR): out = int4 weights . XQ.
+template <int MR, int NR, int kSpg, bool kPrefetchNext, bool kX2>
+static inline void micro_u4(const Problem& a, const XQ& xq, int64_t m0, int64_t n0, int64_t rs = 1) {
   const int64_t nb = a.K / 32, np = nb / 2, spg = a.sb_per_group;
   const __m256i mask = _mm256_set1_epi8(0x0F);
   __m256 acc[MR][NR];
@@ -176,8 +186,8 @@ static inline void micro_u4(const Problem& a, const XQ& xq, int64_t m0, int64_t 
   const uint8_t* w[NR];
   const float* sc[NR];
   for (int r = 0; r < NR; ++r) {
-    w[r] = static_cast<const uint8_t*>(a.w) + (n0 + r) * a.ldw;
-    sc[r] = a.scales + (n0 + r) * a.ldg;
+    w[r] = static_cast<const uint8_t*>(a.w) + (n0 + r * rs) * a.ldw;
+    sc[r] = a.scales + (n0 + r * rs) * a.ldg;
   }
   // Next tile (rows n0 + NR ..): its data, scales and mins are prefetched during this one, see prefetch_next.
   const char* wn = static_cast<const char*>(a.w) + (n0 + NR) * a.ldw;
@@ -197,12 +207,30 @@ static inline void micro_u4(const Problem& a, const XQ& xq, int64_t m0, int64_t 
     for (int r = 0; r < NR; ++r) {
       if (!kPrefetchNext) {
         _mm_prefetch(reinterpret_cast<const char*>(w[r] + j * 32) + kPrefetchBytes, _MM_HINT_T0);
-        if (j % 8 == 0) _mm_prefetch(reinterpret_cast<const char*>(sc[r] + (2 * j) / spg) + 64, _MM_HINT_T0);
+        if (j % 8 == 0)
+          _mm_prefetch(reinterpret_cast<const char*>(sc[r] + group_of<kSpg>(2 * j, spg)) + 64, _MM_HINT_T0);
       }
+    }
+    if constexpr (MR == 1) {  // one x row: each weight row's pair is unpacked and used at once (no spills)
+      const int8_t* qx = xq.q + m0 * a.K + j * 64;
+      const __m256i x0 = ld256(qx), x1 = ld256(qx + 32);
+      const __m256i y0 = kX2 ? ld256(xq.q2 + m0 * a.K + j * 64) : x0;
+      const __m256i y1 = kX2 ? ld256(xq.q2 + m0 * a.K + j * 64 + 32) : x1;
+      const __m256 dx = _mm256_loadu_ps(xq.d + m0 * xq.ld_d + j * 8);
+      for (int r = 0; r < NR; ++r) {
+        const __m256i b = ld256(reinterpret_cast<const int8_t*>(w[r] + j * 32));
+        const __m256i l = _mm256_and_si256(b, mask), h = _mm256_and_si256(_mm256_srli_epi16(b, 4), mask);
+        const __m256i p = kX2 ? D::dot2_x2(l, x0, h, x1, y0, y1) : D::dot2(_mm256_setzero_si256(), l, x0, h, x1);
+        acc[0][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(dx, pair_scales<kSpg>(sc[r], j, spg)),
+                                    acc[0][r]);
+      }
+      continue;
+    }
+    for (int r = 0; r < NR; ++r) {
       const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[r] + j * 32));
       lo[r] = _mm256_and_si256(b, mask);
       hi[r] = _mm256_and_si256(_mm256_srli_epi16(b, 4), mask);
-      ws[r] = pair_scales<kSameGroup>(sc[r], j, spg);
+      ws[r] = pair_scales<kSpg>(sc[r], j, spg);
     }
     for (int m = 0; m < MR; ++m) {
       const int8_t* qx = xq.q + (m0 + m) * a.K + j * 64;
@@ -221,11 +249,12 @@ static inline void micro_u4(const Problem& a, const XQ& xq, int64_t m0, int64_t 
       const __m256i q = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), mask);
       const __m256 ws = _mm256_broadcast_ss(sc[r] + b / spg);
       for (int m = 0; m < MR; ++m) {
-        __m256i p = D::dot(_mm256_setzero_si256(), q,
-                           _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq.q + (m0 + m) * a.K + b * 32)));
+        const int8_t* qx = xq.q + (m0 + m) * a.K + b * 32;
+        __m256i p;
         if constexpr (kX2)
-          p = D::dot(times254(p), q,
-                     _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq.q2 + (m0 + m) * a.K + b * 32)));
+          p = D::dot_x2(q, ld256(qx), ld256(xq.q2 + (m0 + m) * a.K + b * 32));
+        else
+          p = D::dot(_mm256_setzero_si256(), q, ld256(qx));
         const __m256 dx = _mm256_loadu_ps(xq.d + (m0 + m) * xq.ld_d + np * 8);
         acc[m][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(dx, ws), acc[m][r]);
       }
@@ -234,7 +263,7 @@ static inline void micro_u4(const Problem& a, const XQ& xq, int64_t m0, int64_t 
   const int64_t ng = a.K / (32 * spg);
   for (int m = 0; m < MR; ++m)
     for (int r = 0; r < NR; ++r) {
-      const int64_t n = n0 + r;
+      const int64_t n = n0 + r * rs;
       float s = hsum8(acc[m][r]) + dot_f32(a.mins + n * a.ldg, xq.xs + (m0 + m) * xq.ld_xs, ng);
       if (a.bias) s += a.bias[n];
       a.out[(m0 + m) * a.N + n] = s;
@@ -248,8 +277,8 @@ static inline __m256i i8_block(__m256i acc, __m256i w, const int8_t* qx) {
 }
 
 // Same for int8 weights. kPerChannel: one scale for the row, applied once at the end.
-template <int MR, int NR, bool kPerChannel, bool kPrefetchNext, bool kX2>
-static inline void micro_i8(const Problem& a, const XQ& xq, int64_t m0, int64_t n0) {
+template <int MR, int NR, int kSpg, bool kPrefetchNext, bool kX2>
+static inline void micro_i8(const Problem& a, const XQ& xq, int64_t m0, int64_t n0, int64_t rs = 1) {
   const int64_t nb = a.K / 32, spg = a.sb_per_group;
   __m256 acc[MR][NR];
   for (int m = 0; m < MR; ++m)
@@ -257,8 +286,8 @@ static inline void micro_i8(const Problem& a, const XQ& xq, int64_t m0, int64_t 
   const int8_t* w[NR];
   const float* sc[NR];
   for (int r = 0; r < NR; ++r) {
-    w[r] = static_cast<const int8_t*>(a.w) + (n0 + r) * a.ldw;
-    sc[r] = a.scales + (n0 + r) * a.ldg;
+    w[r] = static_cast<const int8_t*>(a.w) + (n0 + r * rs) * a.ldw;
+    sc[r] = a.scales + (n0 + r * rs) * a.ldg;
   }
   const char* wn = static_cast<const char*>(a.w) + (n0 + NR) * a.ldw;  // next tile, see micro_u4
   const char* sn = reinterpret_cast<const char*>(a.scales + (n0 + NR) * a.ldg);
@@ -278,35 +307,44 @@ static inline void micro_i8(const Problem& a, const XQ& xq, int64_t m0, int64_t 
       const int8_t* qx = xq.q + (m0 + m) * a.K + b * 32;
       const float dx = xq.d[(m0 + m) * xq.ld_d + b];
       for (int r = 0; r < NR; ++r) {
-        __m256i p = i8_block(_mm256_setzero_si256(), wv[r], qx);
-        if constexpr (kX2) p = i8_block(times254(p), wv[r], xq.q2 + (m0 + m) * a.K + b * 32);
-        const __m256 f = kPerChannel ? _mm256_set1_ps(dx) : _mm256_set1_ps(dx * sc[r][b / spg]);
+        __m256i p;
+        if constexpr (kX2)  // |w| (u8) times each x term with w's sign
+          p = D::dot_x2(_mm256_sign_epi8(wv[r], wv[r]), _mm256_sign_epi8(ld256(qx), wv[r]),
+                        _mm256_sign_epi8(ld256(xq.q2 + (m0 + m) * a.K + b * 32), wv[r]));
+        else
+          p = i8_block(_mm256_setzero_si256(), wv[r], qx);
+        const __m256 f = kSpg < 0 ? _mm256_set1_ps(dx) : _mm256_set1_ps(dx * sc[r][group_of<kSpg>(b, spg)]);
         acc[m][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), f, acc[m][r]);
       }
     }
   }
   for (int m = 0; m < MR; ++m)
     for (int r = 0; r < NR; ++r) {
-      const int64_t n = n0 + r;
+      const int64_t n = n0 + r * rs;
       float s = hsum8(acc[m][r]);
-      if (kPerChannel) s *= sc[r][0];
+      if (kSpg < 0) s *= sc[r][0];
       if (a.bias) s += a.bias[n];
       a.out[(m0 + m) * a.N + n] = s;
     }
 }
 
 template <int MR, int NR, bool kX2, bool kPrefetchNext = false>
-static inline void micro_dot(const Problem& a, const XQ& xq, int64_t m0, int64_t n0) {
+static inline void micro_dot(const Problem& a, const XQ& xq, int64_t m0, int64_t n0, int64_t rs = 1) {
+  const int64_t spg = a.sb_per_group;
   if (a.int4) {
-    if (a.sb_per_group % 2 == 0)
-      micro_u4<MR, NR, true, kPrefetchNext, kX2>(a, xq, m0, n0);
-    else
-      micro_u4<MR, NR, false, kPrefetchNext, kX2>(a, xq, m0, n0);
-  } else {
-    if (a.sb_per_group * 32 == a.K)
-      micro_i8<MR, NR, true, kPrefetchNext, kX2>(a, xq, m0, n0);
-    else
-      micro_i8<MR, NR, false, kPrefetchNext, kX2>(a, xq, m0, n0);
+    switch (spg) {
+      case 1: return micro_u4<MR, NR, 1, kPrefetchNext, kX2>(a, xq, m0, n0, rs);
+      case 2: return micro_u4<MR, NR, 2, kPrefetchNext, kX2>(a, xq, m0, n0, rs);
+      case 4: return micro_u4<MR, NR, 4, kPrefetchNext, kX2>(a, xq, m0, n0, rs);
+      default: return micro_u4<MR, NR, 0, kPrefetchNext, kX2>(a, xq, m0, n0, rs);
+    }
+  }
+  if (spg * 32 == a.K) return micro_i8<MR, NR, -1, kPrefetchNext, kX2>(a, xq, m0, n0, rs);
+  switch (spg) {
+    case 1: return micro_i8<MR, NR, 1, kPrefetchNext, kX2>(a, xq, m0, n0, rs);
+    case 2: return micro_i8<MR, NR, 2, kPrefetchNext, kX2>(a, xq, m0, n0, rs);
+    case 4: return micro_i8<MR, NR, 4, kPrefetchNext, kX2>(a, xq, m0, n0, rs);
+    default: return micro_i8<MR, NR, 0, kPrefetchNext, kX2>(a, xq, m0, n0, rs);
   }
 }
 
@@ -324,9 +362,18 @@ static inline void micro_dot_mr(int mr, const Problem& a, const XQ& xq, int64_t 
 // M > 1 tile: 4 x rows per weight row (measured on the 2-core AVX2 EPYC, 1 thread, CPU time, M = 8: 4 x 1 beat 2 x 2,
 // 4 x 2 and 8 x 1, which spill accumulators or unpacked weights out of the 16 ymm registers).
 constexpr int64_t kDotMR = 4, kDotNR = 1;
+#ifndef HQ_STREAMS1
+#define HQ_STREAMS1 1
+#endif
+constexpr bool kStreams1 = HQ_STREAMS1;
 template <bool kX2>
 static void run_dot_t(const Problem& a, const XQ& xq, int64_t n_begin, int64_t n_end) {
   constexpr int64_t MB = kDotMR;
+  if (a.M == 1 && kStreams1) {  // 4 streams, each its own contiguous run of rows (see linear_impl.h run_rows_m1)
+    const int64_t len = (n_end - n_begin) / 4;
+    for (int64_t i = 0; i < len; ++i) micro_dot<1, 4, kX2, false>(a, xq, 0, n_begin + i, len);
+    n_begin += 4 * len;
+  }
   for (int64_t n = n_begin; n < n_end;) {
     if (a.M == 1 && n + 4 <= n_end) {
       micro_dot<1, 4, kX2, true>(a, xq, 0, n);
