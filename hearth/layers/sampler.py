@@ -112,12 +112,15 @@ class Sampler:
         return torch.softmax(logits, dim=-1)
 
     def _sample(self, logits: torch.Tensor, reqs: list[Request]) -> torch.Tensor:
+        """One uniform draw per row, inverted through the row's cumulative distribution (an exponential race,
+        argmax(p / E), draws one exponential per vocabulary entry: ~4 ms for a 152k vocabulary, vs ~0.2 ms)."""
         probs = self.probs(logits, reqs)
-        # Exponential race: argmax(p / E) with E ~ Exp(1) samples from p, one independent draw per row.
-        q = torch.empty_like(probs)
-        for i, r in enumerate(reqs):
-            q[i].exponential_(generator=self.generator_for(r))
-        return (probs / q).argmax(dim=-1)
+        cdf = probs.cumsum(dim=-1)
+        total = cdf[:, -1:]
+        u = torch.stack([torch.rand((), generator=self.generator_for(r)) for r in reqs]).unsqueeze(1) * total
+        idx = torch.searchsorted(cdf, u, right=True)  # the first entry whose cdf exceeds u: never a zero-mass one
+        last = torch.searchsorted(cdf, total)  # u * total can round up to total: stay on the last entry with mass
+        return torch.minimum(idx, last).squeeze(1)
 
     def generator_for(self, r: Request) -> torch.Generator:
         if r.params.seed is None:
@@ -130,20 +133,47 @@ class Sampler:
 
     @staticmethod
     def _top_k_top_p_min_p(logits: torch.Tensor, reqs: list[Request]) -> torch.Tensor:
+        """Rows with top-k / top-p / min-p keep their filtered logits, the rest -inf; other rows are unchanged.
+        The kept tokens are a prefix of the row's descending order, so only the top candidates are ordered
+        (topk: ~1 ms for 1024 of 152k entries vs ~17 ms for a full sort); a row whose kept prefix might extend
+        past them is redone with a full sort."""
         v = logits.shape[1]
-        top_k = torch.tensor([r.params.top_k if 0 < r.params.top_k < v else v for r in reqs])
-        top_p = torch.tensor([r.params.top_p for r in reqs], dtype=logits.dtype)
-        min_p = torch.tensor([r.params.min_p for r in reqs], dtype=logits.dtype)
-        sorted_logits, order = logits.sort(dim=-1, descending=True)
-        ranks = torch.arange(v).unsqueeze(0)
-        drop = ranks >= top_k.unsqueeze(1)
-        probs = torch.softmax(sorted_logits.masked_fill(drop, float("-inf")), dim=-1)
-        # top-p: keep the smallest prefix whose mass reaches p (the first token always stays).
-        # NOTE: only rows with top_p < 1: the float cumsum can reach 1.0 early and would cut a row's tail.
-        cum_before = probs.cumsum(dim=-1) - probs
-        drop |= (cum_before >= top_p.unsqueeze(1)) & (top_p < 1.0).unsqueeze(1)
-        # min-p: drop tokens below min_p times the top probability.
-        drop |= probs < (min_p.unsqueeze(1) * probs[:, :1])
-        drop[:, 0] = False
-        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
-        return torch.empty_like(logits).scatter_(1, order, sorted_logits)
+        rows = [i for i, r in enumerate(reqs) if r.params.top_k > 0 or r.params.top_p < 1.0 or r.params.min_p > 0.0]
+        if not rows:
+            return logits
+        sub, sub_reqs = logits[rows], [reqs[i] for i in rows]
+        ks = [r.params.top_k for r in sub_reqs if 0 < r.params.top_k < v]
+        c = min(v, max([_CANDIDATES] + ks))
+        out = _filter_prefix(sub, sub_reqs, c)
+        if out is None:
+            out = _filter_prefix(sub, sub_reqs, v)
+        logits[rows] = out
+        return logits
+
+
+# Candidates ordered for top-k / top-p / min-p before falling back to a full sort of the vocabulary.
+_CANDIDATES = 1024
+
+
+def _filter_prefix(logits: torch.Tensor, reqs: list[Request], c: int) -> torch.Tensor | None:
+    """Filtered rows from the c largest logits of each row; None when some row's kept prefix may be longer."""
+    v = logits.shape[1]
+    top_k = torch.tensor([r.params.top_k if 0 < r.params.top_k < v else v for r in reqs])
+    top_p = torch.tensor([r.params.top_p for r in reqs], dtype=logits.dtype)
+    min_p = torch.tensor([r.params.min_p for r in reqs], dtype=logits.dtype)
+    vals, order = logits.topk(c, dim=-1) if c < v else logits.sort(dim=-1, descending=True)
+    drop = torch.arange(c).unsqueeze(0) >= top_k.unsqueeze(1)
+    # Probabilities within the top-k set: its normalizer is over the candidates when k <= c, else the whole row.
+    lse = torch.where(top_k <= c, torch.logsumexp(vals.masked_fill(drop, float("-inf")), dim=-1),
+                      torch.logsumexp(logits, dim=-1))
+    probs = torch.exp(vals - lse.unsqueeze(1)).masked_fill(drop, 0.0)
+    # top-p: keep the smallest prefix whose mass reaches p (the first token always stays).
+    # NOTE: only rows with top_p < 1: the float cumsum can reach 1.0 early and would cut a row's tail.
+    cum_before = probs.cumsum(dim=-1) - probs
+    drop |= (cum_before >= top_p.unsqueeze(1)) & (top_p < 1.0).unsqueeze(1)
+    # min-p: drop tokens below min_p times the top probability.
+    drop |= probs < (min_p.unsqueeze(1) * probs[:, :1])
+    drop[:, 0] = False
+    if c < v and not bool((drop[:, -1] | (top_k <= c)).all()):
+        return None
+    return torch.full_like(logits, float("-inf")).scatter_(1, order, vals.masked_fill(drop, float("-inf")))

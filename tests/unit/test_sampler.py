@@ -6,6 +6,7 @@ import torch
 
 from hearth import LLM, SamplingParams
 from hearth.engine.request import Request
+from hearth.layers import sampler as sampler_module
 from hearth.layers.sampler import Sampler
 from tests.tiny_models import build_checkpoint, tiny_config
 
@@ -118,6 +119,25 @@ def test_unfiltered_rows_are_untouched_by_batch_mates_filters() -> None:
     # Only top_p < 1 truncates by mass: top-k alone keeps exactly k tokens, min-p alone keeps p >= min_p * p_max.
     probs = torch.softmax(logits[3], -1)
     assert torch.equal(torch.isfinite(out[3]), probs >= 0.1 * probs.max())
+
+
+def test_candidate_filtering_equals_full_sort() -> None:
+    """top-k / top-p / min-p order only the top candidates of a large vocabulary; the result must equal the
+    full-sort filter, also for rows whose kept prefix outgrows the candidates (full-sort fallback)."""
+    g = torch.Generator().manual_seed(0)
+    v = 5000
+    peaked = torch.randn(4, v, generator=g) * 4
+    flat = torch.randn(1, v, generator=g) * 0.01  # top-p 0.9 keeps ~4500 tokens: past the candidates
+    params = [{"top_p": 0.9}, {"top_k": 1024, "min_p": 0.01}, {"top_k": 2000, "top_p": 0.99}, {"min_p": 0.5},
+              {"top_p": 0.9}]
+    logits = torch.cat([peaked, flat])
+    reqs = [req(rid=str(i), **kw) for i, kw in enumerate(params)]
+    want = sampler_module._filter_prefix(logits, reqs, v)
+    for rows in ([0, 1, 2, 3], [0, 1, 2, 3, 4]):
+        got = Sampler._top_k_top_p_min_p(logits[rows].clone(), [reqs[i] for i in rows])
+        assert torch.equal(got, want[rows])
+    assert sampler_module._filter_prefix(logits[:4], reqs[:4], 2000) is not None  # candidates were enough
+    assert sampler_module._filter_prefix(logits[[4]], [reqs[4]], 1024) is None  # the fallback was needed
 
 
 def test_repetition_penalty_over_prompt_and_output() -> None:
