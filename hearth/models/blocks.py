@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from hearth.config import HFConfig
+from hearth.kernels.decoder import DecodeProgram
 from hearth.layers.attention import Attention, AttentionMetadata
 from hearth.layers.embedding import Embedding
 from hearth.layers.linear import Linear
@@ -107,10 +108,25 @@ class DecoderModel(nn.Module):
         if self.embed_scale is not None:
             # NOTE: Gemma rounds the scale to the compute dtype before multiplying, as HF does.
             x = x * torch.tensor(self.embed_scale, dtype=x.dtype)
+        program = self._decode_program()
+        if program is not None and program.takes(x, meta):
+            x, residual = program.run(x, positions, meta)  # every layer in one C call (decode steps)
+            return self.norm(x, residual)[0]
         residual = None
         for layer in self.layers:
             x, residual = layer(positions, x, residual, meta)
         return self.norm(x) if residual is None else self.norm(x, residual)[0]
+
+    def _decode_program(self) -> DecodeProgram | None:
+        """The layers as one C decode program (None when some layer's shape is not supported), built once the KV
+        caches are bound and rebuilt if they are rebound."""
+        cached = self.__dict__.get("_program")
+        caches = tuple(id(getattr(getattr(getattr(layer, "self_attn", None), "attn", None), "kv_cache", None))
+                       for layer in self.layers)
+        if cached is None or cached[0] != caches:
+            cached = (caches, DecodeProgram.build(self.layers))
+            self.__dict__["_program"] = cached
+        return cached[1]
 
 
 def rotary_dim(cfg: HFConfig, head_dim: int) -> int:

@@ -1,0 +1,220 @@
+// hearth decode program: a stack of pre-norm Llama-style decoder layers in ONE C call for a decode step.
+//
+// Per layer: rmsnorm(x + residual) -> qkv -> rope -> KV-cache write -> paged attention -> o -> rmsnorm(x + residual)
+// -> gate_up -> act(gate) * up -> down, by the same C entry points (and the same rounding points) the Python layers
+// call one at a time: each projection's fp32 result is rounded to the model dtype, q is widened to fp32 for the
+// attention kernel and its output rounded back. So the result equals the layer-by-layer path bit for bit; what goes
+// away is Python: ~0.7 ms per layer on the 2-core Zen 3 (module calls, ~10 torch allocations, ~12 ctypes calls),
+// which is most of a small model's decode step.
+// Layouts are described once per model (HkLayerDesc, built by hearth/kernels/decoder.py) and per step (HkStepDesc).
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#pragma GCC target("avx2,fma,f16c")
+
+extern "C" {
+int hk_linear(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, const void* w, int w_dtype, int64_t N,
+              int64_t ldw, const float* bias, float* out, int isa, int64_t kblock, int nthreads);
+int hq_linear(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, const void* w, int int4, int64_t N,
+              int64_t ldw, const float* scales, const float* mins, int64_t ldg, int64_t group, const float* bias,
+              float* out, int isa, int nthreads);
+int hq_linear_dot(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, const void* w, int int4, int64_t N,
+                  int64_t ldw, const float* scales, const float* mins, int64_t ldg, int64_t group, const float* bias,
+                  float* out, int isa, int nthreads);
+int hq_linear_dot2(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, const void* w, int int4, int64_t N,
+                   int64_t ldw, const float* scales, const float* mins, int64_t ldg, int64_t group, const float* bias,
+                   float* out, int isa, int nthreads);
+int hk_rms_norm(const void* x, int64_t ldx, const void* residual, int64_t ldr, const float* weight, float offset,
+                float eps, void* out, void* sum_out, int64_t T, int64_t H, int dtype, int threads);
+int hk_rope_neox(void* q, int64_t ldq, int64_t Hq, void* k, int64_t ldk, int64_t Hk, int64_t head_dim, int64_t rot,
+                 const float* cos, const float* sin, const int64_t* rows, int64_t T, int dtype, int threads);
+int hk_kv_write(const void* k, int64_t ldk, const void* v, int64_t ldv, void* k_cache, void* v_cache,
+                const int64_t* slots, int64_t T, int64_t row_bytes, int64_t num_slots);
+int hk_act_and_mul(const void* x, int64_t ldx, void* out, int64_t T, int64_t d, int act, int dtype, int threads);
+int hk_paged_attention(const float* q, int64_t q_tok_stride, const void* k_cache, const void* v_cache, int kv_dtype,
+                       const float* k_scale, const float* v_scale, int64_t block_stride, int64_t kv_tok_stride,
+                       const int32_t* block_tables, int64_t bt_stride, const int32_t* query_start,
+                       const int32_t* context_lens, const int32_t* seq_ids, int64_t num_seqs, float* out,
+                       int64_t out_tok_stride, int64_t block_size, int64_t num_heads, int64_t num_kv_heads,
+                       int64_t head_dim, float scale, float softcap, int64_t window, const float* alibi_slopes,
+                       int isa, int nthreads);
+}
+
+namespace {
+
+enum DType { kF32 = 0, kBF16 = 1, kF16 = 2 };
+enum LinearKind { kFloat = 0, kQuantFloat = 1, kQuantInt8 = 2, kQuantInt8x2 = 3 };
+
+// One projection. kFloat: w [N][ldw] in w_dtype (0 f32 / 1 bf16 / 2 f16). Quantized: hearth's int8/int4 layout
+// (w_dtype 1 = int4, 0 = int8), scales/mins [N][ldg], group weights per scale.
+struct HkLinearDesc {
+  int32_t kind, w_dtype;
+  const void* w;
+  int64_t N, K, ldw;
+  const float* bias;  // fp32 [N] or null
+  const float* scales;
+  const float* mins;
+  int64_t ldg, group;
+};
+
+struct HkLayerDesc {
+  HkLinearDesc qkv, o, gate_up, down;
+  const float* norm1;  // fp32 [hidden]
+  const float* norm2;
+  float norm_offset, eps;
+  int64_t num_heads, num_kv_heads, head_dim, rot_dim;
+  const float* cos;  // fp32 [rows][rot_dim / 2]
+  const float* sin;
+  void* k_cache;  // [num_slots][Hkv][D] in kv_dtype (0 f32 / 1 bf16 / 2 f16)
+  void* v_cache;
+  int32_t kv_dtype, act;  // act: 0 silu, 1 gelu-tanh
+  int32_t attn_isa, pad;  // the attention kernel's ISA (AVX2 for head sizes AVX-512 lanes do not divide)
+  int64_t num_slots, block_size, window;  // window 0 = none
+  float scale;
+};
+
+struct HkStepDesc {
+  int64_t T;  // tokens (the sequences' new tokens, in flat-batch order)
+  const int64_t* positions;  // [T] rows of the cos/sin table
+  const int64_t* slots;      // [T]
+  const int32_t* block_tables;
+  int64_t bt_stride;
+  const int32_t* query_start;  // [num_seqs + 1]
+  const int32_t* context_lens;  // [num_seqs]
+  int64_t num_seqs;
+};
+
+int64_t elem_size(int dtype) { return dtype == kF32 ? 4 : 2; }
+
+uint16_t f32_to_bf16(float f) {  // round to nearest even, NaN kept quiet (as torch)
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return uint16_t(u >> 16);
+}
+
+// fp32 [n] -> dtype (torch's .to(dtype) rounding).
+void narrow(const float* src, int dtype, int64_t n, void* dst) {
+  if (dtype == kF32) {
+    std::memcpy(dst, src, n * 4);
+  } else if (dtype == kBF16) {
+    auto* d = static_cast<uint16_t*>(dst);
+    for (int64_t i = 0; i < n; ++i) d[i] = f32_to_bf16(src[i]);
+  } else {
+    auto* d = static_cast<uint16_t*>(dst);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i), _mm256_cvtps_ph(_mm256_loadu_ps(src + i), 0));
+    for (; i < n; ++i) d[i] = _cvtss_sh(src[i], 0);
+  }
+}
+
+// dtype rows [T][D] at row stride ld (elements) -> fp32 [T][D] contiguous.
+void widen_rows(const void* src, int dtype, int64_t T, int64_t D, int64_t ld, float* dst) {
+  for (int64_t t = 0; t < T; ++t) {
+    float* d = dst + t * D;
+    if (dtype == kF32) {
+      std::memcpy(d, static_cast<const float*>(src) + t * ld, D * 4);
+      continue;
+    }
+    const uint16_t* s = static_cast<const uint16_t*>(src) + t * ld;
+    for (int64_t i = 0; i < D; ++i) {
+      if (dtype == kBF16) {
+        const uint32_t u = uint32_t(s[i]) << 16;
+        std::memcpy(d + i, &u, 4);
+      } else {
+        d[i] = _cvtsh_ss(s[i]);
+      }
+    }
+  }
+}
+
+// y (dtype) [T][N] = x (dtype) [T][K] . W^T (+ bias), through fp32 like the Python layer.
+int project(const HkLinearDesc& l, const void* x, int64_t T, int dtype, std::vector<float>& f32, void* y, int isa,
+            int threads) {
+  f32.resize(T * l.N);
+  int rc;
+  if (l.kind == kFloat) {
+    rc = hk_linear(x, dtype, T, l.K, l.K, l.w, l.w_dtype, l.N, l.ldw, l.bias, f32.data(), isa, 0, threads);
+  } else {
+    auto fn = l.kind == kQuantFloat ? hq_linear : l.kind == kQuantInt8 ? hq_linear_dot : hq_linear_dot2;
+    rc = fn(x, dtype, T, l.K, l.K, l.w, l.w_dtype, l.N, l.ldw, l.scales, l.mins, l.ldg, l.group, l.bias, f32.data(),
+            isa, threads);
+  }
+  if (rc) return rc;
+  narrow(f32.data(), dtype, T * l.N, y);
+  return 0;
+}
+
+struct Buffers {
+  std::vector<uint8_t> h, qkv, att, gu, act;
+  std::vector<float> f32, q32, att32;
+};
+
+}  // namespace
+
+extern "C" {
+
+// Runs layers [0, n) on x [T][hidden] (dtype), in place: on return x is the last layer's MLP output and residual
+// the running sum (the model applies its final norm to x + residual). has_residual = 0 for the first layer of the
+// model (its input is the embedding: residual = x). Returns 0, or the failing kernel's code.
+int hk_decoder_layers(const HkLayerDesc* layers, int64_t n, const HkStepDesc* st, void* x, void* residual,
+                      int has_residual, int64_t hidden, int dtype, int isa, int threads) {
+  thread_local Buffers b;
+  const int64_t T = st->T, es = elem_size(dtype);
+  b.h.resize(T * hidden * es);
+  for (int64_t li = 0; li < n; ++li) {
+    const HkLayerDesc& L = layers[li];
+    const int64_t H = L.num_heads, Hkv = L.num_kv_heads, D = L.head_dim;
+    const int64_t nq = H * D, nkv = Hkv * D, nqkv = L.qkv.N;
+    int rc;
+    // attention block
+    if (li == 0 && !has_residual) {
+      std::memcpy(residual, x, T * hidden * es);
+      rc = hk_rms_norm(x, hidden, nullptr, 0, L.norm1, L.norm_offset, L.eps, b.h.data(), nullptr, T, hidden, dtype,
+                       threads);
+    } else {
+      rc = hk_rms_norm(x, hidden, residual, hidden, L.norm1, L.norm_offset, L.eps, b.h.data(), residual, T, hidden,
+                       dtype, threads);
+    }
+    if (rc) return rc;
+    b.qkv.resize(T * nqkv * es);
+    if ((rc = project(L.qkv, b.h.data(), T, dtype, b.f32, b.qkv.data(), isa, threads))) return rc;
+    uint8_t* q = b.qkv.data();
+    uint8_t* k = q + nq * es;
+    uint8_t* v = k + nkv * es;
+    if ((rc = hk_rope_neox(q, nqkv, H, k, nqkv, Hkv, D, L.rot_dim, L.cos, L.sin, st->positions, T, dtype, threads)))
+      return rc;
+    if (L.kv_dtype != dtype) return -100;  // (the builder only takes caches in the model dtype)
+    if ((rc = hk_kv_write(k, nqkv * es, v, nqkv * es, L.k_cache, L.v_cache, st->slots, T, nkv * es, L.num_slots)))
+      return rc;
+    b.q32.resize(T * nq);
+    b.att32.resize(T * nq);
+    widen_rows(q, dtype, T, nq, nqkv, b.q32.data());
+    rc = hk_paged_attention(b.q32.data(), nq, L.k_cache, L.v_cache, L.kv_dtype, nullptr, nullptr,
+                            L.block_size * nkv, nkv, st->block_tables, st->bt_stride, st->query_start,
+                            st->context_lens, nullptr, st->num_seqs, b.att32.data(), nq, L.block_size, H, Hkv, D,
+                            L.scale, 0.0f, L.window, nullptr, L.attn_isa, threads);
+    if (rc) return rc;
+    b.att.resize(T * nq * es);
+    narrow(b.att32.data(), dtype, T * nq, b.att.data());
+    if ((rc = project(L.o, b.att.data(), T, dtype, b.f32, x, isa, threads))) return rc;
+    // MLP block
+    if ((rc = hk_rms_norm(x, hidden, residual, hidden, L.norm2, L.norm_offset, L.eps, b.h.data(), residual, T,
+                          hidden, dtype, threads)))
+      return rc;
+    const int64_t inter = L.gate_up.N / 2;
+    b.gu.resize(T * L.gate_up.N * es);
+    if ((rc = project(L.gate_up, b.h.data(), T, dtype, b.f32, b.gu.data(), isa, threads))) return rc;
+    b.act.resize(T * inter * es);
+    if ((rc = hk_act_and_mul(b.gu.data(), L.gate_up.N, b.act.data(), T, inter, L.act, dtype, threads))) return rc;
+    if ((rc = project(L.down, b.act.data(), T, dtype, b.f32, x, isa, threads))) return rc;
+  }
+  return 0;
+}
+
+}  // extern "C"

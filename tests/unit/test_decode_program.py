@@ -1,0 +1,58 @@
+"""The C decode program (hearth.kernels.decoder) gives exactly the layer-by-layer path's tokens and logprobs."""
+import pytest
+import torch
+
+from hearth import LLM, SamplingParams
+from hearth.kernels import decoder
+from hearth.models.blocks import DecoderModel
+from tests.tiny_models import build_checkpoint, tiny_config
+
+needs_program = pytest.mark.skipif(decoder._lib() is None, reason="hearth kernels unavailable here")
+
+PROMPTS = [[5, 17, 42, 99, 7], [300, 12], list(range(20, 60))]
+
+CASES = {
+    "llama-bf16": (dict(family="llama"), dict(dtype="bfloat16")),
+    "qwen2-bias-f32": (dict(family="qwen2", use_sliding_window=False), dict(dtype="float32")),
+    "mistral-window-f16": (dict(family="mistral", sliding_window=8), dict(dtype="float16")),
+    "llama-int4": (dict(family="llama"), dict(dtype="bfloat16", quantization="int4-g32")),
+    "llama-int8": (dict(family="llama", attention_bias=True), dict(dtype="float32", quantization="int8")),
+}
+
+
+def _generate(llm: LLM, n: int) -> list[tuple[list[int], list[list[tuple[int, float]]]]]:
+    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True, logprobs=5)] * len(PROMPTS)
+    outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params)
+    return [(o.outputs[0].token_ids, [lp.top for lp in o.outputs[0].logprobs]) for o in outs]
+
+
+@needs_program
+@pytest.mark.parametrize("case", list(CASES))
+def test_program_equals_layer_path(case: str, tmp_path, monkeypatch) -> None:
+    cfg_kw, engine_kw = CASES[case]
+    cfg_kw = dict(cfg_kw)
+    folder = build_checkpoint(str(tmp_path / case), tiny_config(cfg_kw.pop("family"), num_hidden_layers=3, **cfg_kw))
+    # (no prefix caching: the second run must prefill exactly as the first)
+    llm = LLM(folder, kv_cache_space=0.05, max_num_batched_tokens=64, enable_prefix_caching=False, **engine_kw)
+    runs = []
+    real_run = decoder.DecodeProgram.run
+
+    def counted(self, *a):
+        runs.append(a[0].shape[0])
+        return real_run(self, *a)
+
+    monkeypatch.setattr(decoder.DecodeProgram, "run", counted)
+    with_program = _generate(llm, 10)
+    assert runs and max(runs) == len(PROMPTS), "the decode steps did not run through the program"
+    monkeypatch.setattr(DecoderModel, "_decode_program", lambda self: None)
+    assert _generate(llm, 10) == with_program
+
+
+@needs_program
+def test_unsupported_layers_keep_the_layer_path(tmp_path) -> None:
+    """Qwen3 (per-head q/k norms) is not a shape the program takes: no program, same engine."""
+    folder = build_checkpoint(str(tmp_path / "q3"), tiny_config("qwen3"))
+    llm = LLM(folder, dtype="float32", kv_cache_space=0.05)
+    llm.generate([{"prompt_token_ids": [5, 6, 7]}], SamplingParams(max_tokens=3, temperature=0.0))
+    assert llm.engine.model.model._decode_program() is None
+    assert decoder.DecodeProgram.build(torch.nn.ModuleList()) is None
