@@ -76,7 +76,7 @@ class QWeight:
     group: int  # weights per scale along K (a multiple of 32 dividing K; K itself for per-channel int8)
     data: torch.Tensor  # int8 [N, K] | uint8 [N, K/2]
     scales: torch.Tensor  # fp32 [N, K/group]
-    mins: torch.Tensor | None  # fp32 [N, K/group], int4 only
+    mins: torch.Tensor | None  # fp32 [N, K/group], int4 only; None for symmetric int4 (GGUF Q4_0): min = -8 scale
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -171,7 +171,12 @@ def dequantize(qw: QWeight) -> torch.Tensor:
     if qw.bits == 8:
         return (qw.data.float().reshape(n, k // g, g) * s).reshape(n, k)
     q = unpack_u4(qw.data).float().reshape(n, k // g, g)
-    return torch.addcmul(qw.mins[..., None], q, s).reshape(n, k)  # q * s + min, like the kernel's fma
+    return torch.addcmul(implied_mins(qw)[..., None], q, s).reshape(n, k)  # q * s + min, like the kernel's fma
+
+
+def implied_mins(qw: QWeight) -> torch.Tensor:
+    """int4 mins, stored or (symmetric int4) -8 * scales; exact in fp32 either way."""
+    return qw.mins if qw.mins is not None else -8.0 * qw.scales
 
 
 # ---------------------------------------------------------------- matmul

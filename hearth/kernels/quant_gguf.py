@@ -78,9 +78,10 @@ def repack(ggml_type: int, data: torch.Tensor, shape: tuple[int, int]) -> QWeigh
         return QWeight(8, 32, torch.from_numpy(q), torch.from_numpy(_f16(b[:, :, 0:2])), None)
     if name in ("Q4_0", "Q4_1"):
         d = _f16(b[:, :, 0:2])
-        m = -8.0 * d if name == "Q4_0" else _f16(b[:, :, 2:4])
+        # Q4_0 is symmetric (min = -8 d): no mins array, 0.625 instead of 0.75 bytes per weight to read.
+        m = None if name == "Q4_0" else torch.from_numpy(_f16(b[:, :, 2:4]))
         qs = np.ascontiguousarray(b[:, :, nbytes - 16:]).reshape(n, k // 2)  # already hearth's nibble order
-        return QWeight(4, 32, torch.from_numpy(qs), torch.from_numpy(d), torch.from_numpy(m.astype(np.float32)))
+        return QWeight(4, 32, torch.from_numpy(qs), torch.from_numpy(d), m)
     # Q4_K
     d, dmin = _f16(b[:, :, 0:2]), _f16(b[:, :, 2:4])  # [N, nb]
     sc, mn = _q4k_scale_min(b[:, :, 4:16])  # [N, nb, 8]

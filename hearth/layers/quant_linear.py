@@ -123,7 +123,9 @@ def _cat(parts: list[quant.QWeight]) -> quant.QWeight:
         return parts[0]
     if len({(p.bits, p.group) for p in parts}) != 1:
         raise ValueError("shards of one layer quantized differently")
-    mins = None if parts[0].mins is None else torch.cat([p.mins for p in parts])
+    mins = None  # symmetric int4 shards stay without mins; mixed with asymmetric ones, theirs are spelled out
+    if any(p.mins is not None for p in parts):
+        mins = torch.cat([quant.implied_mins(p) for p in parts]) if parts[0].bits == 4 else None
     return quant.QWeight(parts[0].bits, parts[0].group, torch.cat([p.data for p in parts]),
                          torch.cat([p.scales for p in parts]), mins)
 

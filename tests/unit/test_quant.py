@@ -1,4 +1,5 @@
 """Weight-only quantization: kernels vs the dequantized reference, GGUF repacks vs gguf.quants, QuantLinear loading."""
+import dataclasses
 from pathlib import Path
 
 import gguf
@@ -43,6 +44,8 @@ def _qweights(w: torch.Tensor) -> list[quant.QWeight]:
     k = w.shape[1]
     out = [quant.quantize_int8(w), quant.quantize_int8(w, 32), quant.quantize_int4(w, 32)]
     out += [quant.quantize_int4(w, g) for g in (64, 128) if k % g == 0]
+    # symmetric int4 (GGUF Q4_0's layout): no mins stored, min = -8 * scale
+    out += [dataclasses.replace(quant.quantize_int4(w, g), mins=None) for g in (32, 64) if k % g == 0]
     return out
 
 
@@ -177,6 +180,7 @@ def test_gguf_repack_equals_gguf_dequantize(qtype: Q) -> None:
     blocks = GGUFBlocks(int(qtype), (n, k), torch.from_numpy(raw.copy()))
     qw = blocks.repack()
     assert qw.bits == (8 if qtype == Q.Q8_0 else 4) and qw.group == 32
+    assert (qw.mins is None) == (qtype in (Q.Q8_0, Q.Q4_0))  # Q4_0 is symmetric: its mins are implied
     ref = torch.from_numpy(gguf.quants.dequantize(raw, qtype))
     assert torch.equal(quant.dequantize(qw), ref)  # bit-exact: the kernel's fma gives these same floats
     assert torch.equal(blocks.dequantize(), ref)

@@ -27,7 +27,7 @@ struct Problem {
   const void* w;   // [N][ldw bytes]: int8 [K] or packed int4 [K / 2]
   int64_t ldw;
   const float* scales;  // [N][ldg]
-  const float* mins;    // [N][ldg] (int4 only)
+  const float* mins;    // [N][ldg] (int4 only); nullptr: symmetric int4, min = -8 * scale (GGUF Q4_0)
   int64_t ldg;
   int64_t sb_per_group;  // G / 32
   const float* bias;     // [N] or nullptr
@@ -230,7 +230,6 @@ int hq_linear(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, con
   if (isa != kISA_AVX2 && isa != kISA_AVX512) return -1;
   if (x_dtype < 0 || x_dtype > 2) return -2;
   if (K % 32 || group % 32 || group <= 0 || K % group) return -3;
-  if (int4 && mins == nullptr) return -4;
   if (M <= 0 || N <= 0) return 0;
   std::vector<float> buf;
   const float* xp = pack_x(x, x_dtype, M, K, ldx, buf);
@@ -255,7 +254,6 @@ static int linear_dot(const void* x, int x_dtype, int64_t M, int64_t K, int64_t 
   if (isa != kISA_AVX2 && isa != kISA_AVX512) return -1;
   if (x_dtype < 0 || x_dtype > 2) return -2;
   if (K % 32 || group % 32 || group <= 0 || K % group) return -3;
-  if (int4 && mins == nullptr) return -4;
   if (M <= 0 || N <= 0) return 0;
   static const bool has_vnni = __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl");
   const bool use_vnni = isa == kISA_AVX512 && has_vnni;
@@ -312,7 +310,6 @@ int hq_dequant(const void* w, int int4, int64_t K, int64_t ldw, const float* sca
   using namespace hq;
   if (isa != kISA_AVX2 && isa != kISA_AVX512) return -1;
   if (K % 32 || group % 32 || group <= 0 || K % group) return -3;
-  if (int4 && mins == nullptr) return -4;
   Problem p{nullptr, w, ldw, scales, mins, ldg, group / 32, nullptr, nullptr, 0, n1, K, int4 != 0};
   parallel(n1 - n0, nthreads, [&](int64_t b, int64_t e) {
     if (isa == kISA_AVX512)

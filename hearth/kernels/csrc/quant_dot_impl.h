@@ -192,7 +192,7 @@ static inline void micro_u4(const Problem& a, const XQ& xq, int64_t m0, int64_t 
   // Next tile (rows n0 + NR ..): its data, scales and mins are prefetched during this one, see prefetch_next.
   const char* wn = static_cast<const char*>(a.w) + (n0 + NR) * a.ldw;
   const char* sn = reinterpret_cast<const char*>(a.scales + (n0 + NR) * a.ldg);
-  const char* mn = reinterpret_cast<const char*>(a.mins + (n0 + NR) * a.ldg);
+  const char* mn = reinterpret_cast<const char*>((a.mins ? a.mins : a.scales) + (n0 + NR) * a.ldg);
   const int64_t wstep = np ? (NR * a.ldw + np - 1) / np : 0, sbytes = NR * a.ldg * 4;
   for (int64_t j = 0; j < np; ++j) {
     __m256i lo[NR], hi[NR];
@@ -264,7 +264,9 @@ static inline void micro_u4(const Problem& a, const XQ& xq, int64_t m0, int64_t 
   for (int m = 0; m < MR; ++m)
     for (int r = 0; r < NR; ++r) {
       const int64_t n = n0 + r * rs;
-      float s = hsum8(acc[m][r]) + dot_f32(a.mins + n * a.ldg, xq.xs + (m0 + m) * xq.ld_xs, ng);
+      const float* xs = xq.xs + (m0 + m) * xq.ld_xs;
+      // symmetric int4: sum_g (-8 s_g) xs_g, the scales just read (exact factor: -8 commutes with rounding)
+      float s = hsum8(acc[m][r]) + (a.mins ? dot_f32(a.mins + n * a.ldg, xs, ng) : -8.0f * dot_f32(sc[r], xs, ng));
       if (a.bias) s += a.bias[n];
       a.out[(m0 + m) * a.N + n] = s;
     }

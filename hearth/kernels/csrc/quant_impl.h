@@ -30,8 +30,9 @@ struct WU4 {
   static constexpr int64_t kSubBytes = 16;
   static inline void deq(const Problem& a, int64_t n, int64_t sb, typename T::V out[NV]) {
     const int64_t g = sb / a.sb_per_group;
-    T::deq_u4(static_cast<const uint8_t*>(a.w) + n * a.ldw + sb * kSubBytes, T::set1(a.scales[n * a.ldg + g]),
-              T::set1(a.mins[n * a.ldg + g]), out);
+    const float s = a.scales[n * a.ldg + g];
+    T::deq_u4(static_cast<const uint8_t*>(a.w) + n * a.ldw + sb * kSubBytes, T::set1(s),
+              T::set1(a.mins ? a.mins[n * a.ldg + g] : -8.0f * s), out);
   }
 };
 
