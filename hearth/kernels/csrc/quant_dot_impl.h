@@ -364,17 +364,14 @@ static inline void micro_dot_mr(int mr, const Problem& a, const XQ& xq, int64_t 
 // M > 1 tile: 4 x rows per weight row (measured on the 2-core AVX2 EPYC, 1 thread, CPU time, M = 8: 4 x 1 beat 2 x 2,
 // 4 x 2 and 8 x 1, which spill accumulators or unpacked weights out of the 16 ymm registers).
 constexpr int64_t kDotMR = 4, kDotNR = 1;
-#ifndef HQ_STREAMS1
-#define HQ_STREAMS1 1
-#endif
-constexpr bool kStreams1 = HQ_STREAMS1;
+constexpr int kStreamsM1 = 4;  // 2 and 3 streams measured no better (noisy)
 template <bool kX2>
 static void run_dot_t(const Problem& a, const XQ& xq, int64_t n_begin, int64_t n_end) {
   constexpr int64_t MB = kDotMR;
-  if (a.M == 1 && kStreams1) {  // 4 streams, each its own contiguous run of rows (see linear_impl.h run_rows_m1)
-    const int64_t len = (n_end - n_begin) / 4;
-    for (int64_t i = 0; i < len; ++i) micro_dot<1, 4, kX2, false>(a, xq, 0, n_begin + i, len);
-    n_begin += 4 * len;
+  if (a.M == 1) {  // 4 streams, each its own contiguous run of rows (see linear_impl.h run_rows_m1)
+    const int64_t len = (n_end - n_begin) / kStreamsM1;
+    for (int64_t i = 0; i < len; ++i) micro_dot<1, kStreamsM1, kX2, false>(a, xq, 0, n_begin + i, len);
+    n_begin += kStreamsM1 * len;
   }
   for (int64_t n = n_begin; n < n_end;) {
     if (a.M == 1 && n + 4 <= n_end) {
