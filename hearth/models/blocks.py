@@ -121,8 +121,9 @@ class DecoderModel(nn.Module):
         """The layers as one C decode program (None when some layer's shape is not supported), built once the KV
         caches are bound and rebuilt if they are rebound."""
         cached = self.__dict__.get("_program")
+        # (the model runner binds every layer's cache at once: the first and last layer's identify the binding)
         caches = tuple(id(getattr(getattr(getattr(layer, "self_attn", None), "attn", None), "kv_cache", None))
-                       for layer in self.layers)
+                       for layer in (self.layers[0], self.layers[-1]))
         if cached is None or cached[0] != caches:
             cached = (caches, DecodeProgram.build(self.layers))
             self.__dict__["_program"] = cached
