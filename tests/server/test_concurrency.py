@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import socket
 import threading
 import time
 
@@ -105,11 +107,14 @@ def test_disconnect_mid_stream_frees_blocks(server):
 
 def test_disconnect_non_streaming_frees_blocks(server):
     aborted = server.metric("vllm:request_success_total", finished_reason="abort")
-    body = {"prompt": "The quick", "max_tokens": 240, "ignore_eos": True, "n": 4}
-    try:
-        httpx.post(server.url + "/v1/completions", json=body, timeout=0.5)
-    except httpx.TimeoutException:
-        pass
+    body = json.dumps({"prompt": "The quick", "max_tokens": 240, "ignore_eos": True, "n": 8}).encode()
+    # A raw connection, closed as soon as the server runs the request: a client timeout raced the engine, which
+    # finishes this request in well under a second on the tiny model.
+    url = httpx.URL(server.url)
+    with socket.create_connection((url.host, url.port), timeout=10) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        assert wait_until(lambda: server.health()["num_requests_running"] > 0, 10, interval=0.005)
     assert wait_until(lambda: server.health()["kv_used_blocks"] == 0, 10), server.health()
     assert server.metric("vllm:request_success_total", finished_reason="abort") == aborted + 1  # not finished
     # and the server still serves
