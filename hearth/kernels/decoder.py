@@ -5,10 +5,10 @@
 
 The C loop calls the same kernels, with the same rounding points, as the layers' Python forward, so results are
 identical; it removes ~0.7 ms of Python per layer and step (module calls, allocations, ctypes argument packing).
-Supported: pre-norm layers with fused-qkv attention (no q/k norms, clipping, softcap or ALiBi; optional bias and
-sliding window), NeoX rotary, RMSNorm, gated MLP (silu / gelu-tanh), float or hearth-quantized projections, and a
-KV cache in the model dtype: the Llama family (Llama, Mistral, Qwen2, SmolLM2, TinyLlama). Anything else keeps the
-layer-by-layer path. HEARTH_DECODE_PROGRAM=0 turns it off.
+Supported: pre-norm layers with fused-qkv attention (optional per-head q/k RMSNorm, bias and sliding window; no
+clipping, softcap or ALiBi), NeoX rotary, RMSNorm, gated MLP (silu / gelu-tanh), float or hearth-quantized
+projections, and a KV cache in the model dtype: the Llama family (Llama, Mistral, Qwen2, SmolLM2, TinyLlama) and
+Qwen3. Anything else keeps the layer-by-layer path. HEARTH_DECODE_PROGRAM=0 turns it off.
 """
 from __future__ import annotations
 
@@ -41,7 +41,8 @@ class _Layer(ctypes.Structure):
                 ("norm2", ptr), ("norm_offset", f32), ("eps", f32), ("num_heads", i64), ("num_kv_heads", i64),
                 ("head_dim", i64), ("rot_dim", i64), ("cos", ptr), ("sin", ptr), ("k_cache", ptr), ("v_cache", ptr),
                 ("kv_dtype", i32), ("act", i32), ("attn_isa", i32), ("pad", i32), ("num_slots", i64),
-                ("block_size", i64), ("window", i64), ("scale", f32)]
+                ("block_size", i64), ("window", i64), ("scale", f32), ("qk_offset", f32), ("q_norm", ptr),
+                ("k_norm", ptr), ("qk_eps", f32)]
 
 
 class _Step(ctypes.Structure):
@@ -98,7 +99,11 @@ def _layer_desc(layer, keep: list) -> _Layer | None:
         return None
     at, mlp = layer.self_attn, layer.mlp
     a = at.attn
-    if (at.q_norm is not None or at.clip_qkv is not None or a.logit_softcap or a.alibi_slopes is not None
+    qk = (at.q_norm, at.k_norm) if at.q_norm is not None else None
+    if qk is not None and (not at.per_head_norm or any(type(n) is not RMSNorm for n in qk)
+                           or qk[0].offset != qk[1].offset or qk[0].eps != qk[1].eps):
+        return None
+    if (at.clip_qkv is not None or a.logit_softcap or a.alibi_slopes is not None
             or a.kv_cache is None or type(at.rotary_emb).forward is not RotaryEmbedding.forward):
         return None
     norms = (layer.input_layernorm, layer.post_attention_layernorm)
@@ -120,12 +125,14 @@ def _layer_desc(layer, keep: list) -> _Layer | None:
     if any(d is None for d in lins):
         return None
     w1, w2 = norms[0].weight32(), norms[1].weight32()
-    keep += [w1, w2]
+    qn, kn = (qk[0].weight32(), qk[1].weight32()) if qk else (None, None)
+    keep += [w1, w2, qn, kn]
     num_blocks, block_size = k_cache.shape[:2]
     return _Layer(*lins, w1.data_ptr(), w2.data_ptr(), norms[0].offset, norms[0].eps, a.num_heads, a.num_kv_heads,
                   a.head_dim, rope.rotary_dim, rope.cos.data_ptr(), rope.sin.data_ptr(), k_cache.data_ptr(),
                   v_cache.data_ptr(), _DTYPE[k_cache.dtype], act, isa, 0, num_blocks * block_size, block_size,
-                  a.sliding_window or 0, a.scale)
+                  a.sliding_window or 0, a.scale, qk[0].offset if qk else 0.0,
+                  qn.data_ptr() if qk else None, kn.data_ptr() if qk else None, qk[0].eps if qk else 0.0)
 
 
 class DecodeProgram:

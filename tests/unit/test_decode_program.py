@@ -17,6 +17,7 @@ CASES = {
     "mistral-window-f16": (dict(family="mistral", sliding_window=8), dict(dtype="float16")),
     "llama-int4": (dict(family="llama"), dict(dtype="bfloat16", quantization="int4-g32")),
     "llama-int8": (dict(family="llama", attention_bias=True), dict(dtype="float32", quantization="int8")),
+    "qwen3-qk-norm-bf16": (dict(family="qwen3"), dict(dtype="bfloat16")),
 }
 
 
@@ -50,8 +51,8 @@ def test_program_equals_layer_path(case: str, tmp_path, monkeypatch) -> None:
 
 @needs_program
 def test_unsupported_layers_keep_the_layer_path(tmp_path) -> None:
-    """Qwen3 (per-head q/k norms) is not a shape the program takes: no program, same engine."""
-    folder = build_checkpoint(str(tmp_path / "q3"), tiny_config("qwen3"))
+    """OLMo2 (q/k norms over the flat projections) is not a shape the program takes: no program, same engine."""
+    folder = build_checkpoint(str(tmp_path / "olmo2"), tiny_config("olmo2"))
     llm = LLM(folder, dtype="float32", kv_cache_space=0.05)
     llm.generate([{"prompt_token_ids": [5, 6, 7]}], SamplingParams(max_tokens=3, temperature=0.0))
     assert llm.engine.model.model._decode_program() is None

@@ -1,7 +1,7 @@
 // hearth decode program: a stack of pre-norm Llama-style decoder layers in ONE C call for a decode step.
 //
 // Per layer: rmsnorm(x + residual) -> qkv -> rope -> KV-cache write -> paged attention -> o -> rmsnorm(x + residual)
-// -> gate_up -> act(gate) * up -> down, by the same C entry points (and the same rounding points) the Python layers
+// -> gate_up -> act(gate) * up -> down (and Qwen3's per-head q/k RMSNorm before rope), by the same C entry points (and the same rounding points) the Python layers
 // call one at a time: each projection's fp32 result is rounded to the model dtype, q is widened to fp32 for the
 // attention kernel and its output rounded back. So the result equals the layer-by-layer path bit for bit; what goes
 // away is Python: ~0.7 ms per layer on the 2-core Zen 3 (module calls, ~10 torch allocations, ~12 ctypes calls),
@@ -12,6 +12,8 @@
 #include <cstdint>
 #include <cstring>
 #include <vector>
+
+#include "bf16.h"
 
 #pragma GCC target("avx2,fma,f16c")
 
@@ -74,6 +76,10 @@ struct HkLayerDesc {
   int32_t attn_isa, pad;  // the attention kernel's ISA (AVX2 for head sizes AVX-512 lanes do not divide)
   int64_t num_slots, block_size, window;  // window 0 = none
   float scale;
+  float qk_offset;  // per-head q/k RMSNorm (Qwen3): fp32 [head_dim] weights, or null for none
+  const float* q_norm;
+  const float* k_norm;
+  float qk_eps;
 };
 
 struct HkStepDesc {
@@ -89,21 +95,13 @@ struct HkStepDesc {
 
 int64_t elem_size(int dtype) { return dtype == kF32 ? 4 : 2; }
 
-uint16_t f32_to_bf16(float f) {  // round to nearest even, NaN kept quiet (as torch)
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return uint16_t(u >> 16);
-}
-
 // fp32 [n] -> dtype (torch's .to(dtype) rounding).
 void narrow(const float* src, int dtype, int64_t n, void* dst) {
   if (dtype == kF32) {
     std::memcpy(dst, src, n * 4);
   } else if (dtype == kBF16) {
     auto* d = static_cast<uint16_t*>(dst);
-    for (int64_t i = 0; i < n; ++i) d[i] = f32_to_bf16(src[i]);
+    for (int64_t i = 0; i < n; ++i) d[i] = hk::f32_to_bf16(src[i]);
   } else {
     auto* d = static_cast<uint16_t*>(dst);
     int64_t i = 0;
@@ -124,8 +122,7 @@ void widen_rows(const void* src, int dtype, int64_t T, int64_t D, int64_t ld, fl
     const uint16_t* s = static_cast<const uint16_t*>(src) + t * ld;
     for (int64_t i = 0; i < D; ++i) {
       if (dtype == kBF16) {
-        const uint32_t u = uint32_t(s[i]) << 16;
-        std::memcpy(d + i, &u, 4);
+        d[i] = hk::bf16_to_f32(s[i]);
       } else {
         d[i] = _cvtsh_ss(s[i]);
       }
@@ -187,6 +184,13 @@ int hk_decoder_layers(const HkLayerDesc* layers, int64_t n, const HkStepDesc* st
     uint8_t* q = b.qkv.data();
     uint8_t* k = q + nq * es;
     uint8_t* v = k + nkv * es;
+    for (int64_t t = 0; L.q_norm && t < T; ++t) {  // each head's D values of token t, normalized in place
+      const int64_t o = t * nqkv * es;
+      if ((rc = hk_rms_norm(q + o, D, nullptr, 0, L.q_norm, L.qk_offset, L.qk_eps, q + o, nullptr, H, D, dtype, 1)))
+        return rc;
+      if ((rc = hk_rms_norm(k + o, D, nullptr, 0, L.k_norm, L.qk_offset, L.qk_eps, k + o, nullptr, Hkv, D, dtype, 1)))
+        return rc;
+    }
     if ((rc = hk_rope_neox(q, nqkv, H, k, nqkv, Hkv, D, L.rot_dim, L.cos, L.sin, st->positions, T, dtype, threads)))
       return rc;
     if (L.kv_dtype != dtype) return -100;  // (the builder only takes caches in the model dtype)

@@ -14,6 +14,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "bf16.h"
+
 // NOTE: the whole file is AVX2+FMA+F16C code: Python calls it only when hearth.kernels.isa() found those.
 #pragma GCC target("avx2,fma,f16c")
 
@@ -21,20 +23,8 @@ namespace {
 
 enum DType { kF32 = 0, kBF16 = 1, kF16 = 2 };
 
-inline float bf16_to_f32(uint16_t h) {
-  uint32_t u = uint32_t(h) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
-inline uint16_t f32_to_bf16(float f) {  // round to nearest even, NaN kept quiet (as torch)
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return uint16_t(u >> 16);
-}
+using hk::bf16_to_f32;
+using hk::f32_to_bf16;
 
 inline float f16_to_f32(uint16_t h) { return _cvtsh_ss(h); }
 

@@ -12,6 +12,8 @@
 #include <cstring>
 #include <vector>
 
+#include "bf16.h"
+
 enum class WKind { kBF16, kF16, kF32 };
 
 enum DType { kF32 = 0, kBF16 = 1, kF16 = 2 };

@@ -17,12 +17,7 @@ struct WBF16 {
   using E = uint16_t;
   static constexpr bool kDeinterleave = true;
   static inline void load(const E* p, T::V& lo, T::V& hi) { T::load_bf16(p, lo, hi); }
-  static inline float scalar(E e) {
-    uint32_t u = uint32_t(e) << 16;
-    float f;
-    std::memcpy(&f, &u, 4);
-    return f;
-  }
+  static inline float scalar(E e) { return hk::bf16_to_f32(e); }
 };
 
 struct WF16 {

@@ -20,6 +20,8 @@
 #include <cstring>
 #include <vector>
 
+#include "bf16.h"
+
 namespace hq {
 
 struct Problem {
@@ -205,8 +207,7 @@ static const float* pack_x(const void* x, int dtype, int64_t M, int64_t K, int64
       const uint16_t* s = static_cast<const uint16_t*>(x) + m * ldx;
       for (int64_t k = 0; k < K; ++k) {
         if (dtype == kBF16) {
-          const uint32_t u = uint32_t(s[k]) << 16;
-          std::memcpy(d + k, &u, 4);
+          d[k] = hk::bf16_to_f32(s[k]);
         } else {
           d[k] = half_to_float(s[k]);
         }

@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "bf16.h"
+
 namespace {
 
 #pragma GCC push_options
@@ -17,10 +19,7 @@ void widen_range(const uint16_t* src, int dtype, float* dst, int64_t b, int64_t 
       __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i)));
       _mm256_storeu_ps(dst + i, _mm256_castsi256_ps(_mm256_slli_epi32(w, 16)));
     }
-    for (; i < e; ++i) {
-      uint32_t u = uint32_t(src[i]) << 16;
-      std::memcpy(dst + i, &u, 4);
-    }
+    for (; i < e; ++i) dst[i] = hk::bf16_to_f32(src[i]);
   } else {  // f16
     for (; i + 8 <= e; i += 8)
       _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
