@@ -7,8 +7,8 @@ The C loop calls the same kernels, with the same rounding points, as the layers'
 identical; it removes ~0.7 ms of Python per layer and step (module calls, allocations, ctypes argument packing).
 Supported: pre-norm layers with fused-qkv attention (optional per-head q/k RMSNorm, bias and sliding window; no
 clipping, softcap or ALiBi), NeoX rotary, RMSNorm, gated MLP (silu / gelu-tanh), float or hearth-quantized
-projections, and a KV cache in the model dtype: the Llama family (Llama, Mistral, Qwen2, SmolLM2, TinyLlama) and
-Qwen3. Anything else keeps the layer-by-layer path. HEARTH_DECODE_PROGRAM=0 turns it off.
+projections, and a KV cache in the model dtype: the Llama family (Llama, Mistral, Qwen2, SmolLM2, TinyLlama), Qwen3,
+Gemma (1) and Phi-3. Anything else (Gemma 2/3, StableLM, OLMo, MoE, int8 KV cache) keeps the layer-by-layer path. HEARTH_DECODE_PROGRAM=0 turns it off.
 """
 from __future__ import annotations
 

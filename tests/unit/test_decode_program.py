@@ -18,6 +18,8 @@ CASES = {
     "llama-int4": (dict(family="llama"), dict(dtype="bfloat16", quantization="int4-g32")),
     "llama-int8": (dict(family="llama", attention_bias=True), dict(dtype="float32", quantization="int8")),
     "qwen3-qk-norm-bf16": (dict(family="qwen3"), dict(dtype="bfloat16")),
+    "gemma-offset-norm-gelu": (dict(family="gemma"), dict(dtype="float32")),  # (embedding scale stays in Python)
+    "phi3-fused-checkpoint": (dict(family="phi3"), dict(dtype="bfloat16")),
 }
 
 
