@@ -118,20 +118,10 @@ static void quantize_x_row(const float* x, int64_t K, bool int4, int64_t G, int8
   }
 }
 
-// Software prefetch. M > 1 tiles (compute-bound): each weight row kPrefetchBytes ahead of the current block.
-// M = 1 (kPrefetchNext; memory-bound): while a tile of NR rows is processed, the NEXT tile (rows n0 + NR .., the
-// following NR * ldw bytes, plus its scales and mins) is prefetched in address order, a slice of `step` bytes per
-// block. Measured on the 2-core Zen 3 VM, 1 thread, K = 2048 (GB/s incl. scales and mins): 32000 rows (50 MB, not
-// in L3) int4-g32 5.6 -> 10.2, int8 5.8 -> 9.3; 11264 rows 4.9 -> 11.0, 5.4 -> 9.9; 2048 rows (in L3) unchanged.
-// The in-row prefetch 512 bytes ahead did nothing (likely: the lines that miss are the first ones of each new
-// tile). 2 tiles ahead was no better than 1; _MM_HINT_T1 / NTA no different from T0.
+// Software prefetch: each weight row kPrefetchBytes ahead of the current block (and its scales every 8 pairs).
+// (An earlier M = 1 path read 4 ADJACENT rows and needed the next tile prefetched explicitly; the row streams of
+// run_dot_t read each row run sequentially, which the hardware prefetcher follows.)
 constexpr int64_t kPrefetchBytes = 512;
-
-static inline void prefetch_next(const char* p, int64_t step) {
-  _mm_prefetch(p, _MM_HINT_T0);
-  _mm_prefetch(p + 64, _MM_HINT_T0);  // step is 2 lines when rows are contiguous (4 rows x 32 bytes a block)
-  for (int64_t o = 128; o < step; o += 64) _mm_prefetch(p + o, _MM_HINT_T0);
-}
 
 // acc (8 x s32) of a pair of int4 blocks against x's pair-permuted 64 bytes.
 static inline __m256i u4_pair(__m256i acc, __m256i lo, __m256i hi, const int8_t* qx) {
@@ -167,7 +157,7 @@ static inline __m256 pair_scales(const float* s, int64_t j, int64_t spg) {
   if constexpr (kSpg == 1) {  // two adjacent scales: one 8-byte load, spread over the lanes
     const __m256 v = _mm256_castpd_ps(_mm256_broadcast_sd(reinterpret_cast<const double*>(s + 2 * j)));
     return _mm256_permutevar8x32_ps(v, _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1));
-  } else if (kSpg > 1 ? true : spg % 2 == 0) {
+  } else if (kSpg > 1 || spg % 2 == 0) {
     return _mm256_broadcast_ss(s + group_of<kSpg>(2 * j, spg));
   } else {
     return _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_broadcast_ss(s + (2 * j) / spg)),
@@ -176,7 +166,7 @@ static inline __m256 pair_scales(const float* s, int64_t j, int64_t spg) {
 }
 
 // Rows n0 + r * rs (r < NR) x rows [m0, m0 + MR): out = int4 weights . XQ.
-template <int MR, int NR, int kSpg, bool kPrefetchNext, bool kX2>
+template <int MR, int NR, int kSpg, bool kX2>
 static inline void micro_u4(const Problem& a, const XQ& xq, int64_t m0, int64_t n0, int64_t rs = 1) {
   const int64_t nb = a.K / 32, np = nb / 2, spg = a.sb_per_group;
   const __m256i mask = _mm256_set1_epi8(0x0F);
@@ -189,27 +179,13 @@ static inline void micro_u4(const Problem& a, const XQ& xq, int64_t m0, int64_t 
     w[r] = static_cast<const uint8_t*>(a.w) + (n0 + r * rs) * a.ldw;
     sc[r] = a.scales + (n0 + r * rs) * a.ldg;
   }
-  // Next tile (rows n0 + NR ..): its data, scales and mins are prefetched during this one, see prefetch_next.
-  const char* wn = static_cast<const char*>(a.w) + (n0 + NR) * a.ldw;
-  const char* sn = reinterpret_cast<const char*>(a.scales + (n0 + NR) * a.ldg);
-  const char* mn = reinterpret_cast<const char*>((a.mins ? a.mins : a.scales) + (n0 + NR) * a.ldg);
-  const int64_t wstep = np ? (NR * a.ldw + np - 1) / np : 0, sbytes = NR * a.ldg * 4;
   for (int64_t j = 0; j < np; ++j) {
     __m256i lo[NR], hi[NR];
     __m256 ws[NR];
-    if (kPrefetchNext) {
-      prefetch_next(wn + j * wstep, wstep);
-      if (j * 64 < sbytes) {
-        _mm_prefetch(sn + j * 64, _MM_HINT_T0);
-        _mm_prefetch(mn + j * 64, _MM_HINT_T0);
-      }
-    }
     for (int r = 0; r < NR; ++r) {
-      if (!kPrefetchNext) {
-        _mm_prefetch(reinterpret_cast<const char*>(w[r] + j * 32) + kPrefetchBytes, _MM_HINT_T0);
-        if (j % 8 == 0)
-          _mm_prefetch(reinterpret_cast<const char*>(sc[r] + group_of<kSpg>(2 * j, spg)) + 64, _MM_HINT_T0);
-      }
+      _mm_prefetch(reinterpret_cast<const char*>(w[r] + j * 32) + kPrefetchBytes, _MM_HINT_T0);
+      if (j % 8 == 0)
+        _mm_prefetch(reinterpret_cast<const char*>(sc[r] + group_of<kSpg>(2 * j, spg)) + 64, _MM_HINT_T0);
     }
     if constexpr (MR == 1) {  // one x row: each weight row's pair is unpacked and used at once (no spills)
       const int8_t* qx = xq.q + m0 * a.K + j * 64;
@@ -279,7 +255,7 @@ static inline __m256i i8_block(__m256i acc, __m256i w, const int8_t* qx) {
 }
 
 // Same for int8 weights. kPerChannel: one scale for the row, applied once at the end.
-template <int MR, int NR, int kSpg, bool kPrefetchNext, bool kX2>
+template <int MR, int NR, int kSpg, bool kX2>
 static inline void micro_i8(const Problem& a, const XQ& xq, int64_t m0, int64_t n0, int64_t rs = 1) {
   const int64_t nb = a.K / 32, spg = a.sb_per_group;
   __m256 acc[MR][NR];
@@ -291,18 +267,10 @@ static inline void micro_i8(const Problem& a, const XQ& xq, int64_t m0, int64_t 
     w[r] = static_cast<const int8_t*>(a.w) + (n0 + r * rs) * a.ldw;
     sc[r] = a.scales + (n0 + r * rs) * a.ldg;
   }
-  const char* wn = static_cast<const char*>(a.w) + (n0 + NR) * a.ldw;  // next tile, see micro_u4
-  const char* sn = reinterpret_cast<const char*>(a.scales + (n0 + NR) * a.ldg);
-  const int64_t wstep = nb ? (NR * a.ldw + nb - 1) / nb : 0, sbytes = NR * a.ldg * 4;
   for (int64_t b = 0; b < nb; ++b) {
     __m256i wv[NR];
-    if (kPrefetchNext) {
-      prefetch_next(wn + b * wstep, wstep);
-      if (b * 64 < sbytes) _mm_prefetch(sn + b * 64, _MM_HINT_T0);
-    }
     for (int r = 0; r < NR; ++r) {
-      if (!kPrefetchNext)
-        _mm_prefetch(reinterpret_cast<const char*>(w[r] + b * 32) + kPrefetchBytes, _MM_HINT_T0);  // see micro_u4
+      _mm_prefetch(reinterpret_cast<const char*>(w[r] + b * 32) + kPrefetchBytes, _MM_HINT_T0);  // see micro_u4
       wv[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[r] + b * 32));
     }
     for (int m = 0; m < MR; ++m) {
@@ -330,23 +298,23 @@ static inline void micro_i8(const Problem& a, const XQ& xq, int64_t m0, int64_t 
     }
 }
 
-template <int MR, int NR, bool kX2, bool kPrefetchNext = false>
+template <int MR, int NR, bool kX2>
 static inline void micro_dot(const Problem& a, const XQ& xq, int64_t m0, int64_t n0, int64_t rs = 1) {
   const int64_t spg = a.sb_per_group;
   if (a.int4) {
     switch (spg) {
-      case 1: return micro_u4<MR, NR, 1, kPrefetchNext, kX2>(a, xq, m0, n0, rs);
-      case 2: return micro_u4<MR, NR, 2, kPrefetchNext, kX2>(a, xq, m0, n0, rs);
-      case 4: return micro_u4<MR, NR, 4, kPrefetchNext, kX2>(a, xq, m0, n0, rs);
-      default: return micro_u4<MR, NR, 0, kPrefetchNext, kX2>(a, xq, m0, n0, rs);
+      case 1: return micro_u4<MR, NR, 1, kX2>(a, xq, m0, n0, rs);
+      case 2: return micro_u4<MR, NR, 2, kX2>(a, xq, m0, n0, rs);
+      case 4: return micro_u4<MR, NR, 4, kX2>(a, xq, m0, n0, rs);
+      default: return micro_u4<MR, NR, 0, kX2>(a, xq, m0, n0, rs);
     }
   }
-  if (spg * 32 == a.K) return micro_i8<MR, NR, -1, kPrefetchNext, kX2>(a, xq, m0, n0, rs);
+  if (spg * 32 == a.K) return micro_i8<MR, NR, -1, kX2>(a, xq, m0, n0, rs);
   switch (spg) {
-    case 1: return micro_i8<MR, NR, 1, kPrefetchNext, kX2>(a, xq, m0, n0, rs);
-    case 2: return micro_i8<MR, NR, 2, kPrefetchNext, kX2>(a, xq, m0, n0, rs);
-    case 4: return micro_i8<MR, NR, 4, kPrefetchNext, kX2>(a, xq, m0, n0, rs);
-    default: return micro_i8<MR, NR, 0, kPrefetchNext, kX2>(a, xq, m0, n0, rs);
+    case 1: return micro_i8<MR, NR, 1, kX2>(a, xq, m0, n0, rs);
+    case 2: return micro_i8<MR, NR, 2, kX2>(a, xq, m0, n0, rs);
+    case 4: return micro_i8<MR, NR, 4, kX2>(a, xq, m0, n0, rs);
+    default: return micro_i8<MR, NR, 0, kX2>(a, xq, m0, n0, rs);
   }
 }
 
@@ -358,8 +326,8 @@ static inline void micro_dot_mr(int mr, const Problem& a, const XQ& xq, int64_t 
   }
 }
 
-// Output rows [n_begin, n_end) for all M rows of x. M == 1: 4 weight rows at a time (independent accumulators);
-// M > 1: up to kDotMR x rows per weight row, so each weight row (a few KiB) is unpacked once per x tile and re-read
+// Output rows [n_begin, n_end) for all M rows of x. M == 1: kStreamsM1 streams, each its own contiguous run of
+// rows (see linear_impl.h run_rows_m1), the last < kStreamsM1 rows one at a time; M > 1: up to kDotMR x rows per weight row, so each weight row (a few KiB) is unpacked once per x tile and re-read
 // from L1 by the next tile; x (M x K bytes, M <= 32 per call of this) stays in L2.
 // M > 1 tile: 4 x rows per weight row (measured on the 2-core AVX2 EPYC, 1 thread, CPU time, M = 8: 4 x 1 beat 2 x 2,
 // 4 x 2 and 8 x 1, which spill accumulators or unpacked weights out of the 16 ymm registers).
@@ -368,21 +336,14 @@ constexpr int kStreamsM1 = 4;  // 2 and 3 streams measured no better (noisy)
 template <bool kX2>
 static void run_dot_t(const Problem& a, const XQ& xq, int64_t n_begin, int64_t n_end) {
   constexpr int64_t MB = kDotMR;
-  if (a.M == 1) {  // 4 streams, each its own contiguous run of rows (see linear_impl.h run_rows_m1)
+  if (a.M == 1) {
     const int64_t len = (n_end - n_begin) / kStreamsM1;
-    for (int64_t i = 0; i < len; ++i) micro_dot<1, kStreamsM1, kX2, false>(a, xq, 0, n_begin + i, len);
+    for (int64_t i = 0; i < len; ++i) micro_dot<1, kStreamsM1, kX2>(a, xq, 0, n_begin + i, len);
     n_begin += kStreamsM1 * len;
   }
-  for (int64_t n = n_begin; n < n_end;) {
-    if (a.M == 1 && n + 4 <= n_end) {
-      micro_dot<1, 4, kX2, true>(a, xq, 0, n);
-      n += 4;
-    } else {
-      for (int64_t m0 = 0; m0 < a.M; m0 += MB)
-        micro_dot_mr<MB, kDotNR, kX2>((int)std::min(MB, a.M - m0), a, xq, m0, n);
-      n += kDotNR;
-    }
-  }
+  for (int64_t n = n_begin; n < n_end; n += kDotNR)
+    for (int64_t m0 = 0; m0 < a.M; m0 += MB)
+      micro_dot_mr<MB, kDotNR, kX2>((int)std::min(MB, a.M - m0), a, xq, m0, n);
 }
 
 static void run_dot(const Problem& a, const XQ& xq, int64_t n_begin, int64_t n_end) {
