@@ -81,14 +81,13 @@ static inline void micro_mr(int mr, int nr, const float* x, int64_t ldx, const t
   }
 }
 
-// Output-row chunks [c0, c1) of the problem in `a`.
-// Weight rows per parallel chunk (more than one x row): 16 tiles, whose K blocks are reused across the x tile.
-template <int MR, int NR>
-constexpr int64_t chunk_rows() { return NR * 16; }
+// Weight-row tiles per parallel chunk (more than one x row): the chunk's K blocks are reused across the x tiles.
+constexpr int64_t kChunkTiles = 16;
 
+// Output-row chunks [c0, c1) of the problem in `a`.
 template <class W, int MR, int NR>
 static void run_chunks(const Problem& a, int64_t c0, int64_t c1) {
-  constexpr int64_t NC = chunk_rows<MR, NR>();
+  constexpr int64_t NC = NR * kChunkTiles;
   const int64_t M = a.M, N = a.N, K = a.K;
   const int64_t kc = K / CH;
   int64_t kb = a.kblock_chunks;
@@ -197,7 +196,7 @@ static void run_w(const Problem& a, int64_t c0, int64_t c1) {
 }
 
 // One x row: a chunk is one weight row (each thread gets one contiguous run of rows).
-static int64_t rows_per_chunk(int64_t M) { return M == 1 ? 1 : chunk_rows<T::kMR, T::kNR>(); }
+static int64_t rows_per_chunk(int64_t M) { return M == 1 ? 1 : T::kNR * kChunkTiles; }
 
 static void run(const Problem& a, int64_t c0, int64_t c1) {
   switch (a.wkind) {
