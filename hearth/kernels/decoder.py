@@ -24,7 +24,7 @@ from hearth.kernels import attention as attn_kernel
 from hearth.kernels import fused
 from hearth.kernels import quant
 
-_DTYPE = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+_DTYPE = kernels._DTYPE_CODE  # (the C dtype codes every kernel takes)
 _QUANT_KIND = {"float": 1, "int8": 2, "int8x2": 3}
 _ENABLED = os.environ.get("HEARTH_DECODE_PROGRAM", "1").strip().lower() not in ("0", "false", "no", "off")
 

@@ -14,7 +14,7 @@ import torch
 from hearth import kernels
 from hearth.kernels import _build
 
-_DTYPE_CODE = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+_DTYPE_CODE = kernels._DTYPE_CODE
 ACT_CODE = {"silu": 0, "gelu_tanh": 1}
 
 

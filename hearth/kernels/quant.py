@@ -65,7 +65,7 @@ ACTIVATIONS = {"int8": "int8", "i8": "int8", "q8": "int8", "int8x2": "int8x2", "
 # fp32 elements per dequantized tile in the prefill path (16 MiB).
 _TILE_ELEMS = 4 << 20
 
-_DTYPE_CODE = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+_DTYPE_CODE = kernels._DTYPE_CODE
 
 
 @dataclass
