@@ -36,7 +36,7 @@ struct T {
   using V = __m256;
   static constexpr int L = 8;
   static constexpr int kMR = 2, kNR = 4;  // 16 ymm: 8 accumulators, 4 x, 2 weights
-  static constexpr int kNR1 = 8;          // M == 1: 8 row streams in flight (run_rows_m1)
+  static constexpr int kNR1 = 8;          // M == 1: 8 row streams in flight (run_rows; M = 2: 4, M = 3, 4: 2)
   static inline V zero() { return _mm256_setzero_ps(); }
   static inline V add(V a, V b) { return _mm256_add_ps(a, b); }
   static inline V load(const float* p) { return _mm256_loadu_ps(p); }

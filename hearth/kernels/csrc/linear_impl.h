@@ -83,7 +83,7 @@ static inline void micro_mr(int mr, int nr, const float* x, int64_t ldx, const t
 
 // Software prefetch into L2 of the weight tile the microkernels will read next, a slice after each microkernel
 // call. Read by the microkernel alone, a tile's NR adjacent short rows in lockstep are scattered offsets in the same
-// pages, which the hardware prefetcher follows poorly (see run_rows_m1). Measured (2-core Zen 3, Qwen2.5-0.5B-shape
+// pages, which the hardware prefetcher follows poorly (see run_rows). Measured (2-core Zen 3, Qwen2.5-0.5B-shape
 // linears, bf16, 2 threads, alternated in one process, medians): M = 8 127 -> 103 ms, M = 16 188 -> 164,
 // M = 32 308 -> 285, M = 4 119 -> 106, M = 2 68 -> 65.
 struct TilePrefetch {
@@ -175,64 +175,79 @@ static void run_chunks(const Problem& a, int64_t c0, int64_t c1) {
   }
 }
 
-// One x row, weight rows [r0, r1): S streams in lockstep, stream s walking its own contiguous run of rows
+// MR (1-4) x rows, weight rows [r0, r1): S streams in lockstep, stream s walking its own contiguous run of rows
 // (r0 + s * len + i), so every stream reads memory strictly sequentially and the S streams lie far apart.
-// Measured (2-core Zen 3, bf16, whole-model shapes, cold weights): 18-21 GB/s on every shape, vs 8-11 GB/s for S
-// adjacent rows in lockstep on short rows (K = 896: S rows share a 4 KiB page at scattered offsets, which the
-// hardware prefetcher does not follow) and 13-16 GB/s for one row at a time.
-template <class W, int S>
-static void run_rows_m1(const Problem& a, int64_t r0, int64_t r1) {
+// Measured (2-core Zen 3, bf16, whole-model shapes, cold weights, one x row): 18-21 GB/s on every shape, vs
+// 8-11 GB/s for S adjacent rows in lockstep on short rows (K = 896: S rows share a 4 KiB page at scattered offsets,
+// which the hardware prefetcher does not follow) and 13-16 GB/s for one row at a time. A few x rows are still
+// memory-bound, so they take the same path: Qwen2.5-0.5B-shape linears, bf16, 2 threads, M = 2 / 3 / 4:
+// 76 / 76 / 106 ms -> 44-56 / 55 / 64 ms (M = 1: 42 ms). (M = 4 spills x vectors to L1 loads; fine.)
+template <class W, int S, int MR>
+static void run_rows(const Problem& a, int64_t r0, int64_t r1) {
   const int64_t K = a.K, kc = K / CH;
   const auto* w = static_cast<const typename W::E*>(a.w);
   const int64_t len = (r1 - r0) / S;
-  auto finish = [&](int64_t r, typename T::V acc) {
+  auto finish = [&](int64_t r, int m, typename T::V acc) {
     float s = T::hsum(acc);
     const typename W::E* wr = w + r * a.ldw;
-    for (int64_t k = kc * CH; k < K; ++k) s += a.x[k] * W::scalar(wr[k]);
-    a.out[r] = a.bias ? s + a.bias[r] : s;
+    const float* xm = a.x + m * K;
+    for (int64_t k = kc * CH; k < K; ++k) s += xm[k] * W::scalar(wr[k]);
+    a.out[m * a.N + r] = a.bias ? s + a.bias[r] : s;
   };
   for (int64_t i = 0; i < len; ++i) {
-    typename T::V acc[S];
+    typename T::V acc[S][MR];
     const typename W::E* wr[S];
     for (int s = 0; s < S; ++s) {
-      acc[s] = T::zero();
+      for (int m = 0; m < MR; ++m) acc[s][m] = T::zero();
       wr[s] = w + (r0 + s * len + i) * a.ldw;
     }
     for (int64_t c = 0; c < kc; ++c) {
-      const typename T::V xe = T::load(a.x + c * CH), xo = T::load(a.x + c * CH + L);
+      typename T::V xe[MR], xo[MR];
+      for (int m = 0; m < MR; ++m) xe[m] = T::load(a.x + m * K + c * CH), xo[m] = T::load(a.x + m * K + c * CH + L);
       for (int s = 0; s < S; ++s) {
         typename T::V lo, hi;
         W::load(wr[s] + c * CH, lo, hi);
-        acc[s] = T::fma(lo, xe, acc[s]);
-        acc[s] = T::fma(hi, xo, acc[s]);
+        for (int m = 0; m < MR; ++m) acc[s][m] = T::fma(hi, xo[m], T::fma(lo, xe[m], acc[s][m]));
       }
     }
-    for (int s = 0; s < S; ++s) finish(r0 + s * len + i, acc[s]);
+    for (int s = 0; s < S; ++s)
+      for (int m = 0; m < MR; ++m) finish(r0 + s * len + i, m, acc[s][m]);
   }
   for (int64_t r = r0 + S * len; r < r1; ++r) {  // the last < S rows, one at a time
     const typename W::E* wr = w + r * a.ldw;
-    typename T::V acc0 = T::zero(), acc1 = T::zero();
-    for (int64_t c = 0; c < kc; ++c) {
-      typename T::V lo, hi;
-      W::load(wr + c * CH, lo, hi);
-      acc0 = T::fma(lo, T::load(a.x + c * CH), acc0);
-      acc1 = T::fma(hi, T::load(a.x + c * CH + L), acc1);
+    for (int m = 0; m < MR; ++m) {
+      typename T::V acc0 = T::zero(), acc1 = T::zero();
+      for (int64_t c = 0; c < kc; ++c) {
+        typename T::V lo, hi;
+        W::load(wr + c * CH, lo, hi);
+        acc0 = T::fma(lo, T::load(a.x + m * K + c * CH), acc0);
+        acc1 = T::fma(hi, T::load(a.x + m * K + c * CH + L), acc1);
+      }
+      finish(r, m, T::add(acc0, acc1));
     }
-    finish(r, T::add(acc0, acc1));
   }
 }
+
+// Up to this many x rows take the row-stream path (run_rows); more use run_chunks' register tiles.
+constexpr int64_t kRowStreamMaxM = 4;
 
 // [c0, c1): chunks of rows_per_chunk(M) output rows.
 template <class W>
 static void run_w(const Problem& a, int64_t c0, int64_t c1) {
   if (a.M == 1)
-    run_rows_m1<W, T::kNR1>(a, c0, std::min(c1, a.N));
+    run_rows<W, T::kNR1, 1>(a, c0, std::min(c1, a.N));
+  else if (a.M == 2)
+    run_rows<W, T::kNR1 / 2, 2>(a, c0, std::min(c1, a.N));
+  else if (a.M == 3)
+    run_rows<W, T::kNR1 / 4, 3>(a, c0, std::min(c1, a.N));
+  else if (a.M == 4)
+    run_rows<W, T::kNR1 / 4, 4>(a, c0, std::min(c1, a.N));
   else
     run_chunks<W, T::kMR, T::kNR>(a, c0, c1);
 }
 
-// One x row: a chunk is one weight row (each thread gets one contiguous run of rows).
-static int64_t rows_per_chunk(int64_t M) { return M == 1 ? 1 : T::kNR * kChunkTiles; }
+// Row streams (M <= kRowStreamMaxM): a chunk is one weight row (each thread gets one contiguous run of rows).
+static int64_t rows_per_chunk(int64_t M) { return M <= kRowStreamMaxM ? 1 : T::kNR * kChunkTiles; }
 
 static void run(const Problem& a, int64_t c0, int64_t c1) {
   switch (a.wkind) {

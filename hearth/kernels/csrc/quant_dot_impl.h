@@ -327,7 +327,7 @@ static inline void micro_dot_mr(int mr, const Problem& a, const XQ& xq, int64_t 
 }
 
 // Output rows [n_begin, n_end) for all M rows of x. M == 1: kStreamsM1 streams, each its own contiguous run of
-// rows (see linear_impl.h run_rows_m1), the last < kStreamsM1 rows one at a time; M > 1: up to kDotMR x rows per weight row, so each weight row (a few KiB) is unpacked once per x tile and re-read
+// rows (see linear_impl.h run_rows), the last < kStreamsM1 rows one at a time; M > 1: up to kDotMR x rows per weight row, so each weight row (a few KiB) is unpacked once per x tile and re-read
 // from L1 by the next tile; x (M x K bytes, M <= 32 per call of this) stays in L2.
 // M > 1 tile: 4 x rows per weight row (measured on the 2-core AVX2 EPYC, 1 thread, CPU time, M = 8: 4 x 1 beat 2 x 2,
 // 4 x 2 and 8 x 1, which spill accumulators or unpacked weights out of the 16 ymm registers).
