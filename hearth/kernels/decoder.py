@@ -5,10 +5,12 @@
 
 The C loop calls the same kernels, with the same rounding points, as the layers' Python forward, so results are
 identical; it removes ~0.7 ms of Python per layer and step (module calls, allocations, ctypes argument packing).
-Supported: pre-norm layers with fused-qkv attention (optional per-head q/k RMSNorm, bias and sliding window; no
-clipping, softcap or ALiBi), NeoX rotary, RMSNorm, gated MLP (silu / gelu-tanh), float or hearth-quantized
-projections, and a KV cache in the model dtype: the Llama family (Llama, Mistral, Qwen2, SmolLM2, TinyLlama), Qwen3,
-Gemma (1) and Phi-3. Anything else (Gemma 2/3, StableLM, OLMo, MoE, int8 KV cache) keeps the layer-by-layer path. HEARTH_DECODE_PROGRAM=0 turns it off.
+Supported: pre-norm layers, or Gemma 2/3's sandwich layers (outputs of attention and MLP normalized too), with
+fused-qkv attention (optional per-head q/k RMSNorm, bias, sliding window and logit softcap; no clipping or ALiBi),
+NeoX rotary (a table per layer), RMSNorm, gated MLP (silu / gelu-tanh), float or hearth-quantized projections, and a
+KV cache in the model dtype: the Llama family (Llama, Mistral, Qwen2, SmolLM2, TinyLlama), Qwen3, Gemma 1/2/3 and
+Phi-3. Anything else (StableLM, OLMo, MoE, int8 KV cache) keeps the layer-by-layer path. HEARTH_DECODE_PROGRAM=0
+turns it off.
 """
 from __future__ import annotations
 
@@ -42,7 +44,7 @@ class _Layer(ctypes.Structure):
                 ("head_dim", i64), ("rot_dim", i64), ("cos", ptr), ("sin", ptr), ("k_cache", ptr), ("v_cache", ptr),
                 ("kv_dtype", i32), ("act", i32), ("attn_isa", i32), ("pad", i32), ("num_slots", i64),
                 ("block_size", i64), ("window", i64), ("scale", f32), ("qk_offset", f32), ("q_norm", ptr),
-                ("k_norm", ptr), ("qk_eps", f32)]
+                ("k_norm", ptr), ("qk_eps", f32), ("post_norm1", ptr), ("post_norm2", ptr), ("softcap", f32)]
 
 
 class _Step(ctypes.Structure):
@@ -93,9 +95,10 @@ def _layer_desc(layer, keep: list) -> _Layer | None:
     from hearth.layers.norm import RMSNorm
     from hearth.layers.rotary import RotaryEmbedding
     from hearth.models.blocks import PreNormDecoderLayer, QKVAttention
+    from hearth.models.gemma2 import SandwichDecoderLayer
     from hearth.models.llama import LlamaMLP
 
-    if type(layer) is not PreNormDecoderLayer or type(layer.self_attn) is not QKVAttention:
+    if type(layer) not in (PreNormDecoderLayer, SandwichDecoderLayer) or type(layer.self_attn) is not QKVAttention:
         return None
     at, mlp = layer.self_attn, layer.mlp
     a = at.attn
@@ -103,12 +106,16 @@ def _layer_desc(layer, keep: list) -> _Layer | None:
     if qk is not None and (not at.per_head_norm or any(type(n) is not RMSNorm for n in qk)
                            or qk[0].offset != qk[1].offset or qk[0].eps != qk[1].eps):
         return None
-    if (at.clip_qkv is not None or a.logit_softcap or a.alibi_slopes is not None
+    if (at.clip_qkv is not None or a.alibi_slopes is not None
             or a.kv_cache is None or type(at.rotary_emb).forward is not RotaryEmbedding.forward):
         return None
-    norms = (layer.input_layernorm, layer.post_attention_layernorm)
-    if any(type(n) is not RMSNorm for n in norms) or norms[0].offset != norms[1].offset \
-            or norms[0].eps != norms[1].eps:
+    # norm1 / norm2 add the residual; Gemma 2/3's sandwich layers also normalize the attention and MLP outputs.
+    if type(layer) is SandwichDecoderLayer:
+        norms = (layer.input_layernorm, layer.pre_feedforward_layernorm)
+        post = (layer.post_attention_layernorm, layer.post_feedforward_layernorm)
+    else:
+        norms, post = (layer.input_layernorm, layer.post_attention_layernorm), ()
+    if any(type(n) is not RMSNorm or n.offset != norms[0].offset or n.eps != norms[0].eps for n in norms + post):
         return None
     act = {silu_and_mul: 0, gelu_tanh_and_mul: 1}.get(getattr(mlp, "act_and_mul", None))
     if act is None or type(mlp) is not LlamaMLP:
@@ -126,13 +133,15 @@ def _layer_desc(layer, keep: list) -> _Layer | None:
         return None
     w1, w2 = norms[0].weight32(), norms[1].weight32()
     qn, kn = (qk[0].weight32(), qk[1].weight32()) if qk else (None, None)
-    keep += [w1, w2, qn, kn]
+    p1, p2 = (post[0].weight32(), post[1].weight32()) if post else (None, None)
+    keep += [w1, w2, qn, kn, p1, p2]
     num_blocks, block_size = k_cache.shape[:2]
     return _Layer(*lins, w1.data_ptr(), w2.data_ptr(), norms[0].offset, norms[0].eps, a.num_heads, a.num_kv_heads,
                   a.head_dim, rope.rotary_dim, rope.cos.data_ptr(), rope.sin.data_ptr(), k_cache.data_ptr(),
                   v_cache.data_ptr(), _DTYPE[k_cache.dtype], act, isa, 0, num_blocks * block_size, block_size,
                   a.sliding_window or 0, a.scale, qk[0].offset if qk else 0.0,
-                  qn.data_ptr() if qk else None, kn.data_ptr() if qk else None, qk[0].eps if qk else 0.0)
+                  qn.data_ptr() if qk else None, kn.data_ptr() if qk else None, qk[0].eps if qk else 0.0,
+                  p1.data_ptr() if post else None, p2.data_ptr() if post else None, a.logit_softcap or 0.0)
 
 
 class DecodeProgram:

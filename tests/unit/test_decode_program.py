@@ -20,6 +20,10 @@ CASES = {
     "qwen3-qk-norm-bf16": (dict(family="qwen3"), dict(dtype="bfloat16")),
     "gemma-offset-norm-gelu": (dict(family="gemma"), dict(dtype="float32")),  # (embedding scale stays in Python)
     "phi3-fused-checkpoint": (dict(family="phi3"), dict(dtype="bfloat16")),
+    "gemma2-sandwich-softcap-window": (dict(family="gemma2", sliding_window=8), dict(dtype="bfloat16")),
+    # (6 layers: five sliding with the local rope table, one full with the global one)
+    "gemma3-sandwich-qk-norm-two-ropes": (dict(family="gemma3", sliding_window=8, num_hidden_layers=6),
+                                          dict(dtype="float32")),
 }
 
 
@@ -34,7 +38,8 @@ def _generate(llm: LLM, n: int) -> list[tuple[list[int], list[list[tuple[int, fl
 def test_program_equals_layer_path(case: str, tmp_path, monkeypatch) -> None:
     cfg_kw, engine_kw = CASES[case]
     cfg_kw = dict(cfg_kw)
-    folder = build_checkpoint(str(tmp_path / case), tiny_config(cfg_kw.pop("family"), num_hidden_layers=3, **cfg_kw))
+    cfg_kw.setdefault("num_hidden_layers", 3)
+    folder = build_checkpoint(str(tmp_path / case), tiny_config(cfg_kw.pop("family"), **cfg_kw))
     # (no prefix caching: the second run must prefill exactly as the first)
     llm = LLM(folder, kv_cache_space=0.05, max_num_batched_tokens=64, enable_prefix_caching=False, **engine_kw)
     runs = []

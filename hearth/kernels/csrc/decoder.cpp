@@ -1,7 +1,8 @@
 // hearth decode program: a stack of pre-norm Llama-style decoder layers in ONE C call for a decode step.
 //
 // Per layer: rmsnorm(x + residual) -> qkv -> rope -> KV-cache write -> paged attention -> o -> rmsnorm(x + residual)
-// -> gate_up -> act(gate) * up -> down (and Qwen3's per-head q/k RMSNorm before rope), by the same C entry points (and the same rounding points) the Python layers
+// -> gate_up -> act(gate) * up -> down (and Qwen3's per-head q/k RMSNorm before rope; Gemma 2/3's sandwich norms of
+// the attention and MLP outputs, and attention softcap), by the same C entry points (and the same rounding points) the Python layers
 // call one at a time: each projection's fp32 result is rounded to the model dtype, q is widened to fp32 for the
 // attention kernel and its output rounded back. So the result equals the layer-by-layer path bit for bit; what goes
 // away is Python: ~0.7 ms per layer on the 2-core Zen 3 (module calls, ~10 torch allocations, ~12 ctypes calls),
@@ -80,6 +81,9 @@ struct HkLayerDesc {
   const float* q_norm;
   const float* k_norm;
   float qk_eps;
+  const float* post_norm1;  // Gemma 2/3 sandwich: RMSNorm of the attention output / of the MLP output, or null
+  const float* post_norm2;
+  float softcap;  // attention logit softcap (Gemma 2), 0 = none
 };
 
 struct HkStepDesc {
@@ -202,11 +206,14 @@ int hk_decoder_layers(const HkLayerDesc* layers, int64_t n, const HkStepDesc* st
     rc = hk_paged_attention(b.q32.data(), nq, L.k_cache, L.v_cache, L.kv_dtype, nullptr, nullptr,
                             L.block_size * nkv, nkv, st->block_tables, st->bt_stride, st->query_start,
                             st->context_lens, nullptr, st->num_seqs, b.att32.data(), nq, L.block_size, H, Hkv, D,
-                            L.scale, 0.0f, L.window, nullptr, L.attn_isa, threads);
+                            L.scale, L.softcap, L.window, nullptr, L.attn_isa, threads);
     if (rc) return rc;
     b.att.resize(T * nq * es);
     narrow(b.att32.data(), dtype, T * nq, b.att.data());
     if ((rc = project(L.o, b.att.data(), T, dtype, b.f32, x, isa, threads))) return rc;
+    if (L.post_norm1 && (rc = hk_rms_norm(x, hidden, nullptr, 0, L.post_norm1, L.norm_offset, L.eps, x, nullptr, T,
+                                          hidden, dtype, threads)))
+      return rc;
     // MLP block
     if ((rc = hk_rms_norm(x, hidden, residual, hidden, L.norm2, L.norm_offset, L.eps, b.h.data(), residual, T,
                           hidden, dtype, threads)))
@@ -217,6 +224,9 @@ int hk_decoder_layers(const HkLayerDesc* layers, int64_t n, const HkStepDesc* st
     b.act.resize(T * inter * es);
     if ((rc = hk_act_and_mul(b.gu.data(), L.gate_up.N, b.act.data(), T, inter, L.act, dtype, threads))) return rc;
     if ((rc = project(L.down, b.act.data(), T, dtype, b.f32, x, isa, threads))) return rc;
+    if (L.post_norm2 && (rc = hk_rms_norm(x, hidden, nullptr, 0, L.post_norm2, L.norm_offset, L.eps, x, nullptr, T,
+                                          hidden, dtype, threads)))
+      return rc;
   }
   return 0;
 }
