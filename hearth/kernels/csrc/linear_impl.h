@@ -85,7 +85,7 @@ static inline void micro_mr(int mr, int nr, const float* x, int64_t ldx, const t
 // call. Read by the microkernel alone, a tile's NR adjacent short rows in lockstep are scattered offsets in the same
 // pages, which the hardware prefetcher follows poorly (see run_rows). Measured (2-core Zen 3, Qwen2.5-0.5B-shape
 // linears, bf16, 2 threads, alternated in one process, medians): M = 8 127 -> 103 ms, M = 16 188 -> 164,
-// M = 32 308 -> 285, M = 4 119 -> 106, M = 2 68 -> 65.
+// M = 32 308 -> 285. (M <= kRowStreamMaxM no longer comes here: run_rows.)
 struct TilePrefetch {
   const char* p = nullptr;  // the current row's next line
   const char* row_end = nullptr;
