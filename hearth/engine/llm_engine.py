@@ -106,7 +106,7 @@ class LLMEngine:
             self.speculator = Speculator(spec_config, mc.max_model_len, draft)
             logger.info("speculative decoding: %s", spec_config)
         # Structured output: grammars compiled against the tokenizer, masks prefetched while the model runs.
-        self.structured = StructuredOutputManager(self.tokenizer.hf, mc.vocab_size, mc.eos_token_ids)
+        self.structured = StructuredOutputManager(self.tokenizer, mc.vocab_size, mc.eos_token_ids)
         self.seqs: dict[str, _Sequence] = {}  # engine request id -> sequence
         self.parents: dict[str, list[str]] = {}  # user request id -> engine request ids
         self._ids = itertools.count()

@@ -13,7 +13,7 @@ import re
 import struct
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import gguf
 import numpy as np
@@ -24,9 +24,8 @@ from hearth.config import HFConfig
 from hearth.kernels.quant_gguf import GGUFBlocks
 from hearth.loader import tokenizer_cache
 from hearth.loader.errors import LoadError
+from hearth.tokenizer import Tokenizer
 
-if TYPE_CHECKING:
-    from transformers import PreTrainedTokenizerFast
 
 
 class GGUFError(LoadError):
@@ -339,22 +338,21 @@ def _read_tensor(path: str, info: _TensorInfo) -> torch.Tensor:
 
 # ---------------------------------------------------------------- tokenizer
 
-def _build_tokenizer(path: str, meta: dict[str, Any]) -> tuple[PreTrainedTokenizerFast, str | None]:
+def _build_tokenizer(path: str, meta: dict[str, Any]) -> Tokenizer:
     """The fast tokenizer the GGUF's metadata describes, from the tokenizer cache when it was built before."""
-    from transformers import PreTrainedTokenizerFast
-
     key = tokenizer_cache.cache_key(meta) if envs.tokenizer_cache_dir() else None
     hit = tokenizer_cache.load(key) if key else None
     if hit is not None:
-        return hit
+        return Tokenizer(*hit)
+    from transformers import PreTrainedTokenizerFast
 
     try:
         from transformers.integrations.gguf import convert_gguf_tokenizer, get_gguf_tokenizer
     except ImportError:  # transformers < 5: the one public entry point
         from transformers import AutoTokenizer
 
-        tok = AutoTokenizer.from_pretrained(os.path.dirname(path) or ".", gguf_file=os.path.basename(path))
-        return tok, getattr(tok, "chat_template", None)
+        return Tokenizer.from_hf(AutoTokenizer.from_pretrained(os.path.dirname(path) or ".",
+                                                               gguf_file=os.path.basename(path)))
     try:
         arch, tok_dict, tok_cfg = get_gguf_tokenizer(path)
         backend, extra = convert_gguf_tokenizer(arch, tok_dict)
@@ -362,11 +360,11 @@ def _build_tokenizer(path: str, meta: dict[str, Any]) -> tuple[PreTrainedTokeniz
         raise GGUFError(f"{path}: cannot build a tokenizer from the embedded vocab ({e}); "
                         "pass --tokenizer with an HF tokenizer folder") from e
     backend = _drop_tokens_past(backend, len(tok_dict["tokens"]))
-    kwargs, chat_template = {**tok_cfg, **extra}, tok_cfg.get("chat_template")
-    saved = tokenizer_cache.store(key, backend, kwargs, chat_template) if key else None
-    if saved is not None:  # NOTE: loading the file skips tokenizer_object's deep copy of the backend
-        return PreTrainedTokenizerFast(tokenizer_file=str(saved), **kwargs), chat_template
-    return PreTrainedTokenizerFast(tokenizer_object=backend, **kwargs), chat_template
+    tok = Tokenizer.from_hf(PreTrainedTokenizerFast(tokenizer_object=backend, **{**tok_cfg, **extra}))
+    tok.info.chat_template = tok.templates = tok_cfg.get("chat_template")
+    if key:
+        tokenizer_cache.store(key, tok.backend, tok.info)
+    return tok
 
 
 def _drop_tokens_past(backend: Any, n: int) -> Any:
@@ -389,8 +387,7 @@ def _drop_tokens_past(backend: Any, n: int) -> Any:
 class GGUFCheckpoint:
     path: str
     hf_config: HFConfig
-    tokenizer: PreTrainedTokenizerFast
-    chat_template: str | None
+    tokenizer: Tokenizer  # its info.chat_template: the GGUF's tokenizer.chat_template
     eos_token_ids: list[int]
     bos_token_id: int | None
     _parts: list[_Part] = field(repr=False, default_factory=list)
@@ -518,8 +515,8 @@ def load_gguf(path: str) -> GGUFCheckpoint:
                                **{f"{k}_factor": _read_tensor(*found[f"rope_factors_{k}.weight"]).tolist()
                                   for k in ("long", "short")}}
         cfg["original_max_position_embeddings"] = meta.get("phi3.rope.scaling.original_context_length")
-    tokenizer, chat_template = _build_tokenizer(parts[0].path, meta)
+    tokenizer = _build_tokenizer(parts[0].path, meta)
     eos = [meta[k] for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id",
                              "tokenizer.ggml.eom_token_id") if k in meta]
-    return GGUFCheckpoint(path, cfg, tokenizer, chat_template, list(dict.fromkeys(eos)),
+    return GGUFCheckpoint(path, cfg, tokenizer, list(dict.fromkeys(eos)),
                           meta.get("tokenizer.ggml.bos_token_id"), parts, arch)

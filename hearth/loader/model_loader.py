@@ -175,11 +175,11 @@ def _load_gguf(path: str, args: EngineArgs) -> LoadedModel:
     ckpt = load_gguf(path)
     hf_cfg = ckpt.hf_config
     arch = _arch_of(hf_cfg, path)
-    hf_tok = ckpt.tokenizer
     if args.tokenizer:
         tokenizer = Tokenizer.from_folder(args.tokenizer, resolve_chat_template(args.chat_template))
     else:
-        tokenizer = Tokenizer(hf_tok, resolve_chat_template(args.chat_template) or ckpt.chat_template)
+        tokenizer = ckpt.tokenizer
+        tokenizer.templates = resolve_chat_template(args.chat_template) or tokenizer.templates
     dtype = resolve_dtype(args.dtype)
     max_len = _max_len(hf_cfg, args.max_model_len)
     scheme = _quantization(args.quantization, True)

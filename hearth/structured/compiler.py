@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from hearth.structured.params import StructuredOutputsParams
+from hearth.tokenizer import Tokenizer
 
 logger = logging.getLogger("hearth")
 
@@ -93,10 +94,10 @@ class CompiledGrammar:
 class GrammarCompiler:
     """Thread-safe: the server compiles (to reject bad schemas early) while the engine thread runs."""
 
-    def __init__(self, hf_tokenizer: Any, vocab_size: int, eos_token_ids: list[int], cache_size: int = 512) -> None:
-        self.hf_tokenizer = hf_tokenizer
-        self.vocab_size = max(vocab_size, len(hf_tokenizer))  # NOTE: the model's logits may be wider (padded)
-        self.eos_token_ids = list(eos_token_ids) or [hf_tokenizer.eos_token_id]
+    def __init__(self, tokenizer: Tokenizer, vocab_size: int, eos_token_ids: list[int], cache_size: int = 512) -> None:
+        self.tokenizer = tokenizer
+        self.vocab_size = max(vocab_size, len(tokenizer))  # NOTE: the model's logits may be wider (padded)
+        self.eos_token_ids = list(eos_token_ids) or [tokenizer.eos_token_id]
         self.cache_size = cache_size
         self._cache: OrderedDict[str, CompiledGrammar] = OrderedDict()
         self._lock = threading.Lock()
@@ -109,7 +110,7 @@ class GrammarCompiler:
         if self._lltok is None:
             with self._lock:
                 if self._lltok is None:
-                    self._lltok = _ll_tokenizer(self.hf_tokenizer, self.vocab_size, self.eos_token_ids)
+                    self._lltok = _ll_tokenizer(self.tokenizer.backend, self.vocab_size, self.eos_token_ids)
         return self._lltok
 
     @property
@@ -143,12 +144,9 @@ class GrammarCompiler:
         return compiled
 
 
-def _ll_tokenizer(hf_tokenizer: Any, n_vocab: int, eos_token_ids: list[int]) -> Any:
+def _ll_tokenizer(backend: Any, n_vocab: int, eos_token_ids: list[int]) -> Any:
+    """backend: a tokenizers.Tokenizer."""
     import llguidance as llg
-
-    backend = getattr(hf_tokenizer, "backend_tokenizer", None)
-    if backend is None:
-        raise ValueError("structured output needs a fast (tokenizers-based) tokenizer")
     from copy import copy
 
     backend = copy(backend)

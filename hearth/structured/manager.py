@@ -7,13 +7,14 @@ from typing import Any
 from hearth.structured.bitmask import MaskPrefetcher
 from hearth.structured.compiler import CompiledGrammar, GrammarCompiler, GrammarMatcher
 from hearth.structured.params import StructuredOutputsParams
+from hearth.tokenizer import Tokenizer
 
 logger = logging.getLogger("hearth")
 
 
 class StructuredOutputManager:
-    def __init__(self, hf_tokenizer: Any, vocab_size: int, eos_token_ids: list[int]) -> None:
-        self.compiler = GrammarCompiler(hf_tokenizer, vocab_size, eos_token_ids)
+    def __init__(self, tokenizer: Tokenizer, vocab_size: int, eos_token_ids: list[int]) -> None:
+        self.compiler = GrammarCompiler(tokenizer, vocab_size, eos_token_ids)
         self.prefetcher = MaskPrefetcher()
 
     def compile(self, spec: StructuredOutputsParams) -> CompiledGrammar:

@@ -11,7 +11,7 @@ TEXT = "Paris 😀 is 世界, naïve café 🇫🇷 done ✓"
 
 @pytest.fixture(scope="module")
 def tok() -> Tokenizer:
-    return Tokenizer(tiny_tokenizer())
+    return Tokenizer.from_hf(tiny_tokenizer())
 
 
 def test_tokenizer_splits_characters_into_bytes(tok: Tokenizer) -> None:
@@ -71,7 +71,7 @@ def test_sentencepiece_style_leading_space_comes_from_prompt_context() -> None:
     raw = RawTokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     raw.pre_tokenizer = pre_tokenizers.Metaspace()
     raw.decoder = decoders.Metaspace()
-    tok = Tokenizer(PreTrainedTokenizerFast(tokenizer_object=raw, unk_token="<unk>", eos_token="</s>"))
+    tok = Tokenizer.from_hf(PreTrainedTokenizerFast(tokenizer_object=raw, unk_token="<unk>", eos_token="</s>"))
     assert tok.decode([3]) == "world"  # alone, the space is gone
     detok = IncrementalDetokenizer(tok, [2])
     assert [detok.add([t]) for t in (3, 4, 5)] == [" world", " again", "!"]

@@ -15,6 +15,7 @@ from hearth.structured.bitmask import MaskPrefetcher, apply_grammar_masks, unpac
 from hearth.structured.compiler import GrammarCompiler
 from hearth.structured.params import StructuredOutputsParams as S
 from hearth.structured.tool_calls import StreamingToolParser, parse_tool_calls, tool_choice_constraint
+from hearth.tokenizer import Tokenizer
 from tests.tiny_models import tiny_tokenizer
 
 EOS = 1
@@ -29,7 +30,8 @@ def tok():
 
 @pytest.fixture(scope="module")
 def compiler(tok):
-    return GrammarCompiler(tok, 520, [EOS])  # NOTE: wider than the tokenizer, like padded model vocabularies
+    # NOTE: wider than the tokenizer, like padded model vocabularies
+    return GrammarCompiler(Tokenizer.from_hf(tok), 520, [EOS])
 
 
 def test_params_shape_checks():

@@ -63,7 +63,7 @@ def test_second_load_hits_the_cache(gguf_file: Path, cache: Path, monkeypatch: p
     second = load_gguf(str(gguf_file))
     assert len(builds) == 1  # no rebuild
     assert encodings(second.tokenizer) == encodings(first.tokenizer)
-    assert second.chat_template == first.chat_template
+    assert second.tokenizer.chat_template == first.tokenizer.chat_template
     # And both equal a build without any cache.
     monkeypatch.setenv("HEARTH_TOKENIZER_CACHE", "0")
     uncached = load_gguf(str(gguf_file))
