@@ -39,8 +39,8 @@ def log_level() -> str:
 
 
 def tokenizer_cache_dir() -> str | None:
-    """Where tokenizers built from GGUF metadata are cached: HEARTH_TOKENIZER_CACHE (a directory, or 0/off to turn
-    the cache off), else $XDG_CACHE_HOME/hearth/tokenizers (~/.cache/hearth/tokenizers)."""
+    """Where the tokenizers transformers builds (a folder's, or from GGUF metadata) are cached: HEARTH_TOKENIZER_CACHE
+    (a directory, or 0/off to turn the cache off), else $XDG_CACHE_HOME/hearth/tokenizers (~/.cache/hearth/...)."""
     value = _first("HEARTH_TOKENIZER_CACHE")
     if value is not None:
         return None if value.strip().lower() in ("0", "false", "no", "off") else value
