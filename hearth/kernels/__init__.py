@@ -13,6 +13,7 @@ AVX-512 machine.
 """
 from __future__ import annotations
 
+import ctypes
 import functools
 import os
 import threading
@@ -75,6 +76,34 @@ def _run(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, kblock: in
     if rc != 0:
         raise RuntimeError(f"hk_linear failed with code {rc}")
     return out if x.dtype == torch.float32 else out.to(x.dtype)
+
+
+def linear_parts(x: torch.Tensor, parts: list[torch.Tensor], bias: torch.Tensor | None = None) -> torch.Tensor:
+    """linear(x, cat(parts), bias) without the cat: parts [N_i, K] (same dtype, contiguous) are the row blocks of
+    one weight, e.g. q/k/v as the checkpoint stores them. One kernel call for few tokens; F.linear per part else."""
+    m = x.numel() // x.shape[-1] if x.dim() >= 1 else 0
+    n = sum(p.shape[0] for p in parts)
+    if (len(parts) == 1 or not 0 < m <= MAX_KERNEL_M or len(parts) > 8 or x.shape[-1] != parts[0].shape[1]
+            or not all(p.is_contiguous() and p.dtype == parts[0].dtype for p in parts)
+            or not _kernel_ok(x, parts[0], None) or (bias is not None and bias.shape != (n,))):
+        biases = [None] * len(parts) if bias is None else list(bias.split([p.shape[0] for p in parts]))
+        return torch.cat([linear(x, p, b) for p, b in zip(parts, biases)], dim=-1)
+    x2 = x.reshape(m, x.shape[-1])
+    if x2.stride(1) != 1 or (m > 1 and x2.stride(0) < x2.shape[1]):
+        x2 = x2.contiguous()
+    if bias is not None:
+        bias = bias.to(torch.float32).contiguous()
+    out = torch.empty(m, n, dtype=torch.float32)
+    ptrs = (ctypes.c_void_p * len(parts))(*[p.data_ptr() for p in parts])
+    rows = (ctypes.c_int64 * len(parts))(*[p.shape[0] for p in parts])
+    rc = _build.load().hk_linear_parts(x2.data_ptr(), _DTYPE_CODE[x2.dtype], m, x2.shape[1], x2.stride(0), len(parts),
+                                       ptrs, rows, _DTYPE_CODE[parts[0].dtype], parts[0].shape[1],
+                                       bias.data_ptr() if bias is not None else None, out.data_ptr(), isa(), 0,
+                                       torch.get_num_threads())
+    if rc != 0:
+        raise RuntimeError(f"hk_linear_parts failed with code {rc}")
+    out = out if x.dtype == torch.float32 else out.to(x.dtype)
+    return out.reshape(*x.shape[:-1], n)
 
 
 def _direct(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:

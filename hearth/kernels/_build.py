@@ -94,6 +94,8 @@ def load() -> ctypes.CDLL | None:
         i64, i32, ptr = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p
         lib.hk_linear.argtypes = [ptr, i32, i64, i64, i64, ptr, i32, i64, i64, ptr, ptr, i32, i64, i32]
         lib.hk_linear.restype = i32
+        lib.hk_linear_parts.argtypes = [ptr, i32, i64, i64, i64, i64, ptr, ptr, i32, i64, ptr, ptr, i32, i64, i32]
+        lib.hk_linear_parts.restype = i32
         lib.hk_read_sum.argtypes = [ptr, i64, i32]
         lib.hk_read_sum.restype = ctypes.c_double
         lib.hk_bind_threads.argtypes = [ptr, i32]

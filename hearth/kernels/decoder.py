@@ -33,9 +33,15 @@ _ENABLED = os.environ.get("HEARTH_DECODE_PROGRAM", "1").strip().lower() not in (
 i64, i32, f32, ptr = ctypes.c_int64, ctypes.c_int32, ctypes.c_float, ctypes.c_void_p
 
 
+_MAX_PARTS = 4
+
+
 class _Linear(ctypes.Structure):
+    # A dense projection in parts (Linear.parts: q/k/v or gate/up kept as loaded): nparts > 0, part_w / part_n
+    # are the parts' weights [part_n][K] in row order, and w is unused.
     _fields_ = [("kind", i32), ("w_dtype", i32), ("w", ptr), ("N", i64), ("K", i64), ("ldw", i64), ("bias", ptr),
-                ("scales", ptr), ("mins", ptr), ("ldg", i64), ("group", i64)]
+                ("scales", ptr), ("mins", ptr), ("ldg", i64), ("group", i64), ("nparts", i64),
+                ("part_w", ptr * _MAX_PARTS), ("part_n", i64 * _MAX_PARTS)]
 
 
 class _Layer(ctypes.Structure):
@@ -82,12 +88,21 @@ def _linear_desc(lin, keep: list) -> _Linear | None:
         return _Linear(_QUANT_KIND[quant.ACTIVATIONS], int(qw.bits == 4), qw.data.data_ptr(), n, k,
                        qw.data.stride(0), bias.data_ptr() if bias is not None else None, qw.scales.data_ptr(),
                        qw.mins.data_ptr() if qw.mins is not None else None, qw.scales.stride(0), qw.group)
-    w = lin.weight
-    keep.append(w)
-    if w.dtype not in _DTYPE or w.dim() != 2 or w.stride(1) != 1 or w.shape[0] == 0:
+    parts = lin.parts if type(lin) is Linear and lin.parts is not None else [lin.weight]
+    keep += parts
+    dtypes = {w.dtype for w in parts}
+    if (len(parts) > _MAX_PARTS or len(dtypes) != 1 or dtypes.pop() not in _DTYPE
+            or any(w.dim() != 2 or w.stride(1) != 1 or w.shape[0] == 0 for w in parts)
+            or (len(parts) > 1 and not all(w.is_contiguous() for w in parts))):
         return None
-    return _Linear(0, _DTYPE[w.dtype], w.data_ptr(), w.shape[0], w.shape[1], w.stride(0),
+    w = parts[0]
+    desc = _Linear(0, _DTYPE[w.dtype], w.data_ptr(), sum(p.shape[0] for p in parts), w.shape[1], w.stride(0),
                    bias.data_ptr() if bias is not None else None, None, None, 0, 0)
+    if len(parts) > 1:
+        desc.nparts = len(parts)
+        for i, p in enumerate(parts):
+            desc.part_w[i], desc.part_n[i] = p.data_ptr(), p.shape[0]
+    return desc
 
 
 def _layer_desc(layer, keep: list) -> _Layer | None:

@@ -21,6 +21,9 @@
 extern "C" {
 int hk_linear(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, const void* w, int w_dtype, int64_t N,
               int64_t ldw, const float* bias, float* out, int isa, int64_t kblock, int nthreads);
+int hk_linear_parts(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, int64_t nparts,
+                    const void* const* w, const int64_t* n, int w_dtype, int64_t ldw, const float* bias, float* out,
+                    int isa, int64_t kblock, int nthreads);
 int hq_linear(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, const void* w, int int4, int64_t N,
               int64_t ldw, const float* scales, const float* mins, int64_t ldg, int64_t group, const float* bias,
               float* out, int isa, int nthreads);
@@ -51,8 +54,12 @@ namespace {
 enum DType { kF32 = 0, kBF16 = 1, kF16 = 2 };
 enum LinearKind { kFloat = 0, kQuantFloat = 1, kQuantInt8 = 2, kQuantInt8x2 = 3 };
 
-// One projection. kFloat: w [N][ldw] in w_dtype (0 f32 / 1 bf16 / 2 f16). Quantized: hearth's int8/int4 layout
-// (w_dtype 1 = int4, 0 = int8), scales/mins [N][ldg], group weights per scale.
+constexpr int kMaxParts = 4;
+
+// One projection. kFloat: w [N][ldw] in w_dtype (0 f32 / 1 bf16 / 2 f16), or with nparts > 1 the weight in parts
+// (the checkpoint's q/k/v or gate/up as loaded): part_w[p] [part_n[p]][K], rows in order, w unused (one
+// hk_linear_parts call: one parallel region, as fast as a merged weight). Quantized:
+// hearth's int8/int4 layout (w_dtype 1 = int4, 0 = int8), scales/mins [N][ldg], group weights per scale.
 struct HkLinearDesc {
   int32_t kind, w_dtype;
   const void* w;
@@ -61,6 +68,9 @@ struct HkLinearDesc {
   const float* scales;
   const float* mins;
   int64_t ldg, group;
+  int64_t nparts;
+  const void* part_w[kMaxParts];
+  int64_t part_n[kMaxParts];
 };
 
 struct HkLayerDesc {
@@ -137,9 +147,12 @@ void widen_rows(const void* src, int dtype, int64_t T, int64_t D, int64_t ld, fl
 // y (dtype) [T][N] = x (dtype) [T][K] . W^T (+ bias), through fp32 like the Python layer.
 int project(const HkLinearDesc& l, const void* x, int64_t T, int dtype, std::vector<float>& f32, void* y, int isa,
             int threads) {
-  f32.resize(T * l.N);
   int rc;
-  if (l.kind == kFloat) {
+  f32.resize(T * l.N);
+  if (l.kind == kFloat && l.nparts > 1) {
+    rc = hk_linear_parts(x, dtype, T, l.K, l.K, l.nparts, l.part_w, l.part_n, l.w_dtype, l.K, l.bias, f32.data(),
+                         isa, 0, threads);
+  } else if (l.kind == kFloat) {
     rc = hk_linear(x, dtype, T, l.K, l.K, l.w, l.w_dtype, l.N, l.ldw, l.bias, f32.data(), isa, 0, threads);
   } else {
     auto fn = l.kind == kQuantFloat ? hq_linear : l.kind == kQuantInt8 ? hq_linear_dot : hq_linear_dot2;

@@ -23,10 +23,11 @@ struct Problem {
   const void* w;   // [N][ldw] weights, unit stride along K
   int64_t ldw;
   const float* bias;  // [N] or nullptr
-  float* out;         // [M][N]
+  float* out;         // [M][ldo]
   int64_t M, N, K;
   int64_t kblock_chunks;  // K block in chunks; 0 = whole K
   WKind wkind;
+  int64_t ldo;
 };
 
 #pragma GCC push_options
@@ -119,10 +120,26 @@ extern "C" {
 
 // out[M][N] (fp32) = x[M][K] (row stride ldx, dtype x_dtype) . w[N][K]^T (row stride ldw, dtype w_dtype) + bias.
 // isa: 1 = AVX2+FMA+F16C, 2 = AVX-512F/BW. kblock: K block in elements, 0 = auto (fit L1/L2). Returns 0 or a negative error.
+int hk_linear_parts(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, int64_t nparts,
+                    const void* const* w, const int64_t* n, int w_dtype, int64_t ldw, const float* bias, float* out,
+                    int isa, int64_t kblock, int nthreads);
+
 int hk_linear(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, const void* w, int w_dtype, int64_t N,
               int64_t ldw, const float* bias, float* out, int isa, int64_t kblock, int nthreads) {
+  return hk_linear_parts(x, x_dtype, M, K, ldx, 1, &w, &N, w_dtype, ldw, bias, out, isa, kblock, nthreads);
+}
+
+// As hk_linear with the weight's rows in nparts pieces (w[p]: [n[p]][ldw], N = sum n[p]), e.g. q/k/v kept as
+// the checkpoint stores them: x is packed once and one parallel region covers every part's rows, so a split
+// weight costs what a merged one does. out [M][N], bias [N] (or null) as for the merged weight.
+int hk_linear_parts(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, int64_t nparts,
+                    const void* const* w, const int64_t* n, int w_dtype, int64_t ldw, const float* bias, float* out,
+                    int isa, int64_t kblock, int nthreads) {
   if (isa != kISA_AVX2 && isa != kISA_AVX512) return -1;
   if (x_dtype < 0 || x_dtype > 2 || w_dtype < 0 || w_dtype > 2) return -2;
+  if (nparts < 1 || nparts > 8) return -3;
+  int64_t N = 0;
+  for (int64_t i = 0; i < nparts; ++i) N += n[i];
   if (M <= 0 || N <= 0) return 0;
   const WKind wk = w_dtype == kBF16 ? WKind::kBF16 : w_dtype == kF16 ? WKind::kF16 : WKind::kF32;
   const bool avx512 = isa == kISA_AVX512;
@@ -132,13 +149,23 @@ int hk_linear(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, con
     hk_avx512::pack_x(x, x_dtype, M, K, ldx, wk == WKind::kBF16, xp.data());
   else
     hk_avx2::pack_x(x, x_dtype, M, K, ldx, wk == WKind::kBF16, xp.data());
-  Problem p{xp.data(), w, ldw, bias, out, M, N, K, kblock > 0 ? std::max<int64_t>(kblock / ch, 1) : 0, wk};
   const int64_t rows = avx512 ? hk_avx512::rows_per_chunk(M) : hk_avx2::rows_per_chunk(M);
-  parallel((N + rows - 1) / rows, nthreads, [&](int64_t c0, int64_t c1) {
-    if (avx512)
-      hk_avx512::run(p, c0, c1);
-    else
-      hk_avx2::run(p, c0, c1);
+  const int64_t kb = kblock > 0 ? std::max<int64_t>(kblock / ch, 1) : 0;
+  Problem p[8];
+  int64_t first_chunk[9] = {0};
+  for (int64_t i = 0, col = 0; i < nparts; col += n[i], ++i) {
+    p[i] = Problem{xp.data(), w[i], ldw, bias ? bias + col : nullptr, out + col, M, n[i], K, kb, wk, N};
+    first_chunk[i + 1] = first_chunk[i] + (n[i] + rows - 1) / rows;
+  }
+  parallel(first_chunk[nparts], nthreads, [&](int64_t c0, int64_t c1) {
+    for (int64_t i = 0; i < nparts; ++i) {
+      const int64_t b = std::max(c0, first_chunk[i]), e = std::min(c1, first_chunk[i + 1]);
+      if (b >= e) continue;
+      if (avx512)
+        hk_avx512::run(p[i], b - first_chunk[i], e - first_chunk[i]);
+      else
+        hk_avx2::run(p[i], b - first_chunk[i], e - first_chunk[i]);
+    }
   });
   return 0;
 }

@@ -168,7 +168,7 @@ static void run_chunks(const Problem& a, int64_t c0, int64_t c1) {
           const typename W::E* wr = w + (n0 + j) * a.ldw;
           for (int64_t k = kc * CH; k < K; ++k) s += xm[k] * W::scalar(wr[k]);
           if (a.bias) s += a.bias[n0 + j];
-          a.out[(mb0 + m) * N + n0 + j] = s;
+          a.out[(mb0 + m) * a.ldo + n0 + j] = s;
         }
       }
     }
@@ -192,7 +192,7 @@ static void run_rows(const Problem& a, int64_t r0, int64_t r1) {
     const typename W::E* wr = w + r * a.ldw;
     const float* xm = a.x + m * K;
     for (int64_t k = kc * CH; k < K; ++k) s += xm[k] * W::scalar(wr[k]);
-    a.out[m * a.N + r] = a.bias ? s + a.bias[r] : s;
+    a.out[m * a.ldo + r] = a.bias ? s + a.bias[r] : s;
   };
   for (int64_t i = 0; i < len; ++i) {
     typename T::V acc[S][MR];
