@@ -33,12 +33,13 @@ class TokenSampler:
     @classmethod
     def for_tokenizer(cls, tokenizer: Any, model_vocab_size: int | None = None) -> TokenSampler:
         """From a hearth Tokenizer or an HF tokenizer: ids in the smaller of the two vocabularies, no specials."""
-        hf = getattr(tokenizer, "hf", tokenizer)
-        high = len(hf)
+        high = len(tokenizer)
         if model_vocab_size is not None:
             high = min(high, model_vocab_size)
-        excluded = set(hf.all_special_ids)
-        excluded.update(getattr(hf, "added_tokens_decoder", {}).keys())
+        excluded = set(tokenizer.all_special_ids)
+        backend = getattr(tokenizer, "backend", None)  # hearth's: a tokenizers.Tokenizer
+        added = backend.get_added_tokens_decoder() if backend is not None else tokenizer.added_tokens_decoder
+        excluded.update(added.keys())
         return cls(0, high, excluded)
 
     def sample(self, n: int, rng: random.Random) -> list[int]:

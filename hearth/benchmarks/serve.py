@@ -15,8 +15,10 @@ import json
 import logging
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import httpx
+if TYPE_CHECKING:
+    import httpx
 
 from hearth.benchmarks.common import (
     TokenSampler,
@@ -74,6 +76,8 @@ def _root(base_url: str) -> str:
 
 
 async def _one_request(client: httpx.AsyncClient, url: str, payload: dict) -> RequestResult:
+    import httpx
+
     res = RequestResult()
     t0 = time.perf_counter()
     last = t0
@@ -174,6 +178,8 @@ def _sampler(ns: argparse.Namespace) -> TokenSampler:
 
 
 async def _bench(ns: argparse.Namespace, levels: list[int]) -> tuple[str, list[dict]]:
+    import httpx  # here: `hearth serve` and every other command import this module to build the CLI
+
     root = _root(ns.base_url)
     headers = {"Authorization": f"Bearer {ns.api_key}"} if ns.api_key else {}
     limits = httpx.Limits(max_connections=max(levels) + 4, max_keepalive_connections=max(levels) + 4)
