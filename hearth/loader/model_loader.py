@@ -185,11 +185,15 @@ def _load_gguf(path: str, args: EngineArgs) -> LoadedModel:
     scheme = _quantization(args.quantization, True)
     keep = KEPT_NAMES if scheme == "gguf" else frozenset()
     model = _build(arch, hf_cfg, max_len, dtype, ckpt.tensors(dtype, keep), scheme)
-    head = ckpt.head_blocks(keep) if keep else None
-    if head is not None and tuple(head.shape) == (hf_cfg["vocab_size"], hf_cfg["hidden_size"]):
-        # The LM head reads the largest matrix of a small model every step: keep it in its (exactly repacked)
-        # blocks too; the embedding keeps its dense table for row lookups.
-        model.lm_head_qweight = head.repack()
+    embed_q = getattr(getattr(getattr(model, "model", None), "embed_tokens", None), "qweight", None)
+    if embed_q is not None and not ckpt.has_output_weight:
+        model.lm_head_qweight = embed_q  # a tied head: the embedding's blocks, already repacked
+    else:
+        head = ckpt.head_blocks(keep) if keep else None
+        if head is not None and tuple(head.shape) == (hf_cfg["vocab_size"], hf_cfg["hidden_size"]):
+            # The LM head reads the largest matrix of a small model every step: keep it in its (exactly
+            # repacked) blocks too.
+            model.lm_head_qweight = head.repack()
     eos = list(ckpt.eos_token_ids) or _eos_ids({}, hf_cfg, tokenizer)
     name = args.served_model_name or os.path.basename(path).removesuffix(".gguf")
     mc = ModelConfig(path, hf_cfg, arch, dtype, max_len, eos, ckpt.bos_token_id, True, name)

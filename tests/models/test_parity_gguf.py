@@ -31,6 +31,7 @@ CASES = {
     "llama-q8_0": dict(family="llama", qtype=Q.Q8_0),
     "gemma-f16": dict(family="gemma", tie_word_embeddings=True, qtype=Q.F16),
     "phi3-q4_0": dict(family="phi3", qtype=Q.Q4_0),
+    "llama-tied-q8_0": dict(family="llama", tie_word_embeddings=True, qtype=Q.Q8_0),  # embedding kept in blocks
 }
 TEXTS = ["The quick brown fox jumps over the lazy dog.", "  Paris is\tthe capital of France\n\nhéllo wörld 🤖 123",
          "<|im_start|>user\nWhat is hearth?<|im_end|>\n<|im_start|>assistant\n", "<s>attention</s><unk>", ""]
@@ -92,3 +93,17 @@ def test_gguf_tokenizer_matches_folder(case: str, tmp_path: Path) -> None:
     msgs = [{"role": "user", "content": "Hi"}]
     assert (ck.tokenizer.apply_chat_template(msgs, add_generation_prompt=True)
             == ref.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True))
+
+
+def test_quantized_embedding_rows_equal_the_dequantized_table(tmp_path: Path) -> None:
+    """A kept block type's embedding stays in its blocks; lookups equal the file's dequantized table, and the tied
+    head reads the same blocks."""
+    from hearth import LLM
+
+    _, path, _, decoded = _build("llama-tied-q8_0", tmp_path)
+    model = LLM(str(path), kv_cache_space=0.05).engine.model
+    embed = model.model.embed_tokens
+    assert embed.qweight is not None and model.lm_head_qweight is embed.qweight
+    ids = torch.tensor([[0, 5, 511, 5], [7, 3, 2, 1]])
+    table = decoded["model.embed_tokens.weight"]
+    torch.testing.assert_close(embed(ids).float(), table[ids].float(), rtol=0, atol=0)
