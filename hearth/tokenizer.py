@@ -135,6 +135,11 @@ class Tokenizer:
                                             **{**self.info.special_tokens, **kwargs})
         return rendered[0]
 
+    def warm_up(self) -> None:
+        """Import the renderer and compile the default template (what the first chat request would do)."""
+        if self.chat_template:
+            self.apply_chat_template([{"role": "user", "content": "hi"}])
+
     def _pick_template(self, name_or_text: str | None, tools: list[dict] | None) -> str:
         t = self.templates
         if isinstance(t, dict):

@@ -1,8 +1,11 @@
 """The FastAPI app: thin routes over the serving layer, an ASGI guard for API keys and body size, lifespan."""
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
+import logging
+from collections.abc import Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import TypeVar
@@ -31,6 +34,8 @@ from hearth.metrics import CONTENT_TYPE
 
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
 _PROTECTED = ("/v1/", "/tokenize", "/detokenize")  # /health, /version, /metrics stay open (probes, scrapers)
+
+logger = logging.getLogger("hearth")
 
 
 @dataclass
@@ -106,11 +111,29 @@ async def parse_body(raw: Request, model: type[M]) -> M:
         raise RequestValidationError(e.errors()) from None
 
 
+async def warm_when_idle(engine: AsyncEngine, warm_up: Callable[[], object], idle_s: float = 1.0,
+                         poll_s: float = 0.1) -> None:
+    """Run warm_up (in a thread) once the engine has been idle for idle_s: the chat-template renderer's first use
+    imports transformers (~1.3 s here), which an interactive user's first chat request then does not pay. A client
+    that sends at once is not slowed by it (the import would hold the GIL beside its requests): it waits for quiet."""
+    quiet = 0.0
+    while quiet < idle_s:
+        await asyncio.sleep(poll_s)
+        s = engine.stats
+        quiet = quiet + poll_s if s.num_running == 0 and s.num_waiting == 0 else 0.0
+    try:
+        await asyncio.to_thread(warm_up)
+    except Exception as e:  # a template that cannot render a plain message fails its requests later, not here
+        logger.debug("chat template warm-up failed: %s", e)
+
+
 def build_app(engine: AsyncEngine, ctx: ServingContext, config: ServerConfig) -> FastAPI:
     @asynccontextmanager
     async def lifespan(_: FastAPI):
         engine.start()
+        warm = asyncio.create_task(warm_when_idle(engine, ctx.tokenizer.warm_up))
         yield
+        warm.cancel()
         # uvicorn has already drained in-flight HTTP requests by now (graceful shutdown on SIGTERM).
         engine.shutdown(config.drain_timeout)
 
