@@ -63,6 +63,9 @@ class BlockManager:
         self.free_blocks: OrderedDict[int, None] = OrderedDict((i, None) for i in range(first, num_blocks))
         self.cached: dict[int, int] = {}  # block hash -> block id
         self.req_blocks: dict[str, list[int]] = {}
+        # request id -> how many of its leading table entries _cache_full_blocks has already looked at (each step
+        # then looks only at newly full blocks, not the whole table of a long sequence).
+        self.req_registered: dict[str, int] = {}
         # Counters for metrics.
         self.prefix_queries = 0
         self.prefix_hits = 0
@@ -162,6 +165,13 @@ class BlockManager:
 
         computed_blocks: prefix-cache hits from get_computed_blocks, on the request's first allocation.
         """
+        table = self.req_blocks.get(req.request_id)
+        if table and self.sliding_window is None:  # fast path (most decode steps): room left, no block newly full
+            total = req.num_computed_tokens + num_new_tokens
+            if total <= len(table) * self.block_size and (
+                    not self.enable_prefix_caching
+                    or min(total, req.num_tokens) // self.block_size <= self.req_registered.get(req.request_id, 0)):
+                return True
         if self.sliding_window is not None:
             table = self.req_blocks.get(req.request_id)
             if table:
@@ -217,7 +227,10 @@ class BlockManager:
         """
         hashes = self._full_block_hashes(req, num_tokens)
         bs = self.block_size
-        for i, h in enumerate(hashes):
+        start = self.req_registered.get(req.request_id, 0)
+        self.req_registered[req.request_id] = len(hashes)
+        for i in range(start, len(hashes)):
+            h = hashes[i]
             if table[i] == self.null_block:
                 continue  # released (sliding window): it was registered before, or never will be
             block = self.blocks[table[i]]
@@ -230,6 +243,7 @@ class BlockManager:
     def free(self, request_id: str) -> None:
         """Release a request's blocks, tail first, so prefix tails are evicted before their heads."""
         table = self.req_blocks.pop(request_id, [])
+        self.req_registered.pop(request_id, None)
         for block_id in reversed(table):
             if block_id == self.null_block:
                 continue  # released already (sliding window)

@@ -300,3 +300,24 @@ def test_engine_frees_every_block_after_finish_and_abort(tiny_llama: str) -> Non
     eng.abort_request("unknown")  # ignored
     assert not eng.has_unfinished_requests()
     assert_engine_clean(llm)
+
+
+def test_decode_registers_each_block_once_it_is_full(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A decode step that neither needs a block nor fills one takes the fast path (no hashing, no rescan of the
+    table); every block is registered in the prefix cache on the step that fills it."""
+    bm = BlockManager(16, BS, enable_prefix_caching=True)
+    a = req("a", [5, 6, 7])  # less than one block
+    prefill(bm, a)
+    calls: list[int] = []
+    real = bm._full_block_hashes
+    monkeypatch.setattr(bm, "_full_block_hashes", lambda r, n: calls.append(n) or real(r, n))
+    for i in range(4 * BS):
+        decode(bm, a, 10 + i)
+        full = a.num_tokens // BS
+        registered = [bm.blocks[b].block_hash for b in bm.block_table("a")[:full]]
+        assert registered == real(a, a.num_tokens) and all(h in bm.cached for h in registered)
+    # only when a block fills (n % BS == 0) or the next one is taken (n % BS == 1), not on every step
+    assert calls == [n for n in range(4, 4 + 4 * BS) if n % BS in (0, 1)]
+    b = req("b", a.all_token_ids[: 3 * BS] + [99])  # shares three full blocks
+    hits, cached = bm.get_computed_blocks(b)
+    assert hits == bm.block_table("a")[:3] and cached == 3 * BS
