@@ -86,21 +86,11 @@ class Tokenizer:
     def eos_token_id(self) -> int | None:
         return self.info.eos_token_id
 
-    @property
-    def bos_token(self) -> str | None:
-        return self.info.special_tokens.get("bos_token")
-
-    @property
-    def eos_token(self) -> str | None:
-        return self.info.special_tokens.get("eos_token")
-
-    @property
-    def unk_token(self) -> str | None:
-        return self.info.special_tokens.get("unk_token")
-
-    @property
-    def pad_token(self) -> str | None:
-        return self.info.special_tokens.get("pad_token")
+    # The special tokens' text, as transformers names them (None when the tokenizer has none).
+    bos_token = property(lambda self: self.info.special_tokens.get("bos_token"))
+    eos_token = property(lambda self: self.info.special_tokens.get("eos_token"))
+    unk_token = property(lambda self: self.info.special_tokens.get("unk_token"))
+    pad_token = property(lambda self: self.info.special_tokens.get("pad_token"))
 
     @property
     def chat_template(self) -> str | None:

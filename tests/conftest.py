@@ -13,3 +13,11 @@ def _unpin_main_thread():
     yield
     if os.sched_getaffinity(0) != _PROCESS_AFFINITY:
         os.sched_setaffinity(0, _PROCESS_AFFINITY)
+
+
+@pytest.fixture
+def tokenizer_cache_dir(tmp_path, monkeypatch: pytest.MonkeyPatch):
+    """A fresh, empty tokenizer cache directory for this test (HEARTH_TOKENIZER_CACHE)."""
+    root = tmp_path / "tokenizers"
+    monkeypatch.setenv("HEARTH_TOKENIZER_CACHE", str(root))
+    return root

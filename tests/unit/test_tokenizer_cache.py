@@ -23,13 +23,6 @@ def gguf_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-@pytest.fixture
-def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    root = tmp_path / "tokenizers"
-    monkeypatch.setenv("HEARTH_TOKENIZER_CACHE", str(root))
-    return root
-
-
 def count_builds(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Counts calls of transformers' GGUF converter (a cache hit makes none)."""
     import transformers.integrations.gguf as tg
@@ -54,11 +47,12 @@ def entries(root: Path) -> list[Path]:
     return [p for p in root.iterdir() if not p.name.startswith(".")] if root.exists() else []
 
 
-def test_second_load_hits_the_cache(gguf_file: Path, cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_second_load_hits_the_cache(gguf_file: Path, tokenizer_cache_dir: Path,
+                                    monkeypatch: pytest.MonkeyPatch) -> None:
     builds = count_builds(monkeypatch)
     first = load_gguf(str(gguf_file))
     assert len(builds) == 1
-    (entry,) = entries(cache)
+    (entry,) = entries(tokenizer_cache_dir)
     assert {p.name for p in entry.iterdir()} == {"tokenizer.json", "hearth.json"}
     second = load_gguf(str(gguf_file))
     assert len(builds) == 1  # no rebuild
@@ -68,14 +62,14 @@ def test_second_load_hits_the_cache(gguf_file: Path, cache: Path, monkeypatch: p
     monkeypatch.setenv("HEARTH_TOKENIZER_CACHE", "0")
     uncached = load_gguf(str(gguf_file))
     assert len(builds) == 2 and encodings(uncached.tokenizer) == encodings(first.tokenizer)
-    assert entries(cache) == [entry]
+    assert entries(tokenizer_cache_dir) == [entry]
 
 
 @pytest.mark.parametrize("damage", ["truncate", "flip", "bad_info", "no_tokenizer"])
-def test_damaged_entry_is_rebuilt(gguf_file: Path, cache: Path, monkeypatch: pytest.MonkeyPatch,
+def test_damaged_entry_is_rebuilt(gguf_file: Path, tokenizer_cache_dir: Path, monkeypatch: pytest.MonkeyPatch,
                                   damage: str) -> None:
     ref = encodings(load_gguf(str(gguf_file)).tokenizer)
-    (entry,) = entries(cache)
+    (entry,) = entries(tokenizer_cache_dir)
     tok_json = entry / "tokenizer.json"
     data = tok_json.read_bytes()
     if damage == "truncate":

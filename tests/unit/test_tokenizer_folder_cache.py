@@ -52,13 +52,6 @@ def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return out
 
 
-@pytest.fixture
-def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    root = tmp_path / "tokenizers"
-    monkeypatch.setenv("HEARTH_TOKENIZER_CACHE", str(root))
-    return root
-
-
 def _same_as_transformers(tok: Tokenizer, ref) -> None:
     for text in TEXTS:
         for special in (True, False):
@@ -82,7 +75,7 @@ def _same_as_transformers(tok: Tokenizer, ref) -> None:
 
 
 @pytest.mark.parametrize("name", ["plain", "gpt2", "qwen2", "llama", "bert"])
-def test_cached_folder_tokenizer_equals_transformers(name: str, folders: dict[str, Path], cache: Path,
+def test_cached_folder_tokenizer_equals_transformers(name: str, folders: dict[str, Path], tokenizer_cache_dir: Path,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     from transformers import AutoTokenizer
 
@@ -90,7 +83,7 @@ def test_cached_folder_tokenizer_equals_transformers(name: str, folders: dict[st
     ref = AutoTokenizer.from_pretrained(str(folder))
     cold = Tokenizer.from_folder(str(folder))  # a miss: transformers builds it, the cache stores it
     _same_as_transformers(cold, ref)
-    assert len([p for p in cache.iterdir() if not p.name.startswith(".")]) == 1
+    assert len([p for p in tokenizer_cache_dir.iterdir() if not p.name.startswith(".")]) == 1
 
     def no_transformers(folder: str):
         raise AssertionError("a cache hit must not build the tokenizer with transformers")
@@ -99,7 +92,8 @@ def test_cached_folder_tokenizer_equals_transformers(name: str, folders: dict[st
     _same_as_transformers(Tokenizer.from_folder(str(folder)), ref)
 
 
-def test_edited_tokenizer_files_miss_the_cache(folders: dict[str, Path], cache: Path, tmp_path: Path) -> None:
+def test_edited_tokenizer_files_miss_the_cache(folders: dict[str, Path], tokenizer_cache_dir: Path,
+                                               tmp_path: Path) -> None:
     import shutil
 
     folder = tmp_path / "edit"
@@ -110,10 +104,10 @@ def test_edited_tokenizer_files_miss_the_cache(folders: dict[str, Path], cache: 
     (folder / "tokenizer_config.json").write_text(json.dumps(cfg))
     second = Tokenizer.from_folder(str(folder))
     assert first.eos_token == "</s>" and second.eos_token == "<s>" and second.eos_token_id != first.eos_token_id
-    assert len([p for p in cache.iterdir() if not p.name.startswith(".")]) == 2
+    assert len([p for p in tokenizer_cache_dir.iterdir() if not p.name.startswith(".")]) == 2
 
 
-def test_chat_template_override_and_named_templates(folders: dict[str, Path], cache: Path) -> None:
+def test_chat_template_override_and_named_templates(folders: dict[str, Path], tokenizer_cache_dir: Path) -> None:
     folder = str(folders["plain"])
     tok = Tokenizer.from_folder(folder, chat_template="{{ messages[0]['content'] }}!")
     assert tok.apply_chat_template(MESSAGES[1:2]) == "Hi, fox?!"
@@ -127,11 +121,11 @@ def test_chat_template_override_and_named_templates(folders: dict[str, Path], ca
         tok.apply_chat_template(MESSAGES)
 
 
-def test_warm_start_does_not_import_transformers(folders: dict[str, Path], cache: Path) -> None:
+def test_warm_start_does_not_import_transformers(folders: dict[str, Path], tokenizer_cache_dir: Path) -> None:
     """The point of the cache: importing transformers costs ~2 s of a start-up."""
     folder = str(folders["qwen2"])
     Tokenizer.from_folder(folder)  # fill the cache
     code = ("import sys; from hearth.tokenizer import Tokenizer; t = Tokenizer.from_folder(sys.argv[1]); "
             "assert t.encode('the fox'); assert 'transformers' not in sys.modules, 'transformers was imported'")
-    env = {**__import__("os").environ, "HEARTH_TOKENIZER_CACHE": str(cache)}
+    env = {**__import__("os").environ, "HEARTH_TOKENIZER_CACHE": str(tokenizer_cache_dir)}
     subprocess.run([sys.executable, "-c", code, folder], check=True, env=env, timeout=120)
