@@ -67,11 +67,9 @@ class Tokenizer:
         hit = tokenizer_cache.load(key) if key else None
         if hit is not None:
             return cls(*hit, chat_template)
-        hf = _load_hf(folder)
-        tok = cls.from_hf(hf, None)
+        tok = cls.from_hf(_load_hf(folder), chat_template)  # (the override is in tok.templates, not tok.info)
         if key:
             tokenizer_cache.store(key, tok.backend, tok.info)
-        tok.templates = chat_template or tok.templates
         return tok
 
     # ---- what the engine and server use

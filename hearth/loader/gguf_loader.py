@@ -376,8 +376,8 @@ def _build_tokenizer(path: str, meta: dict[str, Any]) -> Tokenizer:
         raise GGUFError(f"{path}: cannot build a tokenizer from the embedded vocab ({e}); "
                         "pass --tokenizer with an HF tokenizer folder") from e
     backend = _drop_tokens_past(backend, len(tok_dict["tokens"]))
+    # (tok_cfg carries the GGUF's tokenizer.chat_template: the fast tokenizer, and so tok.info, takes it)
     tok = Tokenizer.from_hf(PreTrainedTokenizerFast(tokenizer_object=backend, **{**tok_cfg, **extra}))
-    tok.info.chat_template = tok.templates = tok_cfg.get("chat_template")
     if key:
         tokenizer_cache.store(key, tok.backend, tok.info)
     return tok
