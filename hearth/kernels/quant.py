@@ -73,7 +73,7 @@ class QWeight:
     """A quantized [N, K] weight: see the module docstring for the layout."""
 
     bits: int  # 8 or 4
-    group: int  # weights per scale along K (a multiple of 32 dividing K; K itself for per-channel int8)
+    group: int  # weights per scale along K (a multiple of 32 dividing K; K itself for per-channel int8; int8: 16)
     data: torch.Tensor  # int8 [N, K] | uint8 [N, K/2]
     scales: torch.Tensor  # fp32 [N, K/group]
     mins: torch.Tensor | None  # fp32 [N, K/group], int4 only; None for symmetric int4 (GGUF Q4_0): min = -8 scale
@@ -120,8 +120,9 @@ def available() -> bool:
 
 
 def supports(k: int, group: int) -> bool:
-    """Shapes the layout (and kernels) take: K and the group multiples of 32, the group dividing K."""
-    return k % 32 == 0 and group % 32 == 0 and group > 0 and k % group == 0
+    """Shapes the layout (and kernels) take: K a multiple of 32; the group a multiple of 32 dividing K, or 16 (int8
+    only: GGUF Q6_K's sub-blocks)."""
+    return k % 32 == 0 and (group == 16 or (group % 32 == 0 and group > 0 and k % group == 0))
 
 
 # ---------------------------------------------------------------- quantize / dequantize (torch, load time)

@@ -7,6 +7,9 @@ Only integer moves and the per-block scales are touched; the weights never pass 
   Q4_K (256-weight super-blocks: fp16 d, dmin, 12 bytes of 6-bit scales/mins, 128 bytes of nibbles)
                                       -> int4, group 32, scale d * sc, min -dmin * m; nibbles regrouped (Q4_K keeps
                                          sub-blocks 2j and 2j+1 in the low / high nibbles of the same 32 bytes)
+  Q6_K (256-weight super-blocks: 128 bytes of low nibbles, 64 of 2-bit highs, 16 int8 scales, fp16 d)
+                                      -> int8, group 16, scale d * sc, q = 6-bit value - 32 (the head llama-quantize
+                                         writes beside Q4_0 layers, and Q4_K_M's ffn_down / attn_v)
 Each repack dequantizes (hearth.kernels.quant.dequantize) to exactly gguf.quants.dequantize's floats.
 """
 from __future__ import annotations
@@ -19,7 +22,8 @@ import torch
 from hearth.kernels.quant import QWeight
 
 # ggml type id -> (name, weights per block, bytes per block) of the types kept quantized.
-KEPT_TYPES = {8: ("Q8_0", 32, 34), 2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20), 12: ("Q4_K", 256, 144)}
+KEPT_TYPES = {8: ("Q8_0", 32, 34), 2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20), 12: ("Q4_K", 256, 144),
+              14: ("Q6_K", 256, 210)}
 KEPT_NAMES = frozenset(name for name, _, _ in KEPT_TYPES.values())
 
 
@@ -37,7 +41,12 @@ class GGUFBlocks:
 
     @property
     def bits(self) -> int:
-        return 8 if self.type_name == "Q8_0" else 4
+        return 8 if self.type_name in ("Q8_0", "Q6_K") else 4
+
+    @property
+    def group(self) -> int:
+        """Weights per scale once repacked."""
+        return 16 if self.type_name == "Q6_K" else 32
 
     def index_rows(self, index: torch.Tensor) -> GGUFBlocks:
         return GGUFBlocks(self.ggml_type, self.shape, self.data[index].contiguous())
@@ -82,6 +91,8 @@ def repack(ggml_type: int, data: torch.Tensor, shape: tuple[int, int]) -> QWeigh
         m = None if name == "Q4_0" else torch.from_numpy(_f16(b[:, :, 2:4]))
         qs = np.ascontiguousarray(b[:, :, nbytes - 16:]).reshape(n, k // 2)  # already hearth's nibble order
         return QWeight(4, 32, torch.from_numpy(qs), torch.from_numpy(d), m)
+    if name == "Q6_K":
+        return _repack_q6k(b, n, k)
     # Q4_K
     d, dmin = _f16(b[:, :, 0:2]), _f16(b[:, :, 2:4])  # [N, nb]
     sc, mn = _q4k_scale_min(b[:, :, 4:16])  # [N, nb, 8]
@@ -92,3 +103,18 @@ def repack(ggml_type: int, data: torch.Tensor, shape: tuple[int, int]) -> QWeigh
     packed = sub[..., :16] | (sub[..., 16:] << 4)  # hearth: byte i = v[i] | v[i + 16] << 4
     return QWeight(4, 32, torch.from_numpy(np.ascontiguousarray(packed).reshape(n, k // 2)),
                    torch.from_numpy(np.ascontiguousarray(scales)), torch.from_numpy(np.ascontiguousarray(mins)))
+
+
+def _repack_q6k(b: np.ndarray, n: int, k: int) -> QWeight:
+    """Q6_K blocks [N, nb, 210] -> int8 group 16. Per 128 weights (half h of a super-block), 64 bytes of ql and 32 of
+    qh: rows of 32 weights j = 0..3 take ql byte (j % 2) * 32 + l, low nibble for j < 2 else high, and the 2 bits of
+    qh byte l at 2 * j (llama.cpp's dequantize_row_q6_K)."""
+    nb = k // 256
+    ql = b[:, :, :128].reshape(n, nb, 2, 1, 64) >> np.array([0, 4], np.uint8).reshape(1, 1, 1, 2, 1)
+    qh = b[:, :, 128:192].reshape(n, nb, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8).reshape(1, 1, 1, 4, 1)
+    low = (ql & 0x0F).reshape(n, nb, 8, 32)
+    q = (low | ((qh & 0x03).reshape(n, nb, 8, 32) << 4)).view(np.int8) - np.int8(32)
+    sc = b[:, :, 192:208].view(np.int8).astype(np.float32)  # [N, nb, 16]
+    scales = (_f16(b[:, :, 208:210])[..., None] * sc).reshape(n, nb * 16)  # exact: 11-bit d times 8-bit sc
+    return QWeight(8, 16, torch.from_numpy(np.ascontiguousarray(q).reshape(n, k)),
+                   torch.from_numpy(np.ascontiguousarray(scales)), None)

@@ -98,7 +98,7 @@ class QuantLinear(Linear):
     def _quantize(self, parts: list[torch.Tensor | GGUFBlocks]) -> quant.QWeight | None:
         k = self.in_features
         if self.scheme == "gguf":
-            kinds = {p.bits if isinstance(p, GGUFBlocks) else None for p in parts}
+            kinds = {(p.bits, p.group) if isinstance(p, GGUFBlocks) else None for p in parts}
             if len(kinds) != 1 or None in kinds or not quant.supports(k, 32):
                 return None
             return _cat([p.repack() for p in parts])

@@ -42,7 +42,8 @@ def _close(got: torch.Tensor, want: torch.Tensor, tol: float = 1e-4) -> None:
 
 def _qweights(w: torch.Tensor) -> list[quant.QWeight]:
     k = w.shape[1]
-    out = [quant.quantize_int8(w), quant.quantize_int8(w, 32), quant.quantize_int4(w, 32)]
+    # (int8 group 16: GGUF Q6_K's layout, two scales per block of 32)
+    out = [quant.quantize_int8(w), quant.quantize_int8(w, 32), quant.quantize_int8(w, 16), quant.quantize_int4(w, 32)]
     out += [quant.quantize_int4(w, g) for g in (64, 128) if k % g == 0]
     # symmetric int4 (GGUF Q4_0's layout): no mins stored, min = -8 * scale
     out += [dataclasses.replace(quant.quantize_int4(w, g), mins=None) for g in (32, 64) if k % g == 0]
@@ -160,27 +161,29 @@ def test_quantize_error_bounds() -> None:
     assert torch.equal(quant.unpack_u4(quant.pack_u4(q)), q)
 
 
-def _q4k_blocks(n: int, k: int, seed: int = 0) -> np.ndarray:
-    """Random but valid Q4_K rows (gguf.quants cannot quantize Q4_K): finite fp16 d/dmin, any other bytes."""
+def _k_blocks(qtype: Q, n: int, k: int, seed: int = 0) -> np.ndarray:
+    """Random but valid Q4_K / Q6_K rows (gguf.quants cannot quantize these): finite fp16 d (and dmin), any other
+    bytes (Q6_K's int8 scales included)."""
     rng = np.random.default_rng(seed)
     nb = k // 256
-    raw = rng.integers(0, 256, (n, nb, 144), dtype=np.uint8)
-    raw[:, :, 0:2] = (rng.standard_normal((n, nb, 1)) * 0.01).astype(np.float16).view(np.uint8)
-    raw[:, :, 2:4] = (rng.standard_normal((n, nb, 1)) * 0.01).astype(np.float16).view(np.uint8)
-    return raw.reshape(n, nb * 144)
+    size, fp16_at = {Q.Q4_K: (144, (0, 2)), Q.Q6_K: (210, (208,))}[qtype]
+    raw = rng.integers(0, 256, (n, nb, size), dtype=np.uint8)
+    for at in fp16_at:
+        raw[:, :, at:at + 2] = (rng.standard_normal((n, nb, 1)) * 0.01).astype(np.float16).view(np.uint8)
+    return raw.reshape(n, nb * size)
 
 
-@pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q4_K])
+@pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q4_K, Q.Q6_K])
 def test_gguf_repack_equals_gguf_dequantize(qtype: Q) -> None:
     n, k = 37, 512
-    if qtype == Q.Q4_K:
-        raw = _q4k_blocks(n, k)
+    if qtype in (Q.Q4_K, Q.Q6_K):
+        raw = _k_blocks(qtype, n, k)
     else:
         raw = gguf.quants.quantize(np.random.default_rng(2).standard_normal((n, k)).astype(np.float32), qtype)
     blocks = GGUFBlocks(int(qtype), (n, k), torch.from_numpy(raw.copy()))
     qw = blocks.repack()
-    assert qw.bits == (8 if qtype == Q.Q8_0 else 4) and qw.group == 32
-    assert (qw.mins is None) == (qtype in (Q.Q8_0, Q.Q4_0))  # Q4_0 is symmetric: its mins are implied
+    assert qw.bits == (8 if qtype in (Q.Q8_0, Q.Q6_K) else 4) and qw.group == (16 if qtype == Q.Q6_K else 32)
+    assert (qw.mins is None) == (qtype in (Q.Q8_0, Q.Q4_0, Q.Q6_K))  # Q4_0 is symmetric: its mins are implied
     ref = torch.from_numpy(gguf.quants.dequantize(raw, qtype))
     assert torch.equal(quant.dequantize(qw), ref)  # bit-exact: the kernel's fma gives these same floats
     assert torch.equal(blocks.dequantize(), ref)

@@ -31,7 +31,7 @@ struct Problem {
   const float* scales;  // [N][ldg]
   const float* mins;    // [N][ldg] (int4 only); nullptr: symmetric int4, min = -8 * scale (GGUF Q4_0)
   int64_t ldg;
-  int64_t sb_per_group;  // G / 32
+  int64_t sb_per_group;  // G / 32; 0: 16-weight groups (int8 only), two scales per sub-block of 32
   const float* bias;     // [N] or nullptr
   float* out;            // [M][N]
   int64_t M, N, K;
@@ -65,10 +65,11 @@ struct T {
     s = _mm_add_ss(s, _mm_movehdup_ps(s));
     return _mm_cvtss_f32(s);
   }
-  static inline void deq_i8(const int8_t* p, V s, V out[4]) {
+  // s0 scales weights 0..15, s1 16..31 (equal unless 16-weight groups)
+  static inline void deq_i8(const int8_t* p, V s0, V s1, V out[4]) {
     for (int i = 0; i < 4; ++i) {
       __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 8 * i));
-      out[i] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)), s);
+      out[i] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)), i < 2 ? s0 : s1);
     }
   }
   static inline void deq_u4(const uint8_t* p, V s, V mn, V out[4]) {
@@ -121,10 +122,10 @@ struct T {
   static inline V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
   static inline V set1(float f) { return _mm512_set1_ps(f); }
   static inline float hsum(V v) { return _mm512_reduce_add_ps(v); }
-  static inline void deq_i8(const int8_t* p, V s, V out[2]) {
+  static inline void deq_i8(const int8_t* p, V s0, V s1, V out[2]) {  // s0: weights 0..15, s1: 16..31
     for (int i = 0; i < 2; ++i) {
       __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * i));
-      out[i] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)), s);
+      out[i] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)), i ? s1 : s0);
     }
   }
   static inline void deq_u4(const uint8_t* p, V s, V mn, V out[2]) {
@@ -195,6 +196,14 @@ static float half_to_float(uint16_t h) {  // scalar, baseline ISA (x conversion 
   return f;
 }
 
+// K a multiple of 32; the group a multiple of 32 dividing K, or (int8 weights) 16: GGUF Q6_K's sub-blocks, marked by
+// sb_per_group = 0 in Problem.
+static bool bad_group(int64_t K, int64_t group, int int4) {
+  if (K % 32) return true;
+  if (group == 16) return int4 != 0;
+  return group % 32 || group <= 0 || K % group;
+}
+
 // x (row stride ldx, dtype) -> contiguous fp32 [M][K]; returns x itself when it already is.
 static const float* pack_x(const void* x, int dtype, int64_t M, int64_t K, int64_t ldx, std::vector<float>& buf) {
   if (dtype == kF32 && (ldx == K || M == 1)) return static_cast<const float*>(x);
@@ -230,7 +239,7 @@ int hq_linear(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, con
   using namespace hq;
   if (isa != kISA_AVX2 && isa != kISA_AVX512) return -1;
   if (x_dtype < 0 || x_dtype > 2) return -2;
-  if (K % 32 || group % 32 || group <= 0 || K % group) return -3;
+  if (bad_group(K, group, int4)) return -3;
   if (M <= 0 || N <= 0) return 0;
   std::vector<float> buf;
   const float* xp = pack_x(x, x_dtype, M, K, ldx, buf);
@@ -254,7 +263,7 @@ static int linear_dot(const void* x, int x_dtype, int64_t M, int64_t K, int64_t 
                       const float* bias, float* out, int isa, int nthreads, bool x2) {
   if (isa != kISA_AVX2 && isa != kISA_AVX512) return -1;
   if (x_dtype < 0 || x_dtype > 2) return -2;
-  if (K % 32 || group % 32 || group <= 0 || K % group) return -3;
+  if (bad_group(K, group, int4)) return -3;
   if (M <= 0 || N <= 0) return 0;
   static const bool has_vnni = __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl");
   const bool use_vnni = isa == kISA_AVX512 && has_vnni;
@@ -310,7 +319,7 @@ int hq_dequant(const void* w, int int4, int64_t K, int64_t ldw, const float* sca
                int64_t group, int64_t n0, int64_t n1, float* out, int isa, int nthreads) {
   using namespace hq;
   if (isa != kISA_AVX2 && isa != kISA_AVX512) return -1;
-  if (K % 32 || group % 32 || group <= 0 || K % group) return -3;
+  if (bad_group(K, group, int4)) return -3;
   Problem p{nullptr, w, ldw, scales, mins, ldg, group / 32, nullptr, nullptr, 0, n1, K, int4 != 0};
   parallel(n1 - n0, nthreads, [&](int64_t b, int64_t e) {
     if (isa == kISA_AVX512)

@@ -144,7 +144,7 @@ static inline __m256i u4_pair_x(__m256i lo, __m256i hi, const int8_t* qx, const 
 
 // Scale groups are kSpg sub-blocks of 32 when kSpg > 0 (compile time: 1 = Q4_0/Q4_1/Q8_0/Q4_K, 2, 4), else
 // a.sb_per_group (a run-time division per block; profiled at ~30% of the int4 kernel's time when it was the only
-// path). kSpg = -1 (int8 only): one scale per row.
+// path). kSpg = -1 (int8 only): one scale per row; -2 (int8 only): 16-weight groups, two scales per block of 32.
 template <int kSpg>
 static inline int64_t group_of(int64_t sb, int64_t spg) {
   if constexpr (kSpg > 0) return sb / kSpg;
@@ -283,7 +283,13 @@ static inline void micro_i8(const Problem& a, const XQ& xq, int64_t m0, int64_t 
                         _mm256_sign_epi8(ld256(xq.q2 + (m0 + m) * a.K + b * 32), wv[r]));
         else
           p = i8_block(_mm256_setzero_si256(), wv[r], qx);
-        const __m256 f = kSpg < 0 ? _mm256_set1_ps(dx) : _mm256_set1_ps(dx * sc[r][group_of<kSpg>(b, spg)]);
+        __m256 f;
+        if constexpr (kSpg == -1)
+          f = _mm256_set1_ps(dx);
+        else if constexpr (kSpg == -2)  // 16-weight groups: lanes 0..3 sum weights 0..15, lanes 4..7 16..31
+          f = _mm256_mul_ps(_mm256_set1_ps(dx), pair_scales<1>(sc[r], b, 1));
+        else
+          f = _mm256_set1_ps(dx * sc[r][group_of<kSpg>(b, spg)]);
         acc[m][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), f, acc[m][r]);
       }
     }
@@ -292,7 +298,7 @@ static inline void micro_i8(const Problem& a, const XQ& xq, int64_t m0, int64_t 
     for (int r = 0; r < NR; ++r) {
       const int64_t n = n0 + r * rs;
       float s = hsum8(acc[m][r]);
-      if (kSpg < 0) s *= sc[r][0];
+      if (kSpg == -1) s *= sc[r][0];
       if (a.bias) s += a.bias[n];
       a.out[(m0 + m) * a.N + n] = s;
     }
@@ -311,6 +317,7 @@ static inline void micro_dot(const Problem& a, const XQ& xq, int64_t m0, int64_t
   }
   if (spg * 32 == a.K) return micro_i8<MR, NR, -1, kX2>(a, xq, m0, n0, rs);
   switch (spg) {
+    case 0: return micro_i8<MR, NR, -2, kX2>(a, xq, m0, n0, rs);
     case 1: return micro_i8<MR, NR, 1, kX2>(a, xq, m0, n0, rs);
     case 2: return micro_i8<MR, NR, 2, kX2>(a, xq, m0, n0, rs);
     case 4: return micro_i8<MR, NR, 4, kX2>(a, xq, m0, n0, rs);

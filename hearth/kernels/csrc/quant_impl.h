@@ -8,7 +8,8 @@
 // fma(q, s, mn) for int4, which equals GGUF's d * q + m because d * q is exact in fp32), then multiplied with fp32 x
 // and accumulated in fp32: the same math as a float model with dequantized weights, up to summation order.
 // The unit along K is a sub-block of 32 weights (int8: 32 bytes; int4: 16 bytes, low nibbles = elements 0..15,
-// high nibbles = 16..31, GGUF Q4_0's order); scales (and mins) are per group of G weights, G a multiple of 32.
+// high nibbles = 16..31, GGUF Q4_0's order); scales (and mins) are per group of G weights, G a multiple of 32 (or,
+// int8 only, 16: sb_per_group == 0).
 //
 // Blocking as in linear_impl.h: a task is a chunk of NC = NR * 16 output rows; K is blocked so the chunk's weights
 // stay in L2 while every MR-row tile of x sweeps it; partial sums stay unreduced in a per-thread scratch.
@@ -20,8 +21,13 @@ struct WI8 {
   using E = int8_t;
   static constexpr int64_t kSubBytes = 32;
   static inline void deq(const Problem& a, int64_t n, int64_t sb, typename T::V out[NV]) {
-    const int64_t g = sb / a.sb_per_group;
-    T::deq_i8(static_cast<const int8_t*>(a.w) + n * a.ldw + sb * kSubBytes, T::set1(a.scales[n * a.ldg + g]), out);
+    const int8_t* p = static_cast<const int8_t*>(a.w) + n * a.ldw + sb * kSubBytes;
+    if (a.sb_per_group == 0) {  // 16-weight groups: two scales per sub-block
+      const float* s = a.scales + n * a.ldg + 2 * sb;
+      return T::deq_i8(p, T::set1(s[0]), T::set1(s[1]), out);
+    }
+    const typename T::V s = T::set1(a.scales[n * a.ldg + sb / a.sb_per_group]);
+    T::deq_i8(p, s, s, out);
   }
 };
 
