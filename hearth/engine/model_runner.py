@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from hearth.engine.block_manager import BlockManager
-from hearth.engine.input_batch import SeqInput, prepare_inputs
+from hearth.engine.input_batch import SeqInput, prepare_decode_inputs, prepare_inputs
 from hearth.engine.request import Request
 from hearth.engine.scheduler import ScheduledRequest, SchedulerOutput
 from hearth.layers.attention import Attention
@@ -67,10 +67,22 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput, block_manager: BlockManager) -> StepResult:
+        scheduled = sched.scheduled
+        # Decodes only (one sampled token each, prompt done): the common step with many sequences running.
+        if all(s.num_new_tokens == 1 and s.sample and not s.spec_token_ids
+               and s.request.num_computed_tokens >= max(1, s.request.num_prompt_tokens) for s in scheduled):
+            reqs = [s.request for s in scheduled]
+            tables = block_manager.req_blocks
+            input_ids, positions, meta = prepare_decode_inputs(
+                [r.all_token_ids[r.num_computed_tokens] for r in reqs], [r.num_computed_tokens for r in reqs],
+                [tables.get(r.request_id, []) for r in reqs], self.block_size)
+            hidden = self.model(input_ids, positions, meta)  # [N, hidden]
+            out: SamplerOutput = self.sampler(self.model.compute_logits(hidden), reqs)
+            return StepResult([(r, [t], [lp]) for r, t, lp in zip(reqs, out.token_ids, out.logprobs)], {})
         seqs = [SeqInput(_new_tokens(s), s.request.num_computed_tokens, block_manager.block_table(s.request.request_id))
-                for s in sched.scheduled]
+                for s in scheduled]
         order = sorted(range(len(seqs)), key=lambda i: not seqs[i].is_decode)  # decodes first (stable)
-        ordered = [sched.scheduled[i] for i in order]
+        ordered = [scheduled[i] for i in order]
         input_ids, positions, meta = prepare_inputs([seqs[i] for i in order], self.block_size)
         hidden = self.model(input_ids, positions, meta)  # [T, hidden]
         return self._sample(hidden, ordered)
