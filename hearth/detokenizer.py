@@ -1,6 +1,8 @@
 """Incremental detokenization that never splits a multi-byte character, and stop-string matching."""
 from __future__ import annotations
 
+from tokenizers.decoders import DecodeStream
+
 from hearth.tokenizer import Tokenizer
 
 
@@ -20,6 +22,12 @@ class IncrementalDetokenizer:
         self.prefix_offset = 0
         self.read_offset = len(self.context)
         self.text = ""
+        # tokenizers' DecodeStream runs the same window algorithm in one call per token (two decodes here). Not when
+        # the tokenizer's text needs transformers' cleanup (it applies to whole strings), nor when the prompt ends
+        # inside a character (DecodeStream then re-emits the prompt's tail with the first token).
+        self._stream = None
+        if not tokenizer.info.cleanup and not self._decode(self.context).endswith("\ufffd"):
+            self._stream = DecodeStream(ids=list(self.context), skip_special_tokens=skip_special_tokens)
 
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
@@ -30,15 +38,27 @@ class IncrementalDetokenizer:
         for tok in new_token_ids:
             self.token_ids.append(tok)
             self.context.append(tok)
-            prefix_text = self._decode(self.context[self.prefix_offset:self.read_offset])
-            new_text = self._decode(self.context[self.prefix_offset:])
-            if len(new_text) > len(prefix_text) and not new_text.endswith("\ufffd"):
-                piece = new_text[len(prefix_text):]
+            piece = self._window_piece() if self._stream is None else self._stream_piece(tok)
+            if piece:  # (nothing while the newest tokens end inside a character)
                 delta += piece
                 self.prefix_offset = self.read_offset
                 self.read_offset = len(self.context)
         self.text += delta
         return delta
+
+    def _window_piece(self) -> str:
+        prefix_text = self._decode(self.context[self.prefix_offset:self.read_offset])
+        new_text = self._decode(self.context[self.prefix_offset:])
+        if len(new_text) > len(prefix_text) and not new_text.endswith("\ufffd"):
+            return new_text[len(prefix_text):]
+        return ""
+
+    def _stream_piece(self, tok: int) -> str:
+        try:
+            return self._stream.step(self.tokenizer.backend, tok) or ""
+        except Exception:  # e.g. its prefix check failing on an odd decoder: the window algorithm from here on
+            self._stream = None
+            return self._window_piece()
 
     def flush(self) -> str:
         """At the end: emit whatever is held back (an incomplete character decodes as U+FFFD)."""

@@ -33,6 +33,18 @@ def test_incremental_decode_never_yields_a_partial_character(tok: Tokenizer, chu
     assert sum(1 for d in deltas if d) > 5  # really incremental
 
 
+@pytest.mark.parametrize("prompt", ["The quick", "ok 😀😀a", ""])
+def test_decode_stream_and_window_give_the_same_deltas(tok: Tokenizer, prompt: str) -> None:
+    """tokenizers' DecodeStream (the fast path) and the two-decode window: the same delta for every token."""
+    p = tok.encode(prompt, add_special_tokens=False)
+    ids = tok.encode(TEXT + " fin", add_special_tokens=False) + [1, 370, 10_000]  # a special and an unknown id
+    fast, slow = IncrementalDetokenizer(tok, p), IncrementalDetokenizer(tok, p)
+    slow._stream = None
+    assert fast._stream is not None
+    assert [fast.add([t]) for t in ids] == [slow.add([t]) for t in ids]
+    assert fast.flush() == slow.flush() and fast.text == slow.text
+
+
 def test_prompt_window_starting_inside_a_character(tok: Tokenizer) -> None:
     prompt = tok.encode("ok 😀😀a", add_special_tokens=False)  # its last 4 tokens start inside an emoji
     assert "\ufffd" in tok.decode(prompt[-4:])
@@ -146,7 +158,7 @@ def test_stop_strings_through_the_engine(llm: LLM, refs) -> None:
     outs = llm.generate([{"prompt_token_ids": prompt} for prompt, _, _, _ in cases],
                         [SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, stop=[stop, "\x00"],
                                         include_stop_str_in_output=include) for _, _, stop, include in cases])
-    for (prompt, ref, stop, include), o in zip(cases, outs):
+    for (_prompt, ref, stop, include), o in zip(cases, outs):
         out = o.outputs[0]
         at = ref.text.find(stop)
         assert (out.finish_reason, out.stop_reason) == ("stop", stop)
