@@ -14,6 +14,7 @@ from hearth.kernels.decoder import DecodeProgram
 from hearth.layers.attention import Attention, AttentionMetadata
 from hearth.layers.embedding import Embedding
 from hearth.layers.linear import Linear
+from hearth.layers.norm import RMSNorm
 from hearth.layers.rotary import RotaryEmbedding
 
 
@@ -109,8 +110,10 @@ class DecoderModel(nn.Module):
             # NOTE: Gemma rounds the scale to the compute dtype before multiplying, as HF does.
             x = x * torch.tensor(self.embed_scale, dtype=x.dtype)
         program = self._decode_program()
-        if program is not None and program.takes(x, meta):
-            x, residual = program.run(x, positions, meta)  # every layer in one C call (decode steps)
+        if program is not None and program.takes(x, meta):  # every layer in one C call (decode steps)
+            if type(self.norm) is RMSNorm:  # (x: this step's fresh embeddings, the program's to overwrite)
+                return program.run(x, positions, meta, final_norm=self.norm, owned=True)
+            x, residual = program.run(x, positions, meta)
             return self.norm(x, residual)[0]
         residual = None
         for layer in self.layers:

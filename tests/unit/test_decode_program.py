@@ -45,9 +45,9 @@ def test_program_equals_layer_path(case: str, tmp_path, monkeypatch) -> None:
     runs = []
     real_run = decoder.DecodeProgram.run
 
-    def counted(self, *a):
+    def counted(self, *a, **kw):
         runs.append(a[0].shape[0])
-        return real_run(self, *a)
+        return real_run(self, *a, **kw)
 
     monkeypatch.setattr(decoder.DecodeProgram, "run", counted)
     with_program = _generate(llm, 10)

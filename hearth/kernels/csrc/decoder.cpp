@@ -174,10 +174,12 @@ struct Buffers {
 extern "C" {
 
 // Runs layers [0, n) on x [T][hidden] (dtype), in place: on return x is the last layer's MLP output and residual
-// the running sum (the model applies its final norm to x + residual). has_residual = 0 for the first layer of the
-// model (its input is the embedding: residual = x). Returns 0, or the failing kernel's code.
+// the running sum. has_residual = 0 for the first layer of the model (its input is the embedding: residual = x).
+// final_norm (fp32 [hidden], or null): the model's final RMSNorm of x + residual, written to out (residual then
+// holds the sum), while x is still in cache. Returns 0, or the failing kernel's code.
 int hk_decoder_layers(const HkLayerDesc* layers, int64_t n, const HkStepDesc* st, void* x, void* residual,
-                      int has_residual, int64_t hidden, int dtype, int isa, int threads) {
+                      int has_residual, int64_t hidden, int dtype, int isa, int threads, const float* final_norm,
+                      float final_offset, float final_eps, void* out) {
   thread_local Buffers b;
   const int64_t T = st->T, es = elem_size(dtype);
   b.h.resize(T * hidden * es);
@@ -241,6 +243,9 @@ int hk_decoder_layers(const HkLayerDesc* layers, int64_t n, const HkStepDesc* st
                                           hidden, dtype, threads)))
       return rc;
   }
+  if (final_norm)
+    return hk_rms_norm(x, hidden, residual, hidden, final_norm, final_offset, final_eps, out, residual, T, hidden,
+                       dtype, threads);
   return 0;
 }
 
