@@ -248,6 +248,65 @@ static inline void micro_u4(const Problem& a, const XQ& xq, int64_t m0, int64_t 
     }
 }
 
+// M = 1, int4 with 32-weight groups (GGUF Q4_0 / Q4_1 / Q4_K repacks, int4-g32), 4 row streams: micro_u4<1, 4, 1>'s
+// arithmetic, written out so the loop is mostly vector work: named accumulators (the array form kept a copy in
+// memory), one shared byte offset for the four weight rows (base + index addressing instead of eight pointers), and
+// two pairs per iteration, so each row's 64-byte line is prefetched once. Same operations in the same order per
+// output, so results are bit-identical to micro_u4. Needs an even number of blocks (K % 64 == 0).
+template <bool kX2>
+static inline void m1_u4_g32(const Problem& a, const XQ& xq, int64_t n0, int64_t rs) {
+  const int64_t np = a.K / 64, ldw = a.ldw * rs, ldg = a.ldg * rs;
+  const uint8_t* w0 = static_cast<const uint8_t*>(a.w) + n0 * a.ldw;
+  const uint8_t *w1 = w0 + ldw, *w2 = w1 + ldw, *w3 = w2 + ldw;
+  const float* s0 = a.scales + n0 * a.ldg;
+  const float *s1 = s0 + ldg, *s2 = s1 + ldg, *s3 = s2 + ldg;
+  const int8_t* q = xq.q;
+  const int8_t* q2 = kX2 ? xq.q2 : xq.q;
+  const float* d = xq.d;
+  const __m256i mask = _mm256_set1_epi8(0x0F), spread = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
+  auto pair = [&](int64_t j) __attribute__((always_inline)) {
+    const int64_t o = j * 32;
+    const __m256i x0 = ld256(q + 2 * o), x1 = ld256(q + 2 * o + 32);
+    const __m256i y0 = kX2 ? ld256(q2 + 2 * o) : x0, y1 = kX2 ? ld256(q2 + 2 * o + 32) : x1;
+    const __m256 dx = _mm256_loadu_ps(d + j * 8);
+    auto row = [&](const uint8_t* w, const float* sc, __m256& acc) __attribute__((always_inline)) {
+      const __m256i b = ld256(reinterpret_cast<const int8_t*>(w + o));
+      const __m256i l = _mm256_and_si256(b, mask), h = _mm256_and_si256(_mm256_srli_epi16(b, 4), mask);
+      const __m256i p = kX2 ? D::dot2_x2(l, x0, h, x1, y0, y1) : D::dot2(_mm256_setzero_si256(), l, x0, h, x1);
+      const __m256 sv = _mm256_permutevar8x32_ps(
+          _mm256_castpd_ps(_mm256_broadcast_sd(reinterpret_cast<const double*>(sc + 2 * j))), spread);
+      acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(dx, sv), acc);
+    };
+    row(w0, s0, acc0);
+    row(w1, s1, acc1);
+    row(w2, s2, acc2);
+    row(w3, s3, acc3);
+  };
+  int64_t j = 0;
+  for (; j + 2 <= np; j += 2) {
+    const int64_t pf = j * 32 + kPrefetchBytes;
+    _mm_prefetch(reinterpret_cast<const char*>(w0 + pf), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(w1 + pf), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(w2 + pf), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(w3 + pf), _MM_HINT_T0);
+    pair(j);
+    pair(j + 1);
+  }
+  if (j < np) pair(j);
+  const int64_t ng = a.K / 32;
+  const float* xs = xq.xs;
+  const __m256 accs[4] = {acc0, acc1, acc2, acc3};
+  const float* scs[4] = {s0, s1, s2, s3};
+  for (int r = 0; r < 4; ++r) {
+    const int64_t n = n0 + r * rs;
+    // symmetric int4: sum_g (-8 s_g) xs_g (as micro_u4)
+    float v = hsum8(accs[r]) + (a.mins ? dot_f32(a.mins + n * a.ldg, xs, ng) : -8.0f * dot_f32(scs[r], xs, ng));
+    if (a.bias) v += a.bias[n];
+    a.out[n] = v;
+  }
+}
+
 // 32 int8 weights x 32 int8 activations, signed x signed: |w| (u8) times x with w's sign.
 static inline __m256i i8_block(__m256i acc, __m256i w, const int8_t* qx) {
   const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qx));
@@ -345,7 +404,13 @@ static void run_dot_t(const Problem& a, const XQ& xq, int64_t n_begin, int64_t n
   constexpr int64_t MB = kDotMR;
   if (a.M == 1) {
     const int64_t len = (n_end - n_begin) / kStreamsM1;
-    for (int64_t i = 0; i < len; ++i) micro_dot<1, kStreamsM1, kX2>(a, xq, 0, n_begin + i, len);
+    const bool g32 = a.int4 && a.sb_per_group == 1 && a.K % 64 == 0 && kStreamsM1 == 4;
+    for (int64_t i = 0; i < len; ++i) {
+      if (g32)
+        m1_u4_g32<kX2>(a, xq, n_begin + i, len);
+      else
+        micro_dot<1, kStreamsM1, kX2>(a, xq, 0, n_begin + i, len);
+    }
     n_begin += kStreamsM1 * len;
   }
   for (int64_t n = n_begin; n < n_end; n += kDotNR)
