@@ -46,7 +46,7 @@ class _Linear(ctypes.Structure):
     # are the parts' weights [part_n][K] in row order, and w is unused.
     _fields_ = [("kind", i32), ("w_dtype", i32), ("w", ptr), ("N", i64), ("K", i64), ("ldw", i64), ("bias", ptr),
                 ("scales", ptr), ("mins", ptr), ("ldg", i64), ("group", i64), ("nparts", i64),
-                ("part_w", ptr * _MAX_PARTS), ("part_n", i64 * _MAX_PARTS)]
+                ("part_w", ptr * _MAX_PARTS), ("part_n", i64 * _MAX_PARTS), ("scale_f16", i32), ("pad", i32)]
 
 
 class _Layer(ctypes.Structure):
@@ -93,7 +93,8 @@ def _linear_desc(lin, keep: list) -> _Linear | None:
             return None
         return _Linear(_QUANT_KIND[quant.ACTIVATIONS], int(qw.bits == 4), qw.data.data_ptr(), n, k,
                        qw.data.stride(0), bias.data_ptr() if bias is not None else None, qw.scales.data_ptr(),
-                       qw.mins.data_ptr() if qw.mins is not None else None, qw.scales.stride(0), qw.group)
+                       qw.mins.data_ptr() if qw.mins is not None else None, qw.scales.stride(0), qw.group,
+                       scale_f16=int(qw.scale_f16))
     parts = lin.parts if type(lin) is Linear and lin.parts is not None else [lin.weight]
     keep += parts
     dtypes = {w.dtype for w in parts}

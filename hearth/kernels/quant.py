@@ -6,8 +6,9 @@
 
 Layout (`QWeight`): int8 data [N, K] int8, or int4 data [N, K/2] uint8 where each 16-byte sub-block holds 32 weights
 (low nibbles = elements 0..15, high nibbles = 16..31: GGUF Q4_0's order, so Q4_0/Q4_1 repack as a byte copy);
-scales (and, int4, mins) fp32 [N, K/G]. Dequantized weight: int8 q * s; int4 q * s + min (q in 0..15), computed as
-one fma, which is exactly what gguf.quants.dequantize gives for Q8_0, Q4_0, Q4_1 and Q4_K (so prefill, and decode
+scales (and, int4, mins) fp32 [N, K/G], or fp16 for GGUF Q8_0/Q4_0/Q4_1 (their own scales, 2 bytes per block
+instead of 4). Dequantized weight: int8 q * s; int4 q * s + min (q in 0..15), computed as one fma, which is
+exactly what gguf.quants.dequantize gives for Q8_0, Q4_0, Q4_1, Q4_K and Q6_K (so prefill, and decode
 with float activations, give the dequantized float model's results up to summation order).
 
 Decode kernels (M <= MAX_KERNEL_M), three variants (ACTIVATIONS; HEARTH_QUANT_ACT=float|int8|int8x2):
@@ -75,8 +76,19 @@ class QWeight:
     bits: int  # 8 or 4
     group: int  # weights per scale along K (a multiple of 32 dividing K; K itself for per-channel int8; int8: 16)
     data: torch.Tensor  # int8 [N, K] | uint8 [N, K/2]
-    scales: torch.Tensor  # fp32 [N, K/group]
-    mins: torch.Tensor | None  # fp32 [N, K/group], int4 only; None for symmetric int4 (GGUF Q4_0): min = -8 scale
+    scales: torch.Tensor  # fp32 [N, K/group], or fp16 (GGUF's own scales, see scale_f16)
+    mins: torch.Tensor | None  # [N, K/group] like scales, int4 only; None for symmetric int4 (GGUF Q4_0): -8 scale
+
+    def __post_init__(self) -> None:
+        if self.scales.dtype not in (torch.float32, torch.float16) or (
+                self.mins is not None and self.mins.dtype != self.scales.dtype):
+            raise ValueError(f"QWeight scales must be fp32 or fp16 and mins the same type, got {self.scales.dtype}"
+                             f" / {None if self.mins is None else self.mins.dtype}")
+
+    @property
+    def scale_f16(self) -> bool:
+        """Scales (and mins) stored as fp16: GGUF Q8_0 / Q4_0 / Q4_1 keep theirs (2 bytes a block, not 4; exact)."""
+        return self.scales.dtype == torch.float16
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -103,13 +115,13 @@ def _lib() -> ctypes.CDLL | None:
     if lib is None or not hasattr(lib, "hq_linear"):
         return None
     i64, i32, ptr = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p
-    lib.hq_linear.argtypes = [ptr, i32, i64, i64, i64, ptr, i32, i64, i64, ptr, ptr, i64, i64, ptr, ptr, i32, i32]
+    lib.hq_linear.argtypes = [ptr, i32, i64, i64, i64, ptr, i32, i64, i64, ptr, ptr, i64, i64, ptr, ptr, i32, i32, i32]
     lib.hq_linear.restype = i32
     lib.hq_linear_dot.argtypes = lib.hq_linear.argtypes
     lib.hq_linear_dot.restype = i32
     lib.hq_linear_dot2.argtypes = lib.hq_linear.argtypes
     lib.hq_linear_dot2.restype = i32
-    lib.hq_dequant.argtypes = [ptr, i32, i64, i64, ptr, ptr, i64, i64, i64, i64, ptr, i32, i32]
+    lib.hq_dequant.argtypes = [ptr, i32, i64, i64, ptr, ptr, i64, i64, i64, i64, ptr, i32, i32, i32]
     lib.hq_dequant.restype = i32
     return lib
 
@@ -168,7 +180,7 @@ def dequantize(qw: QWeight) -> torch.Tensor:
     """Reference dequantization (torch): fp32 [N, K], the same floats the kernels compute in registers."""
     n, k = qw.shape
     g = qw.group
-    s = qw.scales[..., None]
+    s = qw.scales.float()[..., None]
     if qw.bits == 8:
         return (qw.data.float().reshape(n, k // g, g) * s).reshape(n, k)
     q = unpack_u4(qw.data).float().reshape(n, k // g, g)
@@ -177,7 +189,7 @@ def dequantize(qw: QWeight) -> torch.Tensor:
 
 def implied_mins(qw: QWeight) -> torch.Tensor:
     """int4 mins, stored or (symmetric int4) -8 * scales; exact in fp32 either way."""
-    return qw.mins if qw.mins is not None else -8.0 * qw.scales
+    return qw.mins.float() if qw.mins is not None else -8.0 * qw.scales.float()
 
 
 # ---------------------------------------------------------------- matmul
@@ -203,7 +215,7 @@ def _run(x: torch.Tensor, qw: QWeight, bias: torch.Tensor | None, isa_code: int 
     rc = fn(x.data_ptr(), _DTYPE_CODE[x.dtype], m, k, x.stride(0), qw.data.data_ptr(),
                           int(qw.bits == 4), n, qw.data.stride(0), qw.scales.data_ptr(), _ptr(qw.mins),
                           qw.scales.stride(0), qw.group, _ptr(bias), out.data_ptr(), _isa(isa_code),
-                          torch.get_num_threads())
+                          torch.get_num_threads(), int(qw.scale_f16))
     if rc != 0:
         raise RuntimeError(f"hq_linear failed with code {rc}")
     return out
@@ -245,7 +257,7 @@ def dequantize_rows(qw: QWeight, start: int, end: int, isa_code: int | None = No
     out = torch.empty(end - start, k, dtype=torch.float32)
     rc = _lib().hq_dequant(qw.data.data_ptr(), int(qw.bits == 4), k, qw.data.stride(0), qw.scales.data_ptr(),
                            _ptr(qw.mins), qw.scales.stride(0), qw.group, start, end, out.data_ptr(),
-                           _isa(isa_code), torch.get_num_threads())
+                           _isa(isa_code), torch.get_num_threads(), int(qw.scale_f16))
     if rc != 0:
         raise RuntimeError(f"hq_dequant failed with code {rc}")
     return out

@@ -1,9 +1,9 @@
 """GGUF block-quantized weights kept quantized: raw blocks -> hearth's int8 / int4 layout (hearth.kernels.quant).
 
 Only integer moves and the per-block scales are touched; the weights never pass through floats:
-  Q8_0 (fp16 d, 32 int8)              -> int8, group 32, scale d
-  Q4_0 (fp16 d, 16 bytes of nibbles)  -> int4, group 32, scale d, min -8d    (nibble bytes copied as they are)
-  Q4_1 (fp16 d, fp16 m, 16 bytes)     -> int4, group 32, scale d, min m      (nibble bytes copied as they are)
+  Q8_0 (fp16 d, 32 int8)              -> int8, group 32, scale d (fp16, as stored)
+  Q4_0 (fp16 d, 16 bytes of nibbles)  -> int4, group 32, scale d (fp16), min -8d  (nibble bytes copied as they are)
+  Q4_1 (fp16 d, fp16 m, 16 bytes)     -> int4, group 32, scale d, min m (fp16)    (nibble bytes copied as they are)
   Q4_K (256-weight super-blocks: fp16 d, dmin, 12 bytes of 6-bit scales/mins, 128 bytes of nibbles)
                                       -> int4, group 32, scale d * sc, min -dmin * m; nibbles regrouped (Q4_K keeps
                                          sub-blocks 2j and 2j+1 in the low / high nibbles of the same 32 bytes)
@@ -65,7 +65,12 @@ class GGUFBlocks:
 
 def _f16(a: np.ndarray) -> np.ndarray:
     """[..., 2] uint8 -> [...] fp32."""
-    return np.ascontiguousarray(a).view(np.float16)[..., 0].astype(np.float32)
+    return _f16_raw(a).astype(np.float32)
+
+
+def _f16_raw(a: np.ndarray) -> np.ndarray:
+    """[..., 2] uint8 -> [...] fp16 (kept as stored: the kernels widen fp16 scales exactly)."""
+    return np.ascontiguousarray(np.ascontiguousarray(a).view(np.float16)[..., 0])
 
 
 def _q4k_scale_min(s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -84,11 +89,12 @@ def repack(ggml_type: int, data: torch.Tensor, shape: tuple[int, int]) -> QWeigh
     b = data.numpy().reshape(n, nb, nbytes)
     if name == "Q8_0":
         q = np.ascontiguousarray(b[:, :, 2:]).view(np.int8).reshape(n, k)
-        return QWeight(8, 32, torch.from_numpy(q), torch.from_numpy(_f16(b[:, :, 0:2])), None)
+        return QWeight(8, 32, torch.from_numpy(q), torch.from_numpy(_f16_raw(b[:, :, 0:2])), None)
     if name in ("Q4_0", "Q4_1"):
-        d = _f16(b[:, :, 0:2])
-        # Q4_0 is symmetric (min = -8 d): no mins array, 0.625 instead of 0.75 bytes per weight to read.
-        m = None if name == "Q4_0" else torch.from_numpy(_f16(b[:, :, 2:4]))
+        d = _f16_raw(b[:, :, 0:2])
+        # Q4_0 is symmetric (min = -8 d): no mins array. Scales (and mins) stay fp16 as stored: Q4_0 reads
+        # 18 bytes per 32 weights like the file (20 with fp32 scales), Q4_1 20 (24).
+        m = None if name == "Q4_0" else torch.from_numpy(_f16_raw(b[:, :, 2:4]))
         qs = np.ascontiguousarray(b[:, :, nbytes - 16:]).reshape(n, k // 2)  # already hearth's nibble order
         return QWeight(4, 32, torch.from_numpy(qs), torch.from_numpy(d), m)
     if name == "Q6_K":

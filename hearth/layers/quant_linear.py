@@ -123,11 +123,13 @@ def _cat(parts: list[quant.QWeight]) -> quant.QWeight:
         return parts[0]
     if len({(p.bits, p.group) for p in parts}) != 1:
         raise ValueError("shards of one layer quantized differently")
+    # fp16 scales (GGUF Q8_0/Q4_0/Q4_1) stay fp16 only when every shard has them; widening to fp32 is exact.
+    dt = torch.float16 if all(p.scale_f16 for p in parts) else torch.float32
     mins = None  # symmetric int4 shards stay without mins; mixed with asymmetric ones, theirs are spelled out
     if any(p.mins is not None for p in parts):
-        mins = torch.cat([quant.implied_mins(p) for p in parts]) if parts[0].bits == 4 else None
+        mins = torch.cat([quant.implied_mins(p).to(dt) for p in parts]) if parts[0].bits == 4 else None
     return quant.QWeight(parts[0].bits, parts[0].group, torch.cat([p.data for p in parts]),
-                         torch.cat([p.scales for p in parts]), mins)
+                         torch.cat([p.scales.to(dt) for p in parts]), mins)
 
 
 def quantize_model(model: nn.Module, scheme: str) -> int:

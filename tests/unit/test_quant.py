@@ -47,6 +47,9 @@ def _qweights(w: torch.Tensor) -> list[quant.QWeight]:
     out += [quant.quantize_int4(w, g) for g in (64, 128) if k % g == 0]
     # symmetric int4 (GGUF Q4_0's layout): no mins stored, min = -8 * scale
     out += [dataclasses.replace(quant.quantize_int4(w, g), mins=None) for g in (32, 64) if k % g == 0]
+    # fp16 scales (and mins), as GGUF Q8_0 / Q4_0 / Q4_1 keep them
+    out += [dataclasses.replace(q, scales=q.scales.half(), mins=None if q.mins is None else q.mins.half())
+            for q in (out[1], out[2], out[-1])]
     return out
 
 
@@ -184,6 +187,7 @@ def test_gguf_repack_equals_gguf_dequantize(qtype: Q) -> None:
     qw = blocks.repack()
     assert qw.bits == (8 if qtype in (Q.Q8_0, Q.Q6_K) else 4) and qw.group == (16 if qtype == Q.Q6_K else 32)
     assert (qw.mins is None) == (qtype in (Q.Q8_0, Q.Q4_0, Q.Q6_K))  # Q4_0 is symmetric: its mins are implied
+    assert qw.scale_f16 == (qtype not in (Q.Q4_K, Q.Q6_K))  # the file's fp16 scales as stored; d * sc needs fp32
     ref = torch.from_numpy(gguf.quants.dequantize(raw, qtype))
     assert torch.equal(quant.dequantize(qw), ref)  # bit-exact: the kernel's fma gives these same floats
     assert torch.equal(blocks.dequantize(), ref)
@@ -219,6 +223,16 @@ def test_quant_linear_merged_shards_and_dense_fallback() -> None:
             raw = gguf.quants.quantize(ws[name].numpy(), qt) if mixed and name == "v" else raw
             lin.load_shard("weight", name, GGUFBlocks(int(qt), tuple(raw.shape[:1]) + (256,), torch.from_numpy(raw)))
         assert (lin.qweight is None) == mixed
+    # shards with fp16 (Q4_1) and fp32 (Q4_K) scales: all widened to fp32, exactly
+    lin = QuantLinear(256, 128, shard_sizes=shards, scheme="gguf")
+    parts = {}
+    for name, rows in shards.items():
+        qt = Q.Q4_K if name == "k" else Q.Q4_1
+        raw = _k_blocks(Q.Q4_K, rows, 256, seed=rows) if qt == Q.Q4_K else gguf.quants.quantize(ws[name].numpy(), qt)
+        parts[name] = GGUFBlocks(int(qt), (rows, 256), torch.from_numpy(np.ascontiguousarray(raw)))
+        lin.load_shard("weight", name, parts[name])
+    assert lin.qweight is not None and not lin.qweight.scale_f16 and lin.qweight.mins.dtype == torch.float32
+    assert torch.equal(quant.dequantize(lin.qweight), torch.cat([p.dequantize() for p in parts.values()]))
     with pytest.raises(ValueError, match="shape mismatch"):
         QuantLinear(256, 128, scheme="int8").load_shard("weight", None, torch.zeros(128, 255))
 

@@ -25,14 +25,14 @@ int hk_linear_parts(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ld
                     const void* const* w, const int64_t* n, int w_dtype, int64_t ldw, const float* bias, float* out,
                     int isa, int64_t kblock, int nthreads);
 int hq_linear(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, const void* w, int int4, int64_t N,
-              int64_t ldw, const float* scales, const float* mins, int64_t ldg, int64_t group, const float* bias,
-              float* out, int isa, int nthreads);
+              int64_t ldw, const void* scales, const void* mins, int64_t ldg, int64_t group, const float* bias,
+              float* out, int isa, int nthreads, int scale_f16);
 int hq_linear_dot(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, const void* w, int int4, int64_t N,
-                  int64_t ldw, const float* scales, const float* mins, int64_t ldg, int64_t group, const float* bias,
-                  float* out, int isa, int nthreads);
+                  int64_t ldw, const void* scales, const void* mins, int64_t ldg, int64_t group, const float* bias,
+                  float* out, int isa, int nthreads, int scale_f16);
 int hq_linear_dot2(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, const void* w, int int4, int64_t N,
-                   int64_t ldw, const float* scales, const float* mins, int64_t ldg, int64_t group, const float* bias,
-                   float* out, int isa, int nthreads);
+                   int64_t ldw, const void* scales, const void* mins, int64_t ldg, int64_t group, const float* bias,
+                   float* out, int isa, int nthreads, int scale_f16);
 int hk_rms_norm(const void* x, int64_t ldx, const void* residual, int64_t ldr, const float* weight, float offset,
                 float eps, void* out, void* sum_out, int64_t T, int64_t H, int dtype, int threads);
 int hk_rope_neox(void* q, int64_t ldq, int64_t Hq, void* k, int64_t ldk, int64_t Hk, int64_t head_dim, int64_t rot,
@@ -65,12 +65,13 @@ struct HkLinearDesc {
   const void* w;
   int64_t N, K, ldw;
   const float* bias;  // fp32 [N] or null
-  const float* scales;
-  const float* mins;
+  const void* scales;  // fp32, or fp16 when scale_f16
+  const void* mins;
   int64_t ldg, group;
   int64_t nparts;
   const void* part_w[kMaxParts];
   int64_t part_n[kMaxParts];
+  int32_t scale_f16, pad;
 };
 
 struct HkLayerDesc {
@@ -157,7 +158,7 @@ int project(const HkLinearDesc& l, const void* x, int64_t T, int dtype, std::vec
   } else {
     auto fn = l.kind == kQuantFloat ? hq_linear : l.kind == kQuantInt8 ? hq_linear_dot : hq_linear_dot2;
     rc = fn(x, dtype, T, l.K, l.K, l.w, l.w_dtype, l.N, l.ldw, l.scales, l.mins, l.ldg, l.group, l.bias, f32.data(),
-            isa, threads);
+            isa, threads, l.scale_f16);
   }
   if (rc) return rc;
   narrow(f32.data(), dtype, T * l.N, y);

@@ -28,14 +28,15 @@ struct Problem {
   const float* x;  // [M][K] fp32, contiguous
   const void* w;   // [N][ldw bytes]: int8 [K] or packed int4 [K / 2]
   int64_t ldw;
-  const float* scales;  // [N][ldg]
-  const float* mins;    // [N][ldg] (int4 only); nullptr: symmetric int4, min = -8 * scale (GGUF Q4_0)
+  const void* scales;  // [N][ldg] fp32, or fp16 when sf16 (GGUF's own scale type: 2 bytes per block, not 4)
+  const void* mins;    // [N][ldg] (int4 only), same type; nullptr: symmetric int4, min = -8 * scale (GGUF Q4_0)
   int64_t ldg;
   int64_t sb_per_group;  // G / 32; 0: 16-weight groups (int8 only), two scales per sub-block of 32
   const float* bias;     // [N] or nullptr
   float* out;            // [M][N]
   int64_t M, N, K;
   bool int4;
+  bool sf16;
 };
 
 // x quantized for the integer-dot path (quant_dot_impl.h).
@@ -46,6 +47,16 @@ struct XQ {
   int64_t ld_d, ld_xs;
   const int8_t* q2;   // two-term mode ("int8x2"): the residual's int8 [M][K], same layout as q; else nullptr
 };
+
+static float half_to_float(uint16_t h);
+
+// Scale / min i of a Problem (the float dequantizing paths; the integer-dot kernels read them vectorized).
+static inline float scale_at(const Problem& a, int64_t i) {
+  return a.sf16 ? half_to_float(static_cast<const uint16_t*>(a.scales)[i]) : static_cast<const float*>(a.scales)[i];
+}
+static inline float min_at(const Problem& a, int64_t i) {
+  return a.sf16 ? half_to_float(static_cast<const uint16_t*>(a.mins)[i]) : static_cast<const float*>(a.mins)[i];
+}
 
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
@@ -231,11 +242,12 @@ static const float* pack_x(const void* x, int dtype, int64_t M, int64_t K, int64
 extern "C" {
 
 // out[M][N] (fp32) = x[M][K] . deq(w)[N][K]^T + bias. w: int8 [N][ldw] (int4 = 0) or packed int4 [N][ldw] (int4 = 1);
-// scales / mins fp32 [N][ldg], one per group of `group` weights (a multiple of 32 dividing K; K a multiple of 32).
+// scales / mins [N][ldg], one per group of `group` weights (a multiple of 32 dividing K; K a multiple of 32): fp32,
+// or fp16 when scale_f16 (GGUF Q8_0 / Q4_0 / Q4_1 keep their own fp16 scales: 2 bytes fewer per block to read).
 // isa: 1 = AVX2+FMA+F16C, 2 = AVX-512F/BW. Returns 0 or a negative error.
 int hq_linear(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, const void* w, int int4, int64_t N,
-              int64_t ldw, const float* scales, const float* mins, int64_t ldg, int64_t group, const float* bias,
-              float* out, int isa, int nthreads) {
+              int64_t ldw, const void* scales, const void* mins, int64_t ldg, int64_t group, const float* bias,
+              float* out, int isa, int nthreads, int scale_f16) {
   using namespace hq;
   if (isa != kISA_AVX2 && isa != kISA_AVX512) return -1;
   if (x_dtype < 0 || x_dtype > 2) return -2;
@@ -243,7 +255,7 @@ int hq_linear(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, con
   if (M <= 0 || N <= 0) return 0;
   std::vector<float> buf;
   const float* xp = pack_x(x, x_dtype, M, K, ldx, buf);
-  Problem p{xp, w, ldw, scales, mins, ldg, group / 32, bias, out, M, N, K, int4 != 0};
+  Problem p{xp, w, ldw, scales, mins, ldg, group / 32, bias, out, M, N, K, int4 != 0, scale_f16 != 0};
   const bool avx512 = isa == kISA_AVX512;
   const int64_t rows = avx512 ? avx512::rows_per_chunk(M) : avx2::rows_per_chunk(M);
   parallel((N + rows - 1) / rows, nthreads, [&](int64_t c0, int64_t c1) {
@@ -259,8 +271,8 @@ int hq_linear(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, con
 
 namespace hq {
 static int linear_dot(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, const void* w, int int4, int64_t N,
-                      int64_t ldw, const float* scales, const float* mins, int64_t ldg, int64_t group,
-                      const float* bias, float* out, int isa, int nthreads, bool x2) {
+                      int64_t ldw, const void* scales, const void* mins, int64_t ldg, int64_t group,
+                      const float* bias, float* out, int isa, int nthreads, bool x2, bool sf16) {
   if (isa != kISA_AVX2 && isa != kISA_AVX512) return -1;
   if (x_dtype < 0 || x_dtype > 2) return -2;
   if (bad_group(K, group, int4)) return -3;
@@ -280,7 +292,7 @@ static int linear_dot(const void* x, int x_dtype, int64_t M, int64_t K, int64_t 
     for (int64_t m = 0; m < mb; ++m)
       avx2::quantize_x_row(xp + (m0 + m) * K, K, int4 != 0, group, q.data() + m * K, d.data() + m * ld_d,
                            int4 ? xs.data() + m * ld_xs : nullptr, x2 ? q2.data() + m * K : nullptr);
-    Problem p{nullptr, w, ldw, scales, mins, ldg, group / 32, bias, out + m0 * N, mb, N, K, int4 != 0};
+    Problem p{nullptr, w, ldw, scales, mins, ldg, group / 32, bias, out + m0 * N, mb, N, K, int4 != 0, sf16};
     const XQ xq{q.data(), d.data(), int4 ? xs.data() : nullptr, ld_d, ld_xs, x2 ? q2.data() : nullptr};
     // Rows in units of 4 (the M = 1 tile), split evenly between threads.
     parallel((N + 3) / 4, nthreads, [&](int64_t c0, int64_t c1) {
@@ -300,27 +312,27 @@ extern "C" {
 // Same arguments and result layout as hq_linear; x quantized to int8 blocks of 32 first (see the top of this file).
 // Returns 0 or a negative error.
 int hq_linear_dot(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, const void* w, int int4, int64_t N,
-                  int64_t ldw, const float* scales, const float* mins, int64_t ldg, int64_t group, const float* bias,
-                  float* out, int isa, int nthreads) {
+                  int64_t ldw, const void* scales, const void* mins, int64_t ldg, int64_t group, const float* bias,
+                  float* out, int isa, int nthreads, int scale_f16) {
   return hq::linear_dot(x, x_dtype, M, K, ldx, w, int4, N, ldw, scales, mins, ldg, group, bias, out, isa, nthreads,
-                        false);
+                        false, scale_f16 != 0);
 }
 
 // Same, two-term activations ("int8x2", see the top of this file).
 int hq_linear_dot2(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, const void* w, int int4, int64_t N,
-                   int64_t ldw, const float* scales, const float* mins, int64_t ldg, int64_t group, const float* bias,
-                   float* out, int isa, int nthreads) {
+                   int64_t ldw, const void* scales, const void* mins, int64_t ldg, int64_t group, const float* bias,
+                   float* out, int isa, int nthreads, int scale_f16) {
   return hq::linear_dot(x, x_dtype, M, K, ldx, w, int4, N, ldw, scales, mins, ldg, group, bias, out, isa, nthreads,
-                        true);
+                        true, scale_f16 != 0);
 }
 
 // Rows [n0, n1) of the dequantized weight -> out [n1 - n0][K] fp32 (same layout arguments as hq_linear).
-int hq_dequant(const void* w, int int4, int64_t K, int64_t ldw, const float* scales, const float* mins, int64_t ldg,
-               int64_t group, int64_t n0, int64_t n1, float* out, int isa, int nthreads) {
+int hq_dequant(const void* w, int int4, int64_t K, int64_t ldw, const void* scales, const void* mins, int64_t ldg,
+               int64_t group, int64_t n0, int64_t n1, float* out, int isa, int nthreads, int scale_f16) {
   using namespace hq;
   if (isa != kISA_AVX2 && isa != kISA_AVX512) return -1;
   if (bad_group(K, group, int4)) return -3;
-  Problem p{nullptr, w, ldw, scales, mins, ldg, group / 32, nullptr, nullptr, 0, n1, K, int4 != 0};
+  Problem p{nullptr, w, ldw, scales, mins, ldg, group / 32, nullptr, nullptr, 0, n1, K, int4 != 0, scale_f16 != 0};
   parallel(n1 - n0, nthreads, [&](int64_t b, int64_t e) {
     if (isa == kISA_AVX512)
       avx512::dequant_rows(p, n0 + b, n0 + e, out + b * K);

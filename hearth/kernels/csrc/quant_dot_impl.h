@@ -142,6 +142,26 @@ static inline __m256i u4_pair_x(__m256i lo, __m256i hi, const int8_t* qx, const 
   else return D::dot2_x2(lo, ld256(qx), hi, ld256(qx + 32), ld256(qx2), ld256(qx2 + 32));
 }
 
+// Scales (and mins) are fp32 or, S = uint16_t, fp16 (GGUF's own: widened exactly here).
+static inline float to_f32(float v) { return v; }
+static inline float to_f32(uint16_t v) { return _cvtsh_ss(v); }
+
+template <class S>
+static inline float dot_s(const S* a, const float* b, int64_t n) {
+  if constexpr (sizeof(S) == 4) {
+    return dot_f32(reinterpret_cast<const float*>(a), b, n);
+  } else {  // as dot_f32, 8 fp16 widened per load
+    __m256 acc = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+      acc = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a + i))),
+                            _mm256_loadu_ps(b + i), acc);
+    float s = hsum8(acc);
+    for (; i < n; ++i) s += to_f32(a[i]) * b[i];
+    return s;
+  }
+}
+
 // Scale groups are kSpg sub-blocks of 32 when kSpg > 0 (compile time: 1 = Q4_0/Q4_1/Q8_0/Q4_K, 2, 4), else
 // a.sb_per_group (a run-time division per block; profiled at ~30% of the int4 kernel's time when it was the only
 // path). kSpg = -1 (int8 only): one scale per row; -2 (int8 only): 16-weight groups, two scales per block of 32.
@@ -152,21 +172,26 @@ static inline int64_t group_of(int64_t sb, int64_t spg) {
 }
 
 // Weight scale vector of pair j: [s(2j) x4, s(2j+1) x4].
-template <int kSpg>
-static inline __m256 pair_scales(const float* s, int64_t j, int64_t spg) {
-  if constexpr (kSpg == 1) {  // two adjacent scales: one 8-byte load, spread over the lanes
+template <int kSpg, class S>
+static inline __m256 pair_scales(const S* s, int64_t j, int64_t spg) {
+  if constexpr (kSpg == 1 && sizeof(S) == 4) {  // two adjacent scales: one 8-byte load, spread over the lanes
     const __m256 v = _mm256_castpd_ps(_mm256_broadcast_sd(reinterpret_cast<const double*>(s + 2 * j)));
     return _mm256_permutevar8x32_ps(v, _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1));
+  } else if constexpr (kSpg == 1) {  // fp16: one 4-byte load, widened, spread
+    int32_t two;
+    std::memcpy(&two, s + 2 * j, 4);
+    const __m256 v = _mm256_castps128_ps256(_mm_cvtph_ps(_mm_cvtsi32_si128(two)));
+    return _mm256_permutevar8x32_ps(v, _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1));
   } else if (kSpg > 1 || spg % 2 == 0) {
-    return _mm256_broadcast_ss(s + group_of<kSpg>(2 * j, spg));
+    return _mm256_set1_ps(to_f32(s[group_of<kSpg>(2 * j, spg)]));
   } else {
-    return _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_broadcast_ss(s + (2 * j) / spg)),
-                                _mm_broadcast_ss(s + (2 * j + 1) / spg), 1);
+    return _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_set1_ps(to_f32(s[(2 * j) / spg]))),
+                                _mm_set1_ps(to_f32(s[(2 * j + 1) / spg])), 1);
   }
 }
 
 // Rows n0 + r * rs (r < NR) x rows [m0, m0 + MR): out = int4 weights . XQ.
-template <int MR, int NR, int kSpg, bool kX2>
+template <int MR, int NR, int kSpg, bool kX2, class S>
 static inline void micro_u4(const Problem& a, const XQ& xq, int64_t m0, int64_t n0, int64_t rs = 1) {
   const int64_t nb = a.K / 32, np = nb / 2, spg = a.sb_per_group;
   const __m256i mask = _mm256_set1_epi8(0x0F);
@@ -174,10 +199,10 @@ static inline void micro_u4(const Problem& a, const XQ& xq, int64_t m0, int64_t 
   for (int m = 0; m < MR; ++m)
     for (int r = 0; r < NR; ++r) acc[m][r] = _mm256_setzero_ps();
   const uint8_t* w[NR];
-  const float* sc[NR];
+  const S* sc[NR];
   for (int r = 0; r < NR; ++r) {
     w[r] = static_cast<const uint8_t*>(a.w) + (n0 + r * rs) * a.ldw;
-    sc[r] = a.scales + (n0 + r * rs) * a.ldg;
+    sc[r] = static_cast<const S*>(a.scales) + (n0 + r * rs) * a.ldg;
   }
   for (int64_t j = 0; j < np; ++j) {
     __m256i lo[NR], hi[NR];
@@ -197,7 +222,7 @@ static inline void micro_u4(const Problem& a, const XQ& xq, int64_t m0, int64_t 
         const __m256i b = ld256(reinterpret_cast<const int8_t*>(w[r] + j * 32));
         const __m256i l = _mm256_and_si256(b, mask), h = _mm256_and_si256(_mm256_srli_epi16(b, 4), mask);
         const __m256i p = kX2 ? D::dot2_x2(l, x0, h, x1, y0, y1) : D::dot2(_mm256_setzero_si256(), l, x0, h, x1);
-        acc[0][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(dx, pair_scales<kSpg>(sc[r], j, spg)),
+        acc[0][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(dx, pair_scales<kSpg, S>(sc[r], j, spg)),
                                     acc[0][r]);
       }
       continue;
@@ -206,7 +231,7 @@ static inline void micro_u4(const Problem& a, const XQ& xq, int64_t m0, int64_t 
       const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[r] + j * 32));
       lo[r] = _mm256_and_si256(b, mask);
       hi[r] = _mm256_and_si256(_mm256_srli_epi16(b, 4), mask);
-      ws[r] = pair_scales<kSpg>(sc[r], j, spg);
+      ws[r] = pair_scales<kSpg, S>(sc[r], j, spg);
     }
     for (int m = 0; m < MR; ++m) {
       const int8_t* qx = xq.q + (m0 + m) * a.K + j * 64;
@@ -223,7 +248,7 @@ static inline void micro_u4(const Problem& a, const XQ& xq, int64_t m0, int64_t 
     for (int r = 0; r < NR; ++r) {
       const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w[r] + b * 16));
       const __m256i q = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), mask);
-      const __m256 ws = _mm256_broadcast_ss(sc[r] + b / spg);
+      const __m256 ws = _mm256_set1_ps(to_f32(sc[r][b / spg]));
       for (int m = 0; m < MR; ++m) {
         const int8_t* qx = xq.q + (m0 + m) * a.K + b * 32;
         __m256i p;
@@ -242,7 +267,8 @@ static inline void micro_u4(const Problem& a, const XQ& xq, int64_t m0, int64_t 
       const int64_t n = n0 + r * rs;
       const float* xs = xq.xs + (m0 + m) * xq.ld_xs;
       // symmetric int4: sum_g (-8 s_g) xs_g, the scales just read (exact factor: -8 commutes with rounding)
-      float s = hsum8(acc[m][r]) + (a.mins ? dot_f32(a.mins + n * a.ldg, xs, ng) : -8.0f * dot_f32(sc[r], xs, ng));
+      float s = hsum8(acc[m][r]) + (a.mins ? dot_s(static_cast<const S*>(a.mins) + n * a.ldg, xs, ng)
+                                           : -8.0f * dot_s(sc[r], xs, ng));
       if (a.bias) s += a.bias[n];
       a.out[(m0 + m) * a.N + n] = s;
     }
@@ -253,29 +279,28 @@ static inline void micro_u4(const Problem& a, const XQ& xq, int64_t m0, int64_t 
 // memory), one shared byte offset for the four weight rows (base + index addressing instead of eight pointers), and
 // two pairs per iteration, so each row's 64-byte line is prefetched once. Same operations in the same order per
 // output, so results are bit-identical to micro_u4. Needs an even number of blocks (K % 64 == 0).
-template <bool kX2>
+template <bool kX2, class S>
 static inline void m1_u4_g32(const Problem& a, const XQ& xq, int64_t n0, int64_t rs) {
   const int64_t np = a.K / 64, ldw = a.ldw * rs, ldg = a.ldg * rs;
   const uint8_t* w0 = static_cast<const uint8_t*>(a.w) + n0 * a.ldw;
   const uint8_t *w1 = w0 + ldw, *w2 = w1 + ldw, *w3 = w2 + ldw;
-  const float* s0 = a.scales + n0 * a.ldg;
-  const float *s1 = s0 + ldg, *s2 = s1 + ldg, *s3 = s2 + ldg;
+  const S* s0 = static_cast<const S*>(a.scales) + n0 * a.ldg;
+  const S *s1 = s0 + ldg, *s2 = s1 + ldg, *s3 = s2 + ldg;
   const int8_t* q = xq.q;
   const int8_t* q2 = kX2 ? xq.q2 : xq.q;
   const float* d = xq.d;
-  const __m256i mask = _mm256_set1_epi8(0x0F), spread = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
+  const __m256i mask = _mm256_set1_epi8(0x0F);
   __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
   auto pair = [&](int64_t j) __attribute__((always_inline)) {
     const int64_t o = j * 32;
     const __m256i x0 = ld256(q + 2 * o), x1 = ld256(q + 2 * o + 32);
     const __m256i y0 = kX2 ? ld256(q2 + 2 * o) : x0, y1 = kX2 ? ld256(q2 + 2 * o + 32) : x1;
     const __m256 dx = _mm256_loadu_ps(d + j * 8);
-    auto row = [&](const uint8_t* w, const float* sc, __m256& acc) __attribute__((always_inline)) {
+    auto row = [&](const uint8_t* w, const S* sc, __m256& acc) __attribute__((always_inline)) {
       const __m256i b = ld256(reinterpret_cast<const int8_t*>(w + o));
       const __m256i l = _mm256_and_si256(b, mask), h = _mm256_and_si256(_mm256_srli_epi16(b, 4), mask);
       const __m256i p = kX2 ? D::dot2_x2(l, x0, h, x1, y0, y1) : D::dot2(_mm256_setzero_si256(), l, x0, h, x1);
-      const __m256 sv = _mm256_permutevar8x32_ps(
-          _mm256_castpd_ps(_mm256_broadcast_sd(reinterpret_cast<const double*>(sc + 2 * j))), spread);
+      const __m256 sv = pair_scales<1, S>(sc, j, 1);
       acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(dx, sv), acc);
     };
     row(w0, s0, acc0);
@@ -297,11 +322,12 @@ static inline void m1_u4_g32(const Problem& a, const XQ& xq, int64_t n0, int64_t
   const int64_t ng = a.K / 32;
   const float* xs = xq.xs;
   const __m256 accs[4] = {acc0, acc1, acc2, acc3};
-  const float* scs[4] = {s0, s1, s2, s3};
+  const S* scs[4] = {s0, s1, s2, s3};
   for (int r = 0; r < 4; ++r) {
     const int64_t n = n0 + r * rs;
     // symmetric int4: sum_g (-8 s_g) xs_g (as micro_u4)
-    float v = hsum8(accs[r]) + (a.mins ? dot_f32(a.mins + n * a.ldg, xs, ng) : -8.0f * dot_f32(scs[r], xs, ng));
+    float v = hsum8(accs[r]) + (a.mins ? dot_s(static_cast<const S*>(a.mins) + n * a.ldg, xs, ng)
+                                       : -8.0f * dot_s(scs[r], xs, ng));
     if (a.bias) v += a.bias[n];
     a.out[n] = v;
   }
@@ -314,17 +340,17 @@ static inline __m256i i8_block(__m256i acc, __m256i w, const int8_t* qx) {
 }
 
 // Same for int8 weights. kPerChannel: one scale for the row, applied once at the end.
-template <int MR, int NR, int kSpg, bool kX2>
+template <int MR, int NR, int kSpg, bool kX2, class S>
 static inline void micro_i8(const Problem& a, const XQ& xq, int64_t m0, int64_t n0, int64_t rs = 1) {
   const int64_t nb = a.K / 32, spg = a.sb_per_group;
   __m256 acc[MR][NR];
   for (int m = 0; m < MR; ++m)
     for (int r = 0; r < NR; ++r) acc[m][r] = _mm256_setzero_ps();
   const int8_t* w[NR];
-  const float* sc[NR];
+  const S* sc[NR];
   for (int r = 0; r < NR; ++r) {
     w[r] = static_cast<const int8_t*>(a.w) + (n0 + r * rs) * a.ldw;
-    sc[r] = a.scales + (n0 + r * rs) * a.ldg;
+    sc[r] = static_cast<const S*>(a.scales) + (n0 + r * rs) * a.ldg;
   }
   for (int64_t b = 0; b < nb; ++b) {
     __m256i wv[NR];
@@ -346,9 +372,9 @@ static inline void micro_i8(const Problem& a, const XQ& xq, int64_t m0, int64_t 
         if constexpr (kSpg == -1)
           f = _mm256_set1_ps(dx);
         else if constexpr (kSpg == -2)  // 16-weight groups: lanes 0..3 sum weights 0..15, lanes 4..7 16..31
-          f = _mm256_mul_ps(_mm256_set1_ps(dx), pair_scales<1>(sc[r], b, 1));
+          f = _mm256_mul_ps(_mm256_set1_ps(dx), pair_scales<1, S>(sc[r], b, 1));
         else
-          f = _mm256_set1_ps(dx * sc[r][group_of<kSpg>(b, spg)]);
+          f = _mm256_set1_ps(dx * to_f32(sc[r][group_of<kSpg>(b, spg)]));
         acc[m][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), f, acc[m][r]);
       }
     }
@@ -357,31 +383,37 @@ static inline void micro_i8(const Problem& a, const XQ& xq, int64_t m0, int64_t 
     for (int r = 0; r < NR; ++r) {
       const int64_t n = n0 + r * rs;
       float s = hsum8(acc[m][r]);
-      if (kSpg == -1) s *= sc[r][0];
+      if (kSpg == -1) s *= to_f32(sc[r][0]);
       if (a.bias) s += a.bias[n];
       a.out[(m0 + m) * a.N + n] = s;
     }
 }
 
-template <int MR, int NR, bool kX2>
-static inline void micro_dot(const Problem& a, const XQ& xq, int64_t m0, int64_t n0, int64_t rs = 1) {
+template <int MR, int NR, bool kX2, class S>
+static inline void micro_dot_s(const Problem& a, const XQ& xq, int64_t m0, int64_t n0, int64_t rs) {
   const int64_t spg = a.sb_per_group;
   if (a.int4) {
     switch (spg) {
-      case 1: return micro_u4<MR, NR, 1, kX2>(a, xq, m0, n0, rs);
-      case 2: return micro_u4<MR, NR, 2, kX2>(a, xq, m0, n0, rs);
-      case 4: return micro_u4<MR, NR, 4, kX2>(a, xq, m0, n0, rs);
-      default: return micro_u4<MR, NR, 0, kX2>(a, xq, m0, n0, rs);
+      case 1: return micro_u4<MR, NR, 1, kX2, S>(a, xq, m0, n0, rs);
+      case 2: return micro_u4<MR, NR, 2, kX2, S>(a, xq, m0, n0, rs);
+      case 4: return micro_u4<MR, NR, 4, kX2, S>(a, xq, m0, n0, rs);
+      default: return micro_u4<MR, NR, 0, kX2, S>(a, xq, m0, n0, rs);
     }
   }
-  if (spg * 32 == a.K) return micro_i8<MR, NR, -1, kX2>(a, xq, m0, n0, rs);
+  if (spg * 32 == a.K) return micro_i8<MR, NR, -1, kX2, S>(a, xq, m0, n0, rs);
   switch (spg) {
-    case 0: return micro_i8<MR, NR, -2, kX2>(a, xq, m0, n0, rs);
-    case 1: return micro_i8<MR, NR, 1, kX2>(a, xq, m0, n0, rs);
-    case 2: return micro_i8<MR, NR, 2, kX2>(a, xq, m0, n0, rs);
-    case 4: return micro_i8<MR, NR, 4, kX2>(a, xq, m0, n0, rs);
-    default: return micro_i8<MR, NR, 0, kX2>(a, xq, m0, n0, rs);
+    case 0: return micro_i8<MR, NR, -2, kX2, S>(a, xq, m0, n0, rs);
+    case 1: return micro_i8<MR, NR, 1, kX2, S>(a, xq, m0, n0, rs);
+    case 2: return micro_i8<MR, NR, 2, kX2, S>(a, xq, m0, n0, rs);
+    case 4: return micro_i8<MR, NR, 4, kX2, S>(a, xq, m0, n0, rs);
+    default: return micro_i8<MR, NR, 0, kX2, S>(a, xq, m0, n0, rs);
   }
+}
+
+template <int MR, int NR, bool kX2>
+static inline void micro_dot(const Problem& a, const XQ& xq, int64_t m0, int64_t n0, int64_t rs = 1) {
+  if (a.sf16) return micro_dot_s<MR, NR, kX2, uint16_t>(a, xq, m0, n0, rs);
+  micro_dot_s<MR, NR, kX2, float>(a, xq, m0, n0, rs);
 }
 
 template <int MR, int NR, bool kX2>
@@ -406,8 +438,10 @@ static void run_dot_t(const Problem& a, const XQ& xq, int64_t n_begin, int64_t n
     const int64_t len = (n_end - n_begin) / kStreamsM1;
     const bool g32 = a.int4 && a.sb_per_group == 1 && a.K % 64 == 0 && kStreamsM1 == 4;
     for (int64_t i = 0; i < len; ++i) {
-      if (g32)
-        m1_u4_g32<kX2>(a, xq, n_begin + i, len);
+      if (g32 && a.sf16)
+        m1_u4_g32<kX2, uint16_t>(a, xq, n_begin + i, len);
+      else if (g32)
+        m1_u4_g32<kX2, float>(a, xq, n_begin + i, len);
       else
         micro_dot<1, kStreamsM1, kX2>(a, xq, 0, n_begin + i, len);
     }

@@ -23,10 +23,10 @@ struct WI8 {
   static inline void deq(const Problem& a, int64_t n, int64_t sb, typename T::V out[NV]) {
     const int8_t* p = static_cast<const int8_t*>(a.w) + n * a.ldw + sb * kSubBytes;
     if (a.sb_per_group == 0) {  // 16-weight groups: two scales per sub-block
-      const float* s = a.scales + n * a.ldg + 2 * sb;
-      return T::deq_i8(p, T::set1(s[0]), T::set1(s[1]), out);
+      const int64_t i = n * a.ldg + 2 * sb;
+      return T::deq_i8(p, T::set1(scale_at(a, i)), T::set1(scale_at(a, i + 1)), out);
     }
-    const typename T::V s = T::set1(a.scales[n * a.ldg + sb / a.sb_per_group]);
+    const typename T::V s = T::set1(scale_at(a, n * a.ldg + sb / a.sb_per_group));
     T::deq_i8(p, s, s, out);
   }
 };
@@ -36,9 +36,9 @@ struct WU4 {
   static constexpr int64_t kSubBytes = 16;
   static inline void deq(const Problem& a, int64_t n, int64_t sb, typename T::V out[NV]) {
     const int64_t g = sb / a.sb_per_group;
-    const float s = a.scales[n * a.ldg + g];
+    const float s = scale_at(a, n * a.ldg + g);
     T::deq_u4(static_cast<const uint8_t*>(a.w) + n * a.ldw + sb * kSubBytes, T::set1(s),
-              T::set1(a.mins ? a.mins[n * a.ldg + g] : -8.0f * s), out);
+              T::set1(a.mins ? min_at(a, n * a.ldg + g) : -8.0f * s), out);
   }
 };
 
