@@ -414,7 +414,7 @@ class GGUFCheckpoint:
         """(HF name, tensor in HF layout, dtype), one at a time; only one tensor's bytes are resident.
 
         Linear weights and the embedding table of a ggml type named in `keep_quantized` (a subset of
-        quant_gguf.KEPT_NAMES: Q8_0, Q4_0, Q4_1, Q4_K) come as GGUFBlocks (raw rows, HF row order) instead.
+        quant_gguf.KEPT_NAMES: Q8_0, Q4_0, Q4_1, Q4_K, Q6_K) come as GGUFBlocks (raw rows, HF row order) instead.
         """
         assert self._arch is not None
         cfg = self.hf_config
@@ -477,7 +477,7 @@ class GGUFCheckpoint:
 def _storage(t: torch.Tensor, dtype: torch.dtype, info: _TensorInfo, read_per_step: bool) -> torch.Tensor:
     """The tensor a float32 model receives for a matrix: F16/BF16 as stored (Linear and Embedding keep 16-bit
     weights where the kernels read them, else widen exactly). A block type read densely by a projection or the
-    head (read_per_step: Q6_K, Q5_K, ..., e.g. the output.weight llama-quantize writes as Q6_K beside Q4_0 layers)
+    head (read_per_step: a type not kept quantized, Q5_0, Q5_K, ..., or any block type when keeping is off)
     comes as float16: half the bytes per decode step of float32, for a rounding of <= 2^-11 relative, far below
     the block format's own step. Embedding tables (row lookups) stay exact."""
     if dtype != torch.float32 or t.dim() != 2:
