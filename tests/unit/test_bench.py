@@ -71,10 +71,11 @@ if __name__ == "__main__" and len(sys.argv) == 3 and sys.argv[1] == "--fake-serv
     uvicorn.run(fake_app(), host="127.0.0.1", port=int(sys.argv[2]), log_level="warning")
     sys.exit(0)
 
-import pytest
+# (imported after the fake-server entry point above, which runs without them)
+import pytest  # noqa: E402
 
-from hearth.benchmarks import cli_bench
-from hearth.benchmarks.common import TokenSampler, parse_int_list, percentile
+from hearth.benchmarks import cli_bench  # noqa: E402
+from hearth.benchmarks.common import TokenSampler, parse_int_list, percentile  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -35,7 +35,10 @@ def _llama_cpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
 
 def _hf_weights(vocab: int, tied: bool, seed: int = 0) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
-    r = lambda *s: rng.standard_normal(s).astype(np.float32)
+
+    def r(*s: int) -> np.ndarray:
+        return rng.standard_normal(s).astype(np.float32)
+
     w = {"model.embed_tokens.weight": r(vocab, HIDDEN), "model.norm.weight": r(HIDDEN)}
     if not tied:
         w["lm_head.weight"] = r(vocab, HIDDEN)
@@ -340,7 +343,9 @@ def smol() -> dict:
     real = gguf_utils.load_gguf_checkpoint
 
     def cached(path, return_tensors=False, **kw):
-        return copy.deepcopy(full) if not return_tensors and str(path) == str(SMOL) else real(path, return_tensors, **kw)
+        if not return_tensors and str(path) == str(SMOL):
+            return copy.deepcopy(full)
+        return real(path, return_tensors, **kw)
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(gguf_utils, "load_gguf_checkpoint", cached)
