@@ -123,6 +123,8 @@ def _lib() -> ctypes.CDLL | None:
     lib.hq_linear_dot2.restype = i32
     lib.hq_dequant.argtypes = [ptr, i32, i64, i64, ptr, ptr, i64, i64, i64, i64, ptr, i32, i32, i32]
     lib.hq_dequant.restype = i32
+    lib.hq_dequant_gather.argtypes = [ptr, i32, i64, i64, ptr, ptr, i64, i64, i64, ptr, i64, ptr, i32, i32, i32]
+    lib.hq_dequant_gather.restype = i32
     return lib
 
 
@@ -260,6 +262,24 @@ def dequantize_rows(qw: QWeight, start: int, end: int, isa_code: int | None = No
                            _isa(isa_code), torch.get_num_threads(), int(qw.scale_f16))
     if rc != 0:
         raise RuntimeError(f"hq_dequant failed with code {rc}")
+    return out
+
+
+def dequantize_gather(qw: QWeight, ids: torch.Tensor) -> torch.Tensor:
+    """Rows `ids` (int64 [n]) of the dequantized weight, fp32 [n, K]: an embedding lookup. IndexError for an id
+    outside the table, as F.embedding."""
+    n_rows, k = qw.shape
+    if not available():
+        return dequantize(qw.index_rows(ids))
+    ids = ids.to(torch.int64).contiguous()
+    out = torch.empty(ids.numel(), k, dtype=torch.float32)
+    rc = _lib().hq_dequant_gather(qw.data.data_ptr(), int(qw.bits == 4), k, qw.data.stride(0), qw.scales.data_ptr(),
+                                  _ptr(qw.mins), qw.scales.stride(0), qw.group, n_rows, ids.data_ptr(), ids.numel(),
+                                  out.data_ptr(), _isa(None), torch.get_num_threads(), int(qw.scale_f16))
+    if rc == -4:
+        raise IndexError(f"token id out of range for an embedding table of {n_rows} rows")
+    if rc != 0:
+        raise RuntimeError(f"hq_dequant_gather failed with code {rc}")
     return out
 
 

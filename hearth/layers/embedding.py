@@ -45,7 +45,6 @@ class Embedding(nn.Module):
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         if self.qweight is not None:
-            ids = input_ids.reshape(-1)
-            rows = quant.dequantize_rows(self.qweight.index_rows(ids), 0, ids.numel())
+            rows = quant.dequantize_gather(self.qweight, input_ids.reshape(-1))
             return rows.reshape(*input_ids.shape, rows.shape[1]).to(self.out_dtype)
         return F.embedding(input_ids, self.weight).to(self.out_dtype)

@@ -89,6 +89,20 @@ def test_kernel_matches_dequantized_reference(N: int, K: int) -> None:
 
 
 @needs_kernels
+def test_dequantize_gather_equals_reference_rows() -> None:
+    """The embedding lookup of quantized tables: rows by id, repeated and unordered, one thread and parallel."""
+    g = torch.Generator().manual_seed(7)
+    w = torch.randn(130, 576, generator=g)
+    q4 = quant.quantize_int4(w, 32)
+    qws = _qweights(w) + [dataclasses.replace(q4, scales=q4.scales.half(), mins=q4.mins.half())]  # fp16 (GGUF)
+    for qw in qws:
+        for ids in (torch.tensor([5, 0, 129, 5]), torch.randint(0, 130, (300,), generator=g)):  # 300 x 576: parallel
+            assert torch.equal(quant.dequantize_gather(qw, ids), quant.dequantize(qw)[ids])
+        with pytest.raises(IndexError):
+            quant.dequantize_gather(qw, torch.tensor([3, 130]))
+
+
+@needs_kernels
 @pytest.mark.parametrize("N,K", [(64, 576), (32, 2048)])
 def test_int8_activations_error_bound(N: int, K: int) -> None:
     """int8 activations vs exact fp32 x: per block of 32, |x - dx * qx| <= dx / 2 (dx = amax / 127), so

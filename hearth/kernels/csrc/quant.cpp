@@ -342,4 +342,26 @@ int hq_dequant(const void* w, int int4, int64_t K, int64_t ldw, const void* scal
   return 0;
 }
 
+// Rows ids[0..n) of the dequantized [N][K] weight -> out [n][K] fp32: an embedding lookup in one call (no gathered
+// copy of the rows first). Returns -4 if an id is outside [0, N). Parallel only for prefill-sized lookups.
+int hq_dequant_gather(const void* w, int int4, int64_t K, int64_t ldw, const void* scales, const void* mins,
+                      int64_t ldg, int64_t group, int64_t N, const int64_t* ids, int64_t n, float* out, int isa,
+                      int nthreads, int scale_f16) {
+  using namespace hq;
+  if (isa != kISA_AVX2 && isa != kISA_AVX512) return -1;
+  if (bad_group(K, group, int4)) return -3;
+  for (int64_t i = 0; i < n; ++i)
+    if (ids[i] < 0 || ids[i] >= N) return -4;
+  Problem p{nullptr, w, ldw, scales, mins, ldg, group / 32, nullptr, nullptr, 0, N, K, int4 != 0, scale_f16 != 0};
+  parallel(n, n * K >= (1 << 17) ? nthreads : 1, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      if (isa == kISA_AVX512)
+        avx512::dequant_rows(p, ids[i], ids[i] + 1, out + i * K);
+      else
+        avx2::dequant_rows(p, ids[i], ids[i] + 1, out + i * K);
+    }
+  });
+  return 0;
+}
+
 }  // extern "C"
