@@ -72,10 +72,9 @@ class ModelRunner:
         if all(s.num_new_tokens == 1 and s.sample and not s.spec_token_ids
                and s.request.num_computed_tokens >= max(1, s.request.num_prompt_tokens) for s in scheduled):
             reqs = [s.request for s in scheduled]
-            tables = block_manager.req_blocks
             input_ids, positions, meta = prepare_decode_inputs(
                 [r.all_token_ids[r.num_computed_tokens] for r in reqs], [r.num_computed_tokens for r in reqs],
-                [tables.get(r.request_id, []) for r in reqs], self.block_size)
+                [block_manager.block_table(r.request_id) for r in reqs], self.block_size)
             hidden = self.model(input_ids, positions, meta)  # [N, hidden]
             out: SamplerOutput = self.sampler(self.model.compute_logits(hidden), reqs)
             return StepResult([(r, [t], [lp]) for r, t, lp in zip(reqs, out.token_ids, out.logprobs)], {})
