@@ -162,6 +162,15 @@ static inline float dot_s(const S* a, const float* b, int64_t n) {
   }
 }
 
+// One int4 output n: the integer-dot sum acc, plus the mins' part sum_g min_g * xs_g (symmetric int4: min = -8 * scale,
+// from the row's scales sc; the factor -8 commutes with rounding), plus the bias.
+template <class S>
+static inline float u4_output(const Problem& a, __m256 acc, const S* sc, const float* xs, int64_t ng, int64_t n) {
+  const float s = hsum8(acc) + (a.mins ? dot_s(static_cast<const S*>(a.mins) + n * a.ldg, xs, ng)
+                                       : -8.0f * dot_s(sc, xs, ng));
+  return a.bias ? s + a.bias[n] : s;
+}
+
 // Scale groups are kSpg sub-blocks of 32 when kSpg > 0 (compile time: 1 = Q4_0/Q4_1/Q8_0/Q4_K, 2, 4), else
 // a.sb_per_group (a run-time division per block; profiled at ~30% of the int4 kernel's time when it was the only
 // path). kSpg = -1 (int8 only): one scale per row; -2 (int8 only): 16-weight groups, two scales per block of 32.
@@ -265,12 +274,7 @@ static inline void micro_u4(const Problem& a, const XQ& xq, int64_t m0, int64_t 
   for (int m = 0; m < MR; ++m)
     for (int r = 0; r < NR; ++r) {
       const int64_t n = n0 + r * rs;
-      const float* xs = xq.xs + (m0 + m) * xq.ld_xs;
-      // symmetric int4: sum_g (-8 s_g) xs_g, the scales just read (exact factor: -8 commutes with rounding)
-      float s = hsum8(acc[m][r]) + (a.mins ? dot_s(static_cast<const S*>(a.mins) + n * a.ldg, xs, ng)
-                                           : -8.0f * dot_s(sc[r], xs, ng));
-      if (a.bias) s += a.bias[n];
-      a.out[(m0 + m) * a.N + n] = s;
+      a.out[(m0 + m) * a.N + n] = u4_output(a, acc[m][r], sc[r], xq.xs + (m0 + m) * xq.ld_xs, ng, n);
     }
 }
 
@@ -320,17 +324,10 @@ static inline void m1_u4_g32(const Problem& a, const XQ& xq, int64_t n0, int64_t
   }
   if (j < np) pair(j);
   const int64_t ng = a.K / 32;
-  const float* xs = xq.xs;
-  const __m256 accs[4] = {acc0, acc1, acc2, acc3};
-  const S* scs[4] = {s0, s1, s2, s3};
-  for (int r = 0; r < 4; ++r) {
-    const int64_t n = n0 + r * rs;
-    // symmetric int4: sum_g (-8 s_g) xs_g (as micro_u4)
-    float v = hsum8(accs[r]) + (a.mins ? dot_s(static_cast<const S*>(a.mins) + n * a.ldg, xs, ng)
-                                       : -8.0f * dot_s(scs[r], xs, ng));
-    if (a.bias) v += a.bias[n];
-    a.out[n] = v;
-  }
+  a.out[n0] = u4_output(a, acc0, s0, xq.xs, ng, n0);
+  a.out[n0 + rs] = u4_output(a, acc1, s1, xq.xs, ng, n0 + rs);
+  a.out[n0 + 2 * rs] = u4_output(a, acc2, s2, xq.xs, ng, n0 + 2 * rs);
+  a.out[n0 + 3 * rs] = u4_output(a, acc3, s3, xq.xs, ng, n0 + 3 * rs);
 }
 
 // 32 int8 weights x 32 int8 activations, signed x signed: |w| (u8) times x with w's sign.
