@@ -28,6 +28,7 @@ class TokenLogprobs:
 class SamplerOutput:
     token_ids: list[int]
     logprobs: list[TokenLogprobs | None]
+    token_tensor: torch.Tensor | None = None  # token_ids as an int64 tensor [N]
 
 
 def logprobs_of(logprobs: torch.Tensor, token_ids: torch.Tensor, k: int) -> list[TokenLogprobs]:
@@ -42,6 +43,13 @@ def logprobs_of(logprobs: torch.Tensor, token_ids: torch.Tensor, k: int) -> list
     return out
 
 
+def _plain_greedy(r: Request) -> bool:
+    """Greedy with nothing that changes the logits or asks for logprobs: the token is the row's argmax."""
+    p = r.params
+    return (p.sampling_type == SamplingType.GREEDY and p.logprobs is None and not p.logit_bias and r.grammar is None
+            and r.num_output_tokens >= p.min_tokens and not p.needs_penalties)
+
+
 class Sampler:
     def __init__(self, vocab_size: int, seed: int = 0) -> None:
         self.vocab_size = vocab_size
@@ -50,6 +58,9 @@ class Sampler:
     def __call__(self, logits: torch.Tensor, reqs: list[Request]) -> SamplerOutput:
         """logits: [len(reqs), V] float32 (the model's raw output for each request's last token)."""
         logits = logits[:, : self.vocab_size]
+        if all(map(_plain_greedy, reqs)):  # one argmax, no copies (every torch op costs ~10-50 us per step)
+            token_ids = logits.argmax(dim=-1)
+            return SamplerOutput(token_ids.tolist(), [None] * len(reqs), token_ids)
         want_lp = [r.params.logprobs is not None for r in reqs]
         raw_logprobs = torch.log_softmax(logits, dim=-1) if any(want_lp) else None
         logits = self.apply_processors(logits.clone(), reqs)
@@ -72,7 +83,7 @@ class Sampler:
             for i, entry in zip(rows, logprobs_of(raw_logprobs[rows], token_ids[rows], k)):
                 entry.top = entry.top[: reqs[i].params.logprobs]
                 logprobs[i] = entry
-        return SamplerOutput(token_ids.tolist(), logprobs)
+        return SamplerOutput(token_ids.tolist(), logprobs, token_ids)
 
     # ---- logits processors ----
     def apply_processors(self, logits: torch.Tensor, reqs: list[Request]) -> torch.Tensor:
