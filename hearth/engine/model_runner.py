@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from hearth.engine.block_manager import BlockManager
-from hearth.engine.input_batch import SeqInput, prepare_decode_inputs, prepare_inputs
+from hearth.engine.input_batch import DecodeBatch, SeqInput, prepare_inputs
 from hearth.engine.request import Request
 from hearth.engine.scheduler import ScheduledRequest, SchedulerOutput
 from hearth.layers.attention import Attention
@@ -42,6 +42,8 @@ class ModelRunner:
         self.block_size = block_size
         self.sampler = Sampler(vocab_size, seed)
         self.rejection_sampler = RejectionSampler(self.sampler)
+        self.decode_batch = DecodeBatch(block_size)
+        self._last_sampled: torch.Tensor | None = None  # the decode batch's tokens from its last step
         self.attn_layers = [m for m in model.modules() if isinstance(m, Attention)]
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         for layer in self.attn_layers:
@@ -69,15 +71,19 @@ class ModelRunner:
     def execute(self, sched: SchedulerOutput, block_manager: BlockManager) -> StepResult:
         scheduled = sched.scheduled
         # Decodes only (one sampled token each, prompt done): the common step with many sequences running.
-        if all(s.num_new_tokens == 1 and s.sample and not s.spec_token_ids
-               and s.request.num_computed_tokens >= max(1, s.request.num_prompt_tokens) for s in scheduled):
+        if sched.all_decodes and block_manager.sliding_window is None:
             reqs = [s.request for s in scheduled]
-            input_ids, positions, meta = prepare_decode_inputs(
-                [r.all_token_ids[r.num_computed_tokens] for r in reqs], [r.num_computed_tokens for r in reqs],
-                [block_manager.block_table(r.request_id) for r in reqs], self.block_size)
-            hidden = self.model(input_ids, positions, meta)  # [N, hidden]
-            out: SamplerOutput = self.sampler(self.model.compute_logits(hidden), reqs)
+            try:
+                input_ids, positions, meta = self.decode_batch.prepare(reqs, block_manager.block_table,
+                                                                       self._last_sampled)
+                hidden = self.model(input_ids, positions, meta)  # [N, hidden]
+                out: SamplerOutput = self.sampler(self.model.compute_logits(hidden), reqs)
+            except BaseException:
+                self.decode_batch.reset()  # its rows moved on a step that did not happen
+                raise
+            self._last_sampled = out.token_tensor
             return StepResult([(r, [t], [lp]) for r, t, lp in zip(reqs, out.token_ids, out.logprobs)], {})
+        self.decode_batch.reset()
         seqs = [SeqInput(_new_tokens(s), s.request.num_computed_tokens, block_manager.block_table(s.request.request_id))
                 for s in scheduled]
         order = sorted(range(len(seqs)), key=lambda i: not seqs[i].is_decode)  # decodes first (stable)

@@ -31,6 +31,8 @@ class ScheduledRequest:
 class SchedulerOutput:
     scheduled: list[ScheduledRequest] = field(default_factory=list)
     preempted: list[Request] = field(default_factory=list)
+    # Every scheduled request decodes one token after its prompt (no prefill chunk, no draft): the runner's fast path.
+    all_decodes: bool = False
 
     @property
     def num_tokens(self) -> int:
@@ -69,6 +71,7 @@ class Scheduler:
 
         # 1. Running requests, oldest first. Preempt from the back when blocks run out.
         scheduled_running: list[Request] = []
+        all_decodes = True
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
@@ -93,6 +96,9 @@ class Scheduler:
                 scheduled_running.append(req)
                 reaches_end = req.num_computed_tokens + num_new - len(spec) == req.num_tokens
                 out.scheduled.append(ScheduledRequest(req, num_new, reaches_end, spec))
+                if all_decodes and not (num_new == 1 and reaches_end
+                                        and req.num_computed_tokens >= max(1, len(req.prompt_token_ids))):
+                    all_decodes = False
                 budget -= num_new
                 i += 1
                 continue
@@ -124,6 +130,8 @@ class Scheduler:
             self.running.append(req)
             out.scheduled.append(ScheduledRequest(req, num_new, num_cached + num_new == req.num_tokens))
             budget -= num_new
+            all_decodes = False
+        out.all_decodes = all_decodes and bool(out.scheduled)
         return out
 
     def _preempt(self, req: Request) -> None:
