@@ -59,10 +59,14 @@ class DecodeBatch:
 
     When a step decodes the same requests, in the same order, as the decode step just before it, nothing is
     rebuilt: positions, slots and context lengths move on by one in place, the input tokens are the tokens that
-    step sampled, and a block-table entry is written only for a row that starts a new block. Any other step (a
-    request joined, finished or was preempted; a prefill or speculative step ran in between: the runner calls
-    reset) rebuilds the rows from the requests. Per step that is a few numpy ops instead of a pass over every
-    request's objects, which after a forward pass has swept the caches cost ~10 us each.
+    step sampled, and a block-table entry is written only for the rows that start a new block this step (known
+    since the rebuild: a row starts one every block_size steps). Any other step (a request joined, finished or was
+    preempted; a prefill or speculative step ran in between: the runner calls reset) rebuilds the rows from the
+    requests.
+
+    Why: right after a forward pass has streamed the weights through the caches, every numpy or torch call costs
+    ~20-100 us of cache misses (a torch slice ~100 us, a numpy in-place add ~50 us; ~1 us warm), so the steady
+    state makes two numpy calls and touches no per-request object.
 
     NOTE: the tensors handed out are views of arrays updated in place the next step: valid for one step.
     NOTE: block-table rows keep entries past a row's context (padding is 0 after a rebuild, stale after rows are
@@ -76,8 +80,7 @@ class DecodeBatch:
         self._alloc(8, 8)
 
     def _alloc(self, rows: int, cols: int) -> None:
-        self.positions = np.zeros(rows, np.int64)
-        self.slots = np.zeros(rows, np.int64)
+        self.pos_slots = np.zeros((2, rows), np.int64)  # [0]: positions, [1]: slots (one in-place add for both)
         self.context_lens = np.zeros(rows, np.int32)
         self.block_tables = np.zeros((rows, cols), np.int32)
         self.query_start = torch.arange(rows + 1, dtype=torch.int32)
@@ -90,49 +93,55 @@ class DecodeBatch:
                 ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
         """reqs: decodes only (one new token at position num_computed_tokens > 0 each). tables: request id -> its
         block table. sampled: the tokens the previous step sampled for the same rows (None: read the requests)."""
-        n, bs = len(reqs), self.block_size
         if reqs == self.reqs and sampled is not None:
-            pos = self.positions[:n]
-            pos += 1
-            self.context_lens[:n] += 1
-            slots = self.slots[:n]
-            slots += 1
-            for i in np.flatnonzero(pos % bs == 0).tolist():  # rows whose token starts a new block
-                col = int(pos[i]) // bs
+            self._bump += 1  # positions and slots
+            self._ctx += 1
+            self._tick += 1
+            bs = self.block_size
+            for i in self._new_block_rows[self._tick % bs]:
+                col = int(self.pos_slots[0, i]) // bs
                 if col >= self.block_tables.shape[1]:
                     self._widen(2 * col)
                 block = tables(reqs[i].request_id)[col]
                 self.block_tables[i, col] = block
-                slots[i] = block * bs
+                self.pos_slots[1, i] = block * bs
             input_ids = sampled
         else:
             self._rebuild(reqs, tables)
             input_ids = torch.tensor([r.all_token_ids[r.num_computed_tokens] for r in reqs], dtype=torch.long)
-        meta = AttentionMetadata(
-            slot_mapping=self._views[0], query_start_loc=self.query_start[: n + 1], context_lens=self._views[1],
-            block_tables=self._views[2], num_decode_tokens=n, prefills=[])
-        return input_ids, self._views[3], meta
+        slots, ctx, table, pos, query_start = self._views
+        meta = AttentionMetadata(slot_mapping=slots, query_start_loc=query_start, context_lens=ctx,
+                                 block_tables=table, num_decode_tokens=len(reqs), prefills=[])
+        return input_ids, pos, meta
 
     def _widen(self, cols: int) -> None:
         table = np.zeros((self.block_tables.shape[0], cols), np.int32)
         table[:, : self.block_tables.shape[1]] = self.block_tables
         self.block_tables = table
-        self._views = self._views[:2] + (torch.from_numpy(table[: len(self.reqs)]),) + self._views[3:]
+        v = self._views
+        self._views = v[:2] + (torch.from_numpy(table[: len(self.reqs)]),) + v[3:]
 
     def _rebuild(self, reqs: list[Request], tables: Callable[[str], list[int]]) -> None:
         n, bs = len(reqs), self.block_size
         rows = [tables(r.request_id) for r in reqs]
         width = max(map(len, rows))
-        if n > self.positions.shape[0] or width > self.block_tables.shape[1]:
-            self._alloc(max(n, 2 * self.positions.shape[0]), max(width, 2 * self.block_tables.shape[1]))
-        pos = self.positions[:n]
-        pos[:] = [r.num_computed_tokens for r in reqs]
+        if n > self.context_lens.shape[0] or width > self.block_tables.shape[1]:
+            self._alloc(max(n, 2 * self.context_lens.shape[0]), max(width, 2 * self.block_tables.shape[1]))
+        starts = [r.num_computed_tokens for r in reqs]
+        pos, slots = self.pos_slots[0, :n], self.pos_slots[1, :n]
+        pos[:] = starts
         self.context_lens[:n] = pos + 1
         self.block_tables[:n] = 0
         self.block_tables[:n, :width] = _block_tables(rows)
-        self.slots[:n] = self.block_tables[np.arange(n), pos // bs].astype(np.int64) * bs + pos % bs
-        self._views = (torch.from_numpy(self.slots[:n]), torch.from_numpy(self.context_lens[:n]),
-                       torch.from_numpy(self.block_tables[:n]), torch.from_numpy(pos))
+        slots[:] = self.block_tables[np.arange(n), pos // bs].astype(np.int64) * bs + pos % bs
+        # Row i starts a block at each step t (counted from this one) with (starts[i] + t) % bs == 0.
+        self._new_block_rows: list[list[int]] = [[] for _ in range(bs)]
+        for i, p in enumerate(starts):
+            self._new_block_rows[-p % bs].append(i)
+        self._tick = 0
+        self._bump, self._ctx = self.pos_slots[:, :n], self.context_lens[:n]
+        self._views = (torch.from_numpy(slots), torch.from_numpy(self._ctx), torch.from_numpy(self.block_tables[:n]),
+                       torch.from_numpy(pos), self.query_start[: n + 1])
         self.reqs = list(reqs)
 
 

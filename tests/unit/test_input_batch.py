@@ -107,5 +107,5 @@ def test_decode_batch_grows_rows_and_columns() -> None:
             r.num_computed_tokens += 1
             r.append_output_token(r.num_tokens % 97)
         sampled = torch.tensor([r.all_token_ids[-1] for r in reqs])
-    assert batch.block_tables.shape[1] >= 21 and batch.positions.shape[0] >= 20
+    assert batch.block_tables.shape[1] >= 21 and batch.context_lens.shape[0] >= 20
     np.testing.assert_array_equal(batch.context_lens[:20], [r.num_computed_tokens for r in reqs])
