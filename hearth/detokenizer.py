@@ -34,17 +34,18 @@ class IncrementalDetokenizer:
 
     def add(self, new_token_ids: list[int]) -> str:
         """Append tokens; return the newly completed text (possibly empty)."""
-        delta = ""
-        for tok in new_token_ids:
-            self.token_ids.append(tok)
-            self.context.append(tok)
-            piece = self._window_piece() if self._stream is None else self._stream_piece(tok)
-            if piece:  # (nothing while the newest tokens end inside a character)
-                delta += piece
-                self.prefix_offset = self.read_offset
-                self.read_offset = len(self.context)
-        self.text += delta
-        return delta
+        return "".join([self.add_one(tok) for tok in new_token_ids])
+
+    def add_one(self, tok: int) -> str:
+        """Append one token; return the newly completed text (possibly empty)."""
+        self.token_ids.append(tok)
+        self.context.append(tok)
+        piece = self._window_piece() if self._stream is None else self._stream_piece(tok)
+        if piece:  # (nothing while the newest tokens end inside a character)
+            self.prefix_offset = self.read_offset
+            self.read_offset = len(self.context)
+            self.text += piece
+        return piece
 
     def _window_piece(self) -> str:
         prefix_text = self._decode(self.context[self.prefix_offset:self.read_offset])

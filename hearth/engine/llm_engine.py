@@ -210,13 +210,16 @@ class LLMEngine:
             seq = self.seqs.get(req.request_id)
             if seq is None:
                 continue
+            if len(tokens) == 1:
+                outputs.append(self._process_token(seq, tokens[0], lps[0], now))
+                continue
             # Several tokens (speculative): stop checks run per token; tokens after a stop are dropped.
             outs = []
             for token, lp in zip(tokens, lps):
                 outs.append(self._process_token(seq, token, lp, now))
                 if outs[-1].finished:
                     break
-            outputs.append(outs[0] if len(outs) == 1 else _merge(outs))
+            outputs.append(_merge(outs))
         return outputs
 
     def _process_token(self, seq: _Sequence, token: int, lp, now: float) -> StepOutput:
@@ -233,7 +236,7 @@ class LLMEngine:
         if seq.detok is not None:
             hide_token = status is not None and not p.include_stop_str_in_output and stop_reason is not None
             if not hide_token and not (status is not None and token in req.eos_token_ids and not p.ignore_eos):
-                seq.detok.add([token])
+                seq.detok.add_one(token)
             if status is not None:
                 seq.detok.flush()
             text = seq.detok.text

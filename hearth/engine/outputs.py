@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from hearth.layers.sampler import TokenLogprobs
 
 
-@dataclass
+@dataclass(slots=True)
 class StepOutput:
     """What one sequence (one of a request's n) produced in one engine step."""
 

@@ -16,7 +16,7 @@ from hearth.engine.block_manager import BlockManager
 from hearth.engine.request import Request, RequestStatus
 
 
-@dataclass
+@dataclass(slots=True)
 class ScheduledRequest:
     request: Request
     num_new_tokens: int
