@@ -114,6 +114,15 @@ void parallel(int64_t n, int nthreads, const F& f) {
     if (b < e) f(b, e);
   }
 }
+// [0, n) in chunks of `chunk` handed out in order as threads free up (see quant.cpp's parallel_dynamic).
+template <class F>
+void parallel_dynamic(int64_t n, int64_t chunk, int nthreads, const F& f) {
+  const int64_t nc = (n + chunk - 1) / chunk;
+  int nt = (int)std::max<int64_t>(1, std::min<int64_t>(nthreads, nc));
+  if (nt == 1) return f(0, n);
+#pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
+  for (int64_t c = 0; c < nc; ++c) f(c * chunk, std::min(n, (c + 1) * chunk));
+}
 }  // namespace
 
 extern "C" {
@@ -157,7 +166,7 @@ int hk_linear_parts(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ld
     p[i] = Problem{xp.data(), w[i], ldw, bias ? bias + col : nullptr, out + col, M, n[i], K, kb, wk, N};
     first_chunk[i + 1] = first_chunk[i] + (n[i] + rows - 1) / rows;
   }
-  parallel(first_chunk[nparts], nthreads, [&](int64_t c0, int64_t c1) {
+  auto chunks = [&](int64_t c0, int64_t c1) {
     for (int64_t i = 0; i < nparts; ++i) {
       const int64_t b = std::max(c0, first_chunk[i]), e = std::min(c1, first_chunk[i + 1]);
       if (b >= e) continue;
@@ -166,7 +175,13 @@ int hk_linear_parts(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ld
       else
         hk_avx2::run(p[i], b - first_chunk[i], e - first_chunk[i]);
     }
-  });
+  };
+  const int64_t total = first_chunk[nparts];
+  if (M == 1)  // row streams: ~16 chunks of rows per thread, taken as threads free up (see parallel_dynamic)
+    parallel_dynamic(total, std::max<int64_t>(64, (total / (16 * std::max(1, nthreads)) + 7) / 8 * 8), nthreads,
+                     chunks);
+  else
+    parallel(total, nthreads, chunks);
   return 0;
 }
 
