@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "bf16.h"
+#include "parallel.h"
 
 enum class WKind { kBF16, kF16, kF32 };
 
@@ -103,26 +104,8 @@ struct T {
 namespace {
 constexpr int kISA_AVX2 = 1, kISA_AVX512 = 2;
 
-template <class F>
-void parallel(int64_t n, int nthreads, const F& f) {
-  int nt = (int)std::max<int64_t>(1, std::min<int64_t>(nthreads, n));
-  if (nt == 1) return f(0, n);
-#pragma omp parallel num_threads(nt)
-  {
-    const int64_t t = omp_get_thread_num(), T = omp_get_num_threads();
-    const int64_t b = n * t / T, e = n * (t + 1) / T;
-    if (b < e) f(b, e);
-  }
-}
-// [0, n) in chunks of `chunk` handed out in order as threads free up (see quant.cpp's parallel_dynamic).
-template <class F>
-void parallel_dynamic(int64_t n, int64_t chunk, int nthreads, const F& f) {
-  const int64_t nc = (n + chunk - 1) / chunk;
-  int nt = (int)std::max<int64_t>(1, std::min<int64_t>(nthreads, nc));
-  if (nt == 1) return f(0, n);
-#pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
-  for (int64_t c = 0; c < nc; ++c) f(c * chunk, std::min(n, (c + 1) * chunk));
-}
+using hk_par::parallel;
+using hk_par::parallel_dynamic;
 }  // namespace
 
 extern "C" {
