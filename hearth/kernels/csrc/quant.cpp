@@ -47,6 +47,7 @@ struct XQ {
   const float* xs;    // int4: [M][K / G] per-group sums of the dequantized x; else nullptr
   int64_t ld_d, ld_xs;
   const int8_t* q2;   // two-term mode ("int8x2"): the residual's int8 [M][K], same layout as q; else nullptr
+  const float* dn;    // one-row chunk, int4: [nb] dx per block in natural order (the folded M = 1 loop); else nullptr
 };
 
 static float half_to_float(uint16_t h);
@@ -278,14 +279,18 @@ static int linear_dot(const void* x, int x_dtype, int64_t M, int64_t K, int64_t 
   constexpr int64_t MB = 32;
   const int64_t mb_max = std::min(MB, M);
   std::vector<int8_t> q(mb_max * K), q2(x2 ? mb_max * K : 0);
-  std::vector<float> d(mb_max * ld_d), xs(std::max<int64_t>(1, mb_max * ld_xs));
+  std::vector<float> d(mb_max * ld_d), xs(std::max<int64_t>(1, mb_max * ld_xs)), dn(int4 ? nb + 8 : 0);
   for (int64_t m0 = 0; m0 < M; m0 += MB) {
     const int64_t mb = std::min(MB, M - m0);
     for (int64_t m = 0; m < mb; ++m)
       avx2::quantize_x_row(xp + (m0 + m) * K, K, int4 != 0, group, q.data() + m * K, d.data() + m * ld_d,
                            int4 ? xs.data() + m * ld_xs : nullptr, x2 ? q2.data() + m * K : nullptr);
     Problem p{nullptr, w, ldw, scales, mins, ldg, group / 32, bias, out + m0 * N, mb, N, K, int4 != 0, sf16};
-    const XQ xq{q.data(), d.data(), int4 ? xs.data() : nullptr, ld_d, ld_xs, x2 ? q2.data() : nullptr};
+    // A one-row chunk, int4: dx per block in natural order as well (from the pair layout: dxA at 8j, dxB at 8j + 4).
+    if (mb == 1 && int4)
+      for (int64_t b = 0; b < nb; ++b) dn[b] = d[(b / 2) * 8 + (b % 2) * 4];
+    const XQ xq{q.data(), d.data(), int4 ? xs.data() : nullptr, ld_d, ld_xs, x2 ? q2.data() : nullptr,
+                mb == 1 && int4 ? dn.data() : nullptr};
     // Rows in units of 4 (the M = 1 tile): split evenly between threads, or for M = 1 in ~16 chunks per thread.
     auto rows = [&](int64_t c0, int64_t c1) {
       const int64_t n0 = c0 * 4, n1 = std::min(N, c1 * 4);

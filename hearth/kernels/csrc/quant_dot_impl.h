@@ -278,11 +278,32 @@ static inline void micro_u4(const Problem& a, const XQ& xq, int64_t m0, int64_t 
     }
 }
 
+// Per-block sums of four pairs' int32 dot vectors p0..p3 (pair j + i: lanes 0..3 block 2(j + i), 4..7 block
+// 2(j + i) + 1), in the lane order [2j, 2j + 2, 2j + 4, 2j + 6 | 2j + 1, 2j + 3, 2j + 5, 2j + 7]: one 4 x 4 transpose-add
+// per 128-bit lane (6 single-uop shuffles, 3 adds).
+static inline __m256i fold4(__m256i p0, __m256i p1, __m256i p2, __m256i p3) {
+  const __m256i t0 = _mm256_add_epi32(_mm256_unpacklo_epi32(p0, p1), _mm256_unpackhi_epi32(p0, p1));
+  const __m256i t1 = _mm256_add_epi32(_mm256_unpacklo_epi32(p2, p3), _mm256_unpackhi_epi32(p2, p3));
+  return _mm256_add_epi32(_mm256_unpacklo_epi64(t0, t1), _mm256_unpackhi_epi64(t0, t1));
+}
+
+// Eight consecutive scales (blocks 2j .. 2j + 7) as fp32 in fold4's lane order.
+template <class S>
+static inline __m256 scales8_folded(const S* s, int64_t j) {
+  const __m256i order = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
+  if constexpr (sizeof(S) == 4)
+    return _mm256_permutevar8x32_ps(_mm256_loadu_ps(reinterpret_cast<const float*>(s) + 2 * j), order);
+  else
+    return _mm256_permutevar8x32_ps(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 2 * j))),
+                                    order);
+}
+
 // M = 1, int4 with 32-weight groups (GGUF Q4_0 / Q4_1 / Q4_K repacks, int4-g32), 4 row streams: micro_u4<1, 4, 1>'s
-// arithmetic, written out so the loop is mostly vector work: named accumulators (the array form kept a copy in
-// memory), one shared byte offset for the four weight rows (base + index addressing instead of eight pointers), and
-// two pairs per iteration, so each row's 64-byte line is prefetched once. Same operations in the same order per
-// output, so results are bit-identical to micro_u4. Needs an even number of blocks (K % 64 == 0).
+// arithmetic, written out so the loop is mostly integer work: named accumulators (the array form kept a copy in
+// memory), one shared byte offset for the four weight rows, and four pairs (128 bytes of each row) per iteration
+// whose integer dot vectors are reduced to one sum per block first (fold4), so the float epilogue (convert, scale
+// product, fma) runs once per 8 blocks instead of once per pair. xq.dn holds dx per block in natural order, permuted
+// like the sums. Leftover pairs (K % 256) take the per-pair form. Needs an even number of blocks (K % 64 == 0).
 template <bool kX2, class S>
 static inline void m1_u4_g32(const Problem& a, const XQ& xq, int64_t n0, int64_t rs) {
   const int64_t np = a.K / 64, ldw = a.ldw * rs, ldg = a.ldg * rs;
@@ -294,35 +315,48 @@ static inline void m1_u4_g32(const Problem& a, const XQ& xq, int64_t n0, int64_t
   const int8_t* q2 = kX2 ? xq.q2 : xq.q;
   const float* d = xq.d;
   const __m256i mask = _mm256_set1_epi8(0x0F);
+  const __m256i order = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
   __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
-  auto pair = [&](int64_t j) __attribute__((always_inline)) {
+  // Integer dot vector of pair j of row w against x.
+  auto dotp = [&](const uint8_t* w, int64_t j) __attribute__((always_inline)) {
     const int64_t o = j * 32;
+    const __m256i b = ld256(reinterpret_cast<const int8_t*>(w + o));
+    const __m256i l = _mm256_and_si256(b, mask), h = _mm256_and_si256(_mm256_srli_epi16(b, 4), mask);
     const __m256i x0 = ld256(q + 2 * o), x1 = ld256(q + 2 * o + 32);
-    const __m256i y0 = kX2 ? ld256(q2 + 2 * o) : x0, y1 = kX2 ? ld256(q2 + 2 * o + 32) : x1;
-    const __m256 dx = _mm256_loadu_ps(d + j * 8);
-    auto row = [&](const uint8_t* w, const S* sc, __m256& acc) __attribute__((always_inline)) {
-      const __m256i b = ld256(reinterpret_cast<const int8_t*>(w + o));
-      const __m256i l = _mm256_and_si256(b, mask), h = _mm256_and_si256(_mm256_srli_epi16(b, 4), mask);
-      const __m256i p = kX2 ? D::dot2_x2(l, x0, h, x1, y0, y1) : D::dot2(_mm256_setzero_si256(), l, x0, h, x1);
-      const __m256 sv = pair_scales<1, S>(sc, j, 1);
-      acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(dx, sv), acc);
-    };
-    row(w0, s0, acc0);
-    row(w1, s1, acc1);
-    row(w2, s2, acc2);
-    row(w3, s3, acc3);
+    if constexpr (kX2) return D::dot2_x2(l, x0, h, x1, ld256(q2 + 2 * o), ld256(q2 + 2 * o + 32));
+    else return D::dot2(_mm256_setzero_si256(), l, x0, h, x1);
+  };
+  auto quad = [&](const uint8_t* w, const S* sc, __m256 dx, int64_t j, __m256& acc) __attribute__((always_inline)) {
+    const __m256i sum = fold4(dotp(w, j), dotp(w, j + 1), dotp(w, j + 2), dotp(w, j + 3));
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(dx, scales8_folded(sc, j)), acc);
   };
   int64_t j = 0;
-  for (; j + 2 <= np; j += 2) {
+  for (; j + 4 <= np; j += 4) {
     const int64_t pf = j * 32 + kPrefetchBytes;
     _mm_prefetch(reinterpret_cast<const char*>(w0 + pf), _MM_HINT_T0);
     _mm_prefetch(reinterpret_cast<const char*>(w1 + pf), _MM_HINT_T0);
     _mm_prefetch(reinterpret_cast<const char*>(w2 + pf), _MM_HINT_T0);
     _mm_prefetch(reinterpret_cast<const char*>(w3 + pf), _MM_HINT_T0);
-    pair(j);
-    pair(j + 1);
+    _mm_prefetch(reinterpret_cast<const char*>(w0 + pf + 64), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(w1 + pf + 64), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(w2 + pf + 64), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(w3 + pf + 64), _MM_HINT_T0);
+    const __m256 dx = _mm256_permutevar8x32_ps(_mm256_loadu_ps(xq.dn + 2 * j), order);
+    quad(w0, s0, dx, j, acc0);
+    quad(w1, s1, dx, j, acc1);
+    quad(w2, s2, dx, j, acc2);
+    quad(w3, s3, dx, j, acc3);
   }
-  if (j < np) pair(j);
+  for (; j < np; ++j) {  // per pair: scale vector [s(2j) x4, s(2j + 1) x4]
+    const __m256 dx = _mm256_loadu_ps(d + j * 8);
+    auto row = [&](const uint8_t* w, const S* sc, __m256& acc) __attribute__((always_inline)) {
+      acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dotp(w, j)), _mm256_mul_ps(dx, pair_scales<1, S>(sc, j, 1)), acc);
+    };
+    row(w0, s0, acc0);
+    row(w1, s1, acc1);
+    row(w2, s2, acc2);
+    row(w3, s3, acc3);
+  }
   const int64_t ng = a.K / 32;
   a.out[n0] = u4_output(a, acc0, s0, xq.xs, ng, n0);
   a.out[n0 + rs] = u4_output(a, acc1, s1, xq.xs, ng, n0 + rs);
