@@ -15,6 +15,7 @@ from torch import nn
 from tqdm import tqdm
 
 from hearth.config import EngineArgs, HFConfig, ModelConfig, resolve_dtype
+from hearth.loader import hugepages
 from hearth.loader.errors import LoadError
 from hearth.loader.hf_folder import iter_safetensors, read_generation_config, read_hf_config, safetensors_files
 from hearth.models.registry import get_model_class, supported_architectures
@@ -120,6 +121,8 @@ def load_model(args: EngineArgs) -> LoadedModel:
         loaded = _load_gguf(path, args)
     else:
         loaded = _load_hf_folder(path, args)
+    if hugepages.enabled():
+        hugepages.move_to_hugepages(loaded.model)
     logger.info("loaded %s (%s, %s) in %.1f s", path, loaded.model_config.architecture,
                 str(loaded.model_config.dtype).removeprefix("torch."), time.perf_counter() - t0)
     return loaded

@@ -1,0 +1,130 @@
+"""Move a loaded model's weights into one arena backed by transparent huge pages (2 MiB).
+
+Why: a decode step streams every weight once. With 4 KiB pages that is a TLB miss every 4 KiB of each row stream
+(~150k page walks per step for TinyLlama Q4_0's 0.6 GB); with 2 MiB pages, 512x fewer. Measured on the 2-core
+AVX2 EPYC (THP in "madvise" mode, as on Debian/Ubuntu defaults), one decode step's 88 int4 linears of TinyLlama's
+shapes called from C: median 39.4 -> 35.5 ms (8 alternated rounds, 7 faster).
+
+How: every storage of a quantized weight (hearth.kernels.quant.QWeight data / scales / mins, also ones in plain
+attributes such as `lm_head_qweight`) of at least `min_bytes` is copied once into an anonymous private mmap advised
+MADV_HUGEPAGE, and every tensor object the modules hold that viewed it (parameters, buffers, attributes) is
+re-pointed in place (`Tensor.set_`), so aliases (a QuantLinear's `weight` Parameter and its `qweight.data`, a tied
+head) stay aliases. One arena for all weights: each tensor only pays 64-byte alignment, not a 2 MiB page of padding.
+Run before anything caches raw pointers (the decode program is built later, by the model runner).
+Off with HEARTH_HUGEPAGES=0; a no-op off Linux or when the kernel's THP mode is "never".
+"""
+from __future__ import annotations
+
+import ctypes
+import logging
+import mmap
+import os
+import time
+from collections.abc import Iterator
+
+import torch
+from torch import nn
+
+from hearth.kernels.quant import QWeight
+
+logger = logging.getLogger("hearth")
+
+_ALIGN = 64  # bytes; every kernel's loads are unaligned-safe, this keeps rows cache-line aligned
+_HUGE = 2 << 20
+_THP_MODE = "/sys/kernel/mm/transparent_hugepage/enabled"
+
+
+def enabled() -> bool:
+    """HEARTH_HUGEPAGES (default on) and a Linux kernel whose THP mode is "always" or "madvise"."""
+    if os.environ.get("HEARTH_HUGEPAGES", "1").strip().lower() in ("0", "false", "no", "off"):
+        return False
+    if not hasattr(mmap, "MADV_HUGEPAGE"):
+        return False
+    try:
+        with open(_THP_MODE) as f:
+            return "[never]" not in f.read()
+    except OSError:
+        return False
+
+
+def _values(value: object) -> Iterator[torch.Tensor | QWeight]:
+    if isinstance(value, (torch.Tensor, QWeight)):
+        yield value
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _values(v)
+
+
+def _held(model: nn.Module) -> Iterator[torch.Tensor | QWeight]:
+    """Every tensor and QWeight the modules hold: parameters, buffers, attributes (also inside lists / tuples)."""
+    for module in model.modules():
+        yield from (p for p in module._parameters.values() if p is not None)
+        yield from (b for b in module._buffers.values() if b is not None)
+        for value in vars(module).values():
+            yield from _values(value)
+
+
+def move_to_hugepages(model: nn.Module, min_bytes: int = 64 << 10) -> int:
+    """Copy the storages of the model's quantized weights (QWeight data / scales / mins) of >= min_bytes into one
+    huge-page arena (see the module doc) and re-point every tensor viewing them. Returns the bytes moved.
+    Dense weights stay where they are: a safetensors checkpoint's are the file's own page-cache pages (zero-copy
+    load), and copying TinyLlama's 2.2 GB of bf16 took 4 s here, most of the start-up budget."""
+    t0 = time.perf_counter()
+    held = list(_held(model))
+    storages: dict[int, torch.UntypedStorage] = {}
+    for q in held:
+        if isinstance(q, QWeight):
+            for t in (q.data, q.scales, q.mins):
+                if t is not None and t.device.type == "cpu" and t.untyped_storage().nbytes() >= min_bytes:
+                    storages[t.untyped_storage().data_ptr()] = t.untyped_storage()
+    by_storage: dict[int, list[torch.Tensor]] = {}
+    seen: set[int] = set()
+    tensors = (t for v in held for t in ((v,) if isinstance(v, torch.Tensor) else (v.data, v.scales, v.mins)))
+    for t in tensors:
+        if t is None or id(t) in seen:
+            continue
+        seen.add(id(t))
+        ptr = t.untyped_storage().data_ptr()
+        if ptr in storages:
+            by_storage.setdefault(ptr, []).append(t)
+    if not storages:
+        return 0
+    offsets, total = {}, 0
+    for ptr, s in storages.items():
+        offsets[ptr] = total
+        total += (s.nbytes() + _ALIGN - 1) // _ALIGN * _ALIGN
+    # The arena starts on a 2 MiB boundary (mmap only promises 4 KiB) and its last huge page lies inside the
+    # mapping too: map whole huge pages plus one and skip to the first boundary.
+    size = (total + _HUGE - 1) // _HUGE * _HUGE + _HUGE
+    mm = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)  # (the default is shared: shmem)
+    try:
+        mm.madvise(mmap.MADV_HUGEPAGE)
+    except OSError as e:  # a kernel built without THP: nothing to gain from the copy
+        logger.debug("madvise(MADV_HUGEPAGE) failed (%s): weights stay in 4 KiB pages", e)
+        mm.close()
+        return 0
+    base = ctypes.addressof(ctypes.c_char.from_buffer(mm))
+    skip = (-base) % _HUGE
+    arena = torch.frombuffer(mm, dtype=torch.uint8)[skip:skip + total]  # keeps mm alive
+    storage = arena.untyped_storage()
+    with torch.no_grad():
+        for ptr, s in storages.items():
+            start = skip + offsets[ptr]
+            old = torch.empty(0, dtype=torch.uint8).set_(s, 0, (s.nbytes(),), (1,))
+            arena[offsets[ptr]:offsets[ptr] + s.nbytes()].copy_(old)
+            for t in by_storage[ptr]:
+                esize = t.element_size()
+                # byte offset of t inside its old storage, kept inside the new one
+                t.set_(storage, (start + t.storage_offset() * esize) // esize, t.size(), t.stride())
+    del storages, by_storage, old
+    _malloc_trim()
+    logger.info("weights in huge pages: %.2f GB in %.2f s", total / 1e9, time.perf_counter() - t0)
+    return total
+
+
+def _malloc_trim() -> None:
+    """Give the freed weight copies' heap pages back to the OS (glibc keeps freed brk memory otherwise)."""
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):
+        pass

@@ -1,0 +1,62 @@
+"""Quantized weights moved into the huge-page arena: same values and results, aliases kept, dense weights left."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from hearth.kernels import quant
+from hearth.loader import hugepages
+
+
+def _anon_huge_kib(addr: int) -> int:
+    """AnonHugePages of the mapping holding addr (/proc/self/smaps), in KiB."""
+    found = False
+    for line in open("/proc/self/smaps"):
+        if not found and "-" in line.split(" ", 1)[0]:
+            lo, hi = (int(v, 16) for v in line.split(" ", 1)[0].split("-"))
+            found = lo <= addr < hi
+        elif found and line.startswith("AnonHugePages:"):
+            return int(line.split()[1])
+    return 0
+
+
+def _model() -> tuple[nn.Module, quant.QWeight]:
+    torch.manual_seed(0)
+    qw = quant.quantize_int4(torch.randn(1024, 2048) * 0.02, 32)  # 1 MiB of nibbles + 256 KiB of scales (x2, mins)
+    lin = nn.Module()
+    lin.qweight = qw
+    lin.weight = nn.Parameter(qw.data, requires_grad=False)  # a second tensor object on the same storage
+    lin.register_buffer("scales", qw.scales, persistent=False)
+    lin.dense = nn.Parameter(torch.randn(64, 64), requires_grad=False)
+    root = nn.Module()
+    root.layers = nn.ModuleList([lin])
+    root.lm_head_qweight = qw  # the same QWeight held twice, as a tied head is
+    return root, qw
+
+
+def test_quantized_weights_move_with_their_aliases() -> None:
+    root, qw = _model()
+    lin = root.layers[0]
+    x = torch.randn(1, 2048)
+    want = quant.linear(x, qw)
+    data, scales, dense = qw.data.clone(), qw.scales.clone(), lin.dense.clone()
+    old_ptr, dense_ptr = qw.data.data_ptr(), lin.dense.data_ptr()
+    moved = hugepages.move_to_hugepages(root, min_bytes=1)
+    assert moved >= qw.nbytes()
+    assert qw.data.data_ptr() != old_ptr and lin.dense.data_ptr() == dense_ptr  # dense weights stay
+    assert torch.equal(qw.data, data) and torch.equal(qw.scales, scales) and torch.equal(lin.dense, dense)
+    assert lin.weight.data_ptr() == qw.data.data_ptr() and lin.scales.data_ptr() == qw.scales.data_ptr()
+    assert root.lm_head_qweight is qw
+    assert all(t.data_ptr() % 64 == 0 for t in (qw.data, qw.scales, qw.mins))
+    assert torch.equal(quant.linear(x, qw), want)
+    if hugepages.enabled():  # THP "always" / "madvise": the 1 MiB of nibbles sit in a 2 MiB-aligned arena
+        assert _anon_huge_kib(qw.data.data_ptr()) >= 2048
+
+
+def test_small_storages_and_switch_off(monkeypatch) -> None:
+    root, qw = _model()
+    ptr = qw.data.data_ptr()
+    assert hugepages.move_to_hugepages(root, min_bytes=64 << 20) == 0  # nothing that large
+    assert qw.data.data_ptr() == ptr
+    monkeypatch.setenv("HEARTH_HUGEPAGES", "0")
+    assert not hugepages.enabled()
