@@ -280,7 +280,8 @@ static inline void micro_u4(const Problem& a, const XQ& xq, int64_t m0, int64_t 
 
 // Per-block sums of four pairs' int32 dot vectors p0..p3 (pair j + i: lanes 0..3 block 2(j + i), 4..7 block
 // 2(j + i) + 1), in the lane order [2j, 2j + 2, 2j + 4, 2j + 6 | 2j + 1, 2j + 3, 2j + 5, 2j + 7]: one 4 x 4 transpose-add
-// per 128-bit lane (6 single-uop shuffles, 3 adds).
+// per 128-bit lane (6 single-uop shuffles, 3 adds). A block sum stays exact through the fp32 convert: int8x2's is at
+// most 32 * 15 * (254 * 127 + 127) = 15.5M < 2^24.
 static inline __m256i fold4(__m256i p0, __m256i p1, __m256i p2, __m256i p3) {
   const __m256i t0 = _mm256_add_epi32(_mm256_unpacklo_epi32(p0, p1), _mm256_unpackhi_epi32(p0, p1));
   const __m256i t1 = _mm256_add_epi32(_mm256_unpacklo_epi32(p2, p3), _mm256_unpackhi_epi32(p2, p3));
