@@ -91,7 +91,7 @@ def _linear_desc(lin, keep: list) -> _Linear | None:
         n, k = qw.shape
         if not quant.available() or not quant.supports(k, qw.group):
             return None
-        return _Linear(_QUANT_KIND[quant.ACTIVATIONS], int(qw.bits == 4), qw.data.data_ptr(), n, k,
+        return _Linear(_QUANT_KIND[quant.ACTIVATIONS], qw.kernel_code, qw.data.data_ptr(), n, k,
                        qw.data.stride(0), bias.data_ptr() if bias is not None else None, qw.scales.data_ptr(),
                        qw.mins.data_ptr() if qw.mins is not None else None, qw.scales.stride(0), qw.group,
                        scale_f16=int(qw.scale_f16))

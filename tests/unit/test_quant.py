@@ -293,3 +293,52 @@ def test_gguf_loader_raw_blocks_match_dequantized(tmp_path: Path) -> None:
                 continue
             # the dense path hands block types to a float32 model as float16
             assert dense[name].dtype == torch.float16 and torch.equal(exact.half(), dense[name]), name
+
+
+@pytest.mark.parametrize("N,K", [(8, 64), (12, 576), (16, 896), (4, 2048), (20, 1536)])
+def test_int4_tiles_are_exact(N: int, K: int) -> None:
+    """4-row tiles (the decode layout of int4-g32) are a byte permutation: every kernel path gives bit-identical
+    results to the plain layout, for fp16 / fp32 scales, with and without mins, K % 256 != 0 tails included."""
+    g = torch.Generator().manual_seed(N + K)
+    w = torch.randn(N, K, generator=g)
+    bias = torch.randn(N, generator=g)
+    q = quant.quantize_int4(w, 32)
+    for qw in (q, dataclasses.replace(q, mins=None), dataclasses.replace(q, scales=q.scales.half(), mins=q.mins.half()),
+               dataclasses.replace(q, scales=q.scales.half(), mins=None)):
+        t = quant.tile_rows4(qw)
+        assert t.tiled and t.shape == qw.shape and t.nbytes() == qw.nbytes()
+        assert t.kernel_code == (2 if qw.mins is None else 3) and t.scale_f16 == qw.scale_f16
+        back = quant.untile_rows4(t)
+        assert torch.equal(back.data, qw.data) and torch.equal(back.scales, qw.scales)
+        assert (back.mins is None) == (qw.mins is None) and (qw.mins is None or torch.equal(back.mins, qw.mins))
+        assert torch.equal(quant.dequantize(t), quant.dequantize(qw))
+        if not quant.available():
+            continue
+        for isa in _isas():
+            for m in (1, 3, 40):
+                x = torch.randn(m, K, generator=g)
+                for act in ("int8", "int8x2", "float"):
+                    got, want = quant._run(x, t, bias, isa, act), quant._run(x, qw, bias, isa, act)
+                    assert torch.equal(got, want), (isa, m, act)
+        assert torch.equal(quant.dequantize_rows(t, 1, N - 2), quant.dequantize_rows(qw, 1, N - 2))
+        ids = torch.tensor([N - 1, 0, 2, 1, 2])
+        assert torch.equal(quant.dequantize_gather(t, ids), quant.dequantize_gather(qw, ids))
+        assert torch.equal(quant.dequantize(t.index_rows(ids)), quant.dequantize(qw.index_rows(ids)))
+    with pytest.raises(ValueError, match="tile_rows4"):
+        quant.tile_rows4(quant.quantize_int4(w, 64) if K % 64 == 0 else quant.quantize_int8(w))
+    with pytest.raises(ValueError, match="tile_rows4"):
+        quant.tile_rows4(quant.quantize_int4(w[:N - 1], 32))
+
+
+@needs_kernels
+def test_quant_linear_tiles_int4_g32_only() -> None:
+    """QuantLinear re-lays int4-g32 weights into tiles at load (HEARTH_INT4_TILES), other formats stay plain."""
+    g = torch.Generator().manual_seed(5)
+    w = torch.randn(64, 256, generator=g)
+    x = torch.randn(1, 256, generator=g)
+    for scheme, tiled in (("int4-g32", quant.TILES), ("int4-g64", False), ("int8", False)):
+        lin = QuantLinear(256, 64, scheme=scheme)
+        lin.load_shard("weight", None, w)
+        assert lin.qweight.tiled == tiled and lin.weight.data_ptr() == lin.qweight.data.data_ptr()
+        plain = quant.untile_rows4(lin.qweight)
+        assert torch.equal(lin(x), quant.linear(x, plain))

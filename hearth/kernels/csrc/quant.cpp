@@ -38,6 +38,69 @@ struct Problem {
   int64_t M, N, K;
   bool int4;
   bool sf16;
+  bool tiled = false;  // int4 in 4-row tiles with scales / mins inline (TileGeo): w, ldw, tmins describe it
+  bool tmins = false;  // tiled: the records hold mins (else symmetric, min = -8 * scale)
+  int64_t ldo = 0;     // out's row stride (0: N)
+};
+
+static inline int64_t ldo_of(const Problem& a) { return a.ldo ? a.ldo : a.N; }
+
+// int4 with 32-weight groups in 4-row tiles (hearth.kernels.quant.tile_rows4; N % 4 == 0, K % 64 == 0): rows
+// 4t .. 4t + 3 are 4 * ldw bytes at w + 4 t ldw (ldw = the plain row's bytes: K / 2 + scales (+ mins)), a run of
+// records, each n = 4 pairs of blocks (256 weights; the last one K % 256 / 64 pairs):
+//   [scales: 4 rows x 2n][mins: 4 rows x 2n, tmins only][quants: 4 rows x 32n bytes, pair by pair as in the plain row]
+// So a decode tile of four rows is ONE sequential stream; the plain layout makes it four row streams plus four
+// scale streams, which every chunk of rows restarts. C harness, a TinyLlama step's 88 int4 linears, 2 threads,
+// alternated rounds: 5-6% faster (rows interleaved but scales in their own array: no faster than plain).
+struct TileGeo {
+  int64_t S, c, np, nq, tail, rec;  // scale bytes, 1 + tmins, pairs per row, full records, pairs in the last, bytes
+  TileGeo(const Problem& a) : S(a.sf16 ? 2 : 4), c(a.tmins ? 2 : 1), np(a.K / 64), nq(np / 4), tail(np % 4),
+                              rec(4 * 4 * (2 * S * c + 32)) {}
+  const uint8_t* tile(const Problem& a, int64_t t) const { return static_cast<const uint8_t*>(a.w) + t * 4 * a.ldw; }
+};
+
+// Tile t -> the plain layout: quants [4][K / 2], scales / mins [4][K / 32] (S bytes each).
+static void unpack_tile(const Problem& a, const TileGeo& g, int64_t t, uint8_t* qs, uint8_t* sc, uint8_t* mn) {
+  const uint8_t* rec = g.tile(a, t);
+  const int64_t nb = a.K / 32;
+  for (int64_t k = 0; k <= g.nq; ++k, rec += g.rec) {
+    const int64_t n = k < g.nq ? 4 : g.tail;
+    if (n == 0) break;
+    const int64_t sb = 2 * n * g.S;  // one row's scales in this record
+    for (int r = 0; r < 4; ++r) {
+      std::memcpy(sc + (r * nb + 8 * k) * g.S, rec + r * sb, sb);
+      if (g.c == 2) std::memcpy(mn + (r * nb + 8 * k) * g.S, rec + 4 * sb + r * sb, sb);
+      std::memcpy(qs + r * (a.K / 2) + 128 * k, rec + 4 * sb * g.c + r * 32 * n, 32 * n);
+    }
+  }
+}
+
+// A plain Problem over unpacked tiles [t0, t1) (rows 4 t0 .. 4 t1, in this scratch), writing a's outputs of those rows.
+struct TileScratch {
+  std::vector<uint8_t> qs, sc, mn;
+  Problem view(const Problem& a, const TileGeo& g, int64_t t0, int64_t t1) {
+    const int64_t nb = a.K / 32, rows = 4 * (t1 - t0);
+    qs.resize(rows * a.K / 2);
+    sc.resize(rows * nb * g.S);
+    mn.resize(g.c == 2 ? rows * nb * g.S : 0);
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t r0 = 4 * (t - t0);
+      unpack_tile(a, g, t, qs.data() + r0 * a.K / 2, sc.data() + r0 * nb * g.S,
+                  g.c == 2 ? mn.data() + r0 * nb * g.S : nullptr);
+    }
+    Problem p = a;
+    p.w = qs.data();
+    p.ldw = a.K / 2;
+    p.scales = sc.data();
+    p.mins = g.c == 2 ? mn.data() : nullptr;
+    p.ldg = nb;
+    p.bias = a.bias ? a.bias + 4 * t0 : nullptr;
+    p.out = a.out ? a.out + 4 * t0 : nullptr;
+    p.ldo = ldo_of(a);
+    p.N = rows;
+    p.tiled = p.tmins = false;
+    return p;
+  }
 };
 
 // x quantized for the integer-dot path (quant_dot_impl.h).
@@ -204,6 +267,7 @@ static float half_to_float(uint16_t h) {  // scalar, baseline ISA (x conversion 
 // sb_per_group = 0 in Problem.
 static bool bad_group(int64_t K, int64_t group, int int4) {
   if (K % 32) return true;
+  if (int4 >= 2) return group != 32 || K % 64;  // 4-row tiles
   if (group == 16) return int4 != 0;
   return group % 32 || group <= 0 || K % group;
 }
@@ -230,6 +294,17 @@ static const float* pack_x(const void* x, int dtype, int64_t M, int64_t K, int64
   return buf.data();
 }
 
+// The Problem of a C entry point's arguments; int4: 0 int8, 1 int4, 2 / 3 int4 in 4-row tiles without / with mins
+// (TileGeo: then scales and mins are inline and their pointers unused).
+static Problem make_problem(const float* x, const void* w, int64_t ldw, const void* scales, const void* mins,
+                            int64_t ldg, int64_t group, const float* bias, float* out, int64_t M, int64_t N, int64_t K,
+                            int int4, bool sf16) {
+  Problem p{x, w, ldw, scales, int4 >= 2 ? nullptr : mins, ldg, group / 32, bias, out, M, N, K, int4 != 0, sf16};
+  p.tiled = int4 >= 2;
+  p.tmins = int4 == 3;
+  return p;
+}
+
 }  // namespace hq
 
 extern "C" {
@@ -248,14 +323,18 @@ int hq_linear(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, con
   if (M <= 0 || N <= 0) return 0;
   std::vector<float> buf;
   const float* xp = pack_x(x, x_dtype, M, K, ldx, buf);
-  Problem p{xp, w, ldw, scales, mins, ldg, group / 32, bias, out, M, N, K, int4 != 0, scale_f16 != 0};
+  if (int4 >= 2 && N % 4) return -5;
+  const Problem p = make_problem(xp, w, ldw, scales, mins, ldg, group, bias, out, M, N, K, int4, scale_f16);
   const bool avx512 = isa == kISA_AVX512;
-  const int64_t rows = avx512 ? avx512::rows_per_chunk(M) : avx2::rows_per_chunk(M);
+  const int64_t rows = avx512 ? avx512::rows_per_chunk(M) : avx2::rows_per_chunk(M);  // (a multiple of 4)
   parallel((N + rows - 1) / rows, nthreads, [&](int64_t c0, int64_t c1) {
-    if (avx512)
-      avx512::run(p, c0, c1);
-    else
-      avx2::run(p, c0, c1);
+    if (!p.tiled) return avx512 ? avx512::run(p, c0, c1) : avx2::run(p, c0, c1);
+    thread_local TileScratch scratch;  // tiles: each chunk's rows unpacked, then the plain kernel
+    const TileGeo g(p);
+    for (int64_t c = c0; c < c1; ++c) {
+      const Problem v = scratch.view(p, g, c * rows / 4, std::min(N, (c + 1) * rows) / 4);
+      avx512 ? avx512::run(v, 0, 1) : avx2::run(v, 0, 1);
+    }
   });
   return 0;
 }
@@ -270,6 +349,7 @@ static int linear_dot(const void* x, int x_dtype, int64_t M, int64_t K, int64_t 
   if (x_dtype < 0 || x_dtype > 2) return -2;
   if (bad_group(K, group, int4)) return -3;
   if (M <= 0 || N <= 0) return 0;
+  if (int4 >= 2 && N % 4) return -5;
   static const bool has_vnni = __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl");
   const bool use_vnni = isa == kISA_AVX512 && has_vnni;
   std::vector<float> buf;
@@ -285,7 +365,7 @@ static int linear_dot(const void* x, int x_dtype, int64_t M, int64_t K, int64_t 
     for (int64_t m = 0; m < mb; ++m)
       avx2::quantize_x_row(xp + (m0 + m) * K, K, int4 != 0, group, q.data() + m * K, d.data() + m * ld_d,
                            int4 ? xs.data() + m * ld_xs : nullptr, x2 ? q2.data() + m * K : nullptr);
-    Problem p{nullptr, w, ldw, scales, mins, ldg, group / 32, bias, out + m0 * N, mb, N, K, int4 != 0, sf16};
+    const Problem p = make_problem(nullptr, w, ldw, scales, mins, ldg, group, bias, out + m0 * N, mb, N, K, int4, sf16);
     // A one-row chunk, int4: dx per block in natural order as well (from the pair layout: dxA at 8j, dxB at 8j + 4).
     if (mb == 1 && int4)
       for (int64_t b = 0; b < nb; ++b) dn[b] = d[(b / 2) * 8 + (b % 2) * 4];
@@ -334,12 +414,19 @@ int hq_dequant(const void* w, int int4, int64_t K, int64_t ldw, const void* scal
   using namespace hq;
   if (isa != kISA_AVX2 && isa != kISA_AVX512) return -1;
   if (bad_group(K, group, int4)) return -3;
-  Problem p{nullptr, w, ldw, scales, mins, ldg, group / 32, nullptr, nullptr, 0, n1, K, int4 != 0, scale_f16 != 0};
+  const Problem p = make_problem(nullptr, w, ldw, scales, mins, ldg, group, nullptr, nullptr, 0, n1, K, int4,
+                                 scale_f16);
   parallel(n1 - n0, nthreads, [&](int64_t b, int64_t e) {
-    if (isa == kISA_AVX512)
-      avx512::dequant_rows(p, n0 + b, n0 + e, out + b * K);
-    else
-      avx2::dequant_rows(p, n0 + b, n0 + e, out + b * K);
+    for (int64_t n = n0 + b; n < n0 + e;) {  // tiles: row by row of each unpacked tile
+      thread_local TileScratch scratch;
+      const Problem v = p.tiled ? scratch.view(p, TileGeo(p), n / 4, n / 4 + 1) : p;
+      const int64_t r0 = p.tiled ? n % 4 : n, r1 = p.tiled ? std::min<int64_t>(4, r0 + n0 + e - n) : n0 + e;
+      if (isa == kISA_AVX512)
+        avx512::dequant_rows(v, r0, r1, out + (n - n0) * K);
+      else
+        avx2::dequant_rows(v, r0, r1, out + (n - n0) * K);
+      n += r1 - r0;
+    }
   });
   return 0;
 }
@@ -354,13 +441,18 @@ int hq_dequant_gather(const void* w, int int4, int64_t K, int64_t ldw, const voi
   if (bad_group(K, group, int4)) return -3;
   for (int64_t i = 0; i < n; ++i)
     if (ids[i] < 0 || ids[i] >= N) return -4;
-  Problem p{nullptr, w, ldw, scales, mins, ldg, group / 32, nullptr, nullptr, 0, N, K, int4 != 0, scale_f16 != 0};
+  if (int4 >= 2 && N % 4) return -5;
+  const Problem p = make_problem(nullptr, w, ldw, scales, mins, ldg, group, nullptr, nullptr, 0, N, K, int4,
+                                 scale_f16);
   parallel(n, n * K >= (1 << 17) ? nthreads : 1, [&](int64_t b, int64_t e) {
+    thread_local TileScratch scratch;
     for (int64_t i = b; i < e; ++i) {
+      const Problem v = p.tiled ? scratch.view(p, TileGeo(p), ids[i] / 4, ids[i] / 4 + 1) : p;
+      const int64_t r = p.tiled ? ids[i] % 4 : ids[i];
       if (isa == kISA_AVX512)
-        avx512::dequant_rows(p, ids[i], ids[i] + 1, out + i * K);
+        avx512::dequant_rows(v, r, r + 1, out + i * K);
       else
-        avx2::dequant_rows(p, ids[i], ids[i] + 1, out + i * K);
+        avx2::dequant_rows(v, r, r + 1, out + i * K);
     }
   });
   return 0;

@@ -122,6 +122,9 @@ static void quantize_x_row(const float* x, int64_t K, bool int4, int64_t G, int8
 // (An earlier M = 1 path read 4 ADJACENT rows and needed the next tile prefetched explicitly; the row streams of
 // run_dot_t read each row run sequentially, which the hardware prefetcher follows.)
 constexpr int64_t kPrefetchBytes = 512;
+// The same for a 4-row tile's single stream (m1_tile): 2 KiB ahead (1-2 KiB measured alike in a C harness, 512 B
+// slower, 4 KiB mixed).
+constexpr int64_t kPrefetchTileBytes = 2048;
 
 // acc (8 x s32) of a pair of int4 blocks against x's pair-permuted 64 bytes.
 static inline __m256i u4_pair(__m256i acc, __m256i lo, __m256i hi, const int8_t* qx) {
@@ -274,7 +277,7 @@ static inline void micro_u4(const Problem& a, const XQ& xq, int64_t m0, int64_t 
   for (int m = 0; m < MR; ++m)
     for (int r = 0; r < NR; ++r) {
       const int64_t n = n0 + r * rs;
-      a.out[(m0 + m) * a.N + n] = u4_output(a, acc[m][r], sc[r], xq.xs + (m0 + m) * xq.ld_xs, ng, n);
+      a.out[(m0 + m) * ldo_of(a) + n] = u4_output(a, acc[m][r], sc[r], xq.xs + (m0 + m) * xq.ld_xs, ng, n);
     }
 }
 
@@ -365,6 +368,70 @@ static inline void m1_u4_g32(const Problem& a, const XQ& xq, int64_t n0, int64_t
   a.out[n0 + 3 * rs] = u4_output(a, acc3, s3, xq.xs, ng, n0 + 3 * rs);
 }
 
+// M = 1, one 4-row tile (Problem::tiled, TileGeo in quant.cpp): m1_u4_g32's arithmetic with each record's scales
+// (and mins) read inline, so its result is bit-identical to the plain layout's: the quads as there, the leftover
+// pairs of the last record per pair, and the mins' part sum_b min_b * xs_b accumulated in dot_s's lane order.
+template <bool kX2, class S, bool kMins>
+static inline void m1_tile(const Problem& a, const XQ& xq, const TileGeo& g, int64_t t) {
+  const uint8_t* rec = g.tile(a, t);
+  const int8_t* q = xq.q;
+  const int8_t* q2 = kX2 ? xq.q2 : xq.q;
+  const __m256i mask = _mm256_set1_epi8(0x0F);
+  const __m256i order = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
+  constexpr int64_t kSB = 8 * sizeof(S), kQ = (kMins ? 8 : 4) * kSB;  // a row's scales, the quants' offset
+  __m256 acc[4], ms[4];
+  for (int r = 0; r < 4; ++r) acc[r] = ms[r] = _mm256_setzero_ps();
+  auto dotp = [&](const uint8_t* w, int64_t j) __attribute__((always_inline)) {  // w: pair j's 32 bytes
+    const __m256i b = ld256(reinterpret_cast<const int8_t*>(w));
+    const __m256i l = _mm256_and_si256(b, mask), h = _mm256_and_si256(_mm256_srli_epi16(b, 4), mask);
+    const __m256i x0 = ld256(q + 64 * j), x1 = ld256(q + 64 * j + 32);
+    if constexpr (kX2) return D::dot2_x2(l, x0, h, x1, ld256(q2 + 64 * j), ld256(q2 + 64 * j + 32));
+    else return D::dot2(_mm256_setzero_si256(), l, x0, h, x1);
+  };
+  auto load8 = [](const uint8_t* p) __attribute__((always_inline)) {  // 8 scales / mins, natural order
+    if constexpr (sizeof(S) == 4) return _mm256_loadu_ps(reinterpret_cast<const float*>(p));
+    else return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  };
+  for (int64_t k = 0; k < g.nq; ++k, rec += g.rec) {
+    const char* pf = reinterpret_cast<const char*>(rec) + kPrefetchTileBytes;
+    for (int64_t l = 0; l < g.rec; l += 64) _mm_prefetch(pf + l, _MM_HINT_T0);
+    const int64_t j = 4 * k;
+    const __m256 dx = _mm256_permutevar8x32_ps(_mm256_loadu_ps(xq.dn + 2 * j), order);
+    const __m256 xs = _mm256_loadu_ps(xq.xs + 2 * j);
+    for (int r = 0; r < 4; ++r) {
+      const uint8_t* w = rec + kQ + 128 * r;
+      const __m256i sum = fold4(dotp(w, j), dotp(w + 32, j + 1), dotp(w + 64, j + 2), dotp(w + 96, j + 3));
+      const __m256 s8 = load8(rec + kSB * r);
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(dx, _mm256_permutevar8x32_ps(s8, order)),
+                               acc[r]);
+      ms[r] = _mm256_fmadd_ps(kMins ? load8(rec + 4 * kSB + kSB * r) : s8, xs, ms[r]);
+    }
+  }
+  float mt[4];
+  for (int r = 0; r < 4; ++r) mt[r] = hsum8(ms[r]);
+  if (g.tail) {  // the last record: n = g.tail pairs, per pair (scale vector [s(2j) x4, s(2j + 1) x4])
+    const int64_t n = g.tail, sb = 2 * n * sizeof(S);
+    const S* sc = reinterpret_cast<const S*>(rec);
+    const S* mn = reinterpret_cast<const S*>(rec + 4 * sb);
+    const uint8_t* qs = rec + (kMins ? 8 : 4) * sb;
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t j = 4 * g.nq + i;
+      const __m256 dx = _mm256_loadu_ps(xq.d + j * 8);
+      for (int r = 0; r < 4; ++r)
+        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dotp(qs + 32 * (n * r + i), j)),
+                                 _mm256_mul_ps(dx, pair_scales<1, S>(sc + 2 * n * r, i, 1)), acc[r]);
+    }
+    for (int r = 0; r < 4; ++r)  // dot_s's scalar tail
+      for (int64_t b = 0; b < 2 * n; ++b)
+        mt[r] += to_f32((kMins ? mn : sc)[2 * n * r + b]) * xq.xs[8 * g.nq + b];
+  }
+  for (int r = 0; r < 4; ++r) {
+    const int64_t o = 4 * t + r;
+    const float v = hsum8(acc[r]) + (kMins ? mt[r] : -8.0f * mt[r]);
+    a.out[o] = a.bias ? v + a.bias[o] : v;
+  }
+}
+
 // 32 int8 weights x 32 int8 activations, signed x signed: |w| (u8) times x with w's sign.
 static inline __m256i i8_block(__m256i acc, __m256i w, const int8_t* qx) {
   const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qx));
@@ -417,7 +484,7 @@ static inline void micro_i8(const Problem& a, const XQ& xq, int64_t m0, int64_t 
       float s = hsum8(acc[m][r]);
       if (kSpg == -1) s *= to_f32(sc[r][0]);
       if (a.bias) s += a.bias[n];
-      a.out[(m0 + m) * a.N + n] = s;
+      a.out[(m0 + m) * ldo_of(a) + n] = s;
     }
 }
 
@@ -466,6 +533,21 @@ constexpr int kStreamsM1 = 4;  // 2 and 3 streams measured no better (noisy)
 template <bool kX2>
 static void run_dot_t(const Problem& a, const XQ& xq, int64_t n_begin, int64_t n_end) {
   constexpr int64_t MB = kDotMR;
+  if (a.tiled) {  // whole tiles (n_begin, n_end multiples of 4)
+    const TileGeo g(a);
+    if (a.M == 1) {
+      for (int64_t t = n_begin / 4; t < n_end / 4; ++t) {
+        if (a.sf16)
+          a.tmins ? m1_tile<kX2, uint16_t, true>(a, xq, g, t) : m1_tile<kX2, uint16_t, false>(a, xq, g, t);
+        else
+          a.tmins ? m1_tile<kX2, float, true>(a, xq, g, t) : m1_tile<kX2, float, false>(a, xq, g, t);
+      }
+    } else {  // M > 1: each tile unpacked once (L1), then the plain kernels on it
+      thread_local TileScratch scratch;
+      for (int64_t t = n_begin / 4; t < n_end / 4; ++t) run_dot_t<kX2>(scratch.view(a, g, t, t + 1), xq, 0, 4);
+    }
+    return;
+  }
   if (a.M == 1) {
     const int64_t len = (n_end - n_begin) / kStreamsM1;
     const bool g32 = a.int4 && a.sb_per_group == 1 && a.K % 64 == 0 && kStreamsM1 == 4;

@@ -122,7 +122,7 @@ static void run_chunks(const Problem& a, int64_t c0, int64_t c1) {
         for (int64_t j = 0; j < nc; ++j) {
           float s = T::hsum(T::load(scratch + m * acc_ld + j * L));
           if (a.bias) s += a.bias[n0 + j];
-          a.out[(mb0 + m) * N + n0 + j] = s;
+          a.out[(mb0 + m) * ldo_of(a) + n0 + j] = s;
         }
     }
   }
