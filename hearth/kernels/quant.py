@@ -100,13 +100,18 @@ class QWeight:
     @property
     def shape(self) -> tuple[int, int]:
         n, b = self.data.shape
+        if self.bits == 6:  # 210 bytes per 256 weights
+            return n, b // 210 * 256
         if self.tiled:  # b = K / 2 + K / 32 * scale bytes * (1 + has mins)
             return n, 32 * b // (16 + self.scales.element_size() * (1 if self.mins is None else 2))
         return n, b * 2 if self.bits == 4 else b
 
     @property
     def kernel_code(self) -> int:
-        """The C kernels' weight-format argument: 0 int8, 1 int4, 2 / 3 int4 in 4-row tiles without / with mins."""
+        """The C kernels' weight-format argument: 0 int8, 1 int4, 2 / 3 int4 in 4-row tiles without / with mins,
+        4 6-bit tiles (GGUF Q6_K, quant_gguf.repack_q6_tiles)."""
+        if self.bits == 6:
+            return 4
         if self.tiled:
             return 3 if self.mins is not None else 2
         return int(self.bits == 4)
@@ -206,6 +211,8 @@ def unpack_u4(data: torch.Tensor) -> torch.Tensor:
 
 # int4 weights with 32-weight groups are re-laid at load into 4-row tiles (HEARTH_INT4_TILES=0: keep the plain rows).
 TILES = os.environ.get("HEARTH_INT4_TILES", "1").strip().lower() not in ("0", "false", "no", "off")
+# A GGUF Q6_K LM head is kept in 6-bit tiles (quant_gguf.repack_q6_tiles; HEARTH_Q6_TILES=0: int8, group 16).
+Q6_TILES = os.environ.get("HEARTH_Q6_TILES", "1").strip().lower() not in ("0", "false", "no", "off")
 
 
 def can_tile(qw: QWeight) -> bool:
@@ -243,9 +250,11 @@ def tile_rows4(qw: QWeight) -> QWeight:
 
 
 def untile_rows4(qw: QWeight) -> QWeight:
-    """Inverse of tile_rows4: the plain layout (copies)."""
+    """Inverse of tile_rows4: the plain layout (copies). 6-bit tiles become int8 with 16-weight groups."""
     if not qw.tiled:
         return qw
+    if qw.bits == 6:
+        return _untile_q6(qw)
     n, k = qw.shape
     t, npairs = n // 4, k // 64
     nq = npairs // 4
@@ -270,6 +279,21 @@ def untile_rows4(qw: QWeight) -> QWeight:
     scales = cols[0].view(sdt)
     mins = cols[1].view(sdt) if qw.mins is not None else None
     return QWeight(4, 32, cols[-1], scales, mins)
+
+
+def _untile_q6(qw: QWeight) -> QWeight:
+    """6-bit tiles (quant_gguf.repack_q6_tiles) -> int8 q = value - 32, fp32 scales d * sc per 16 weights (exact)."""
+    n, k = qw.shape
+    nsb = k // 256
+    rec = qw.data.reshape(n // 4, nsb, 4, 210).permute(0, 2, 1, 3).reshape(n, nsb, 210)
+    d = rec[..., 0:2].contiguous().view(torch.float16).float()  # [n, nsb, 1]
+    sc = rec[..., 2:18].contiguous().view(torch.int8).float()  # [n, nsb, 16]
+    blk = rec[..., 18:].reshape(n, nsb, 8, 24).to(torch.int16)
+    nib, hb = blk[..., :16], blk[..., 16:]
+    low = torch.cat([nib & 0x0F, nib >> 4], dim=-1)  # [.., 32] natural order
+    high = torch.cat([(hb >> (2 * p)) & 3 for p in range(4)], dim=-1)  # element i + 8p at 8p + i
+    q = ((low | (high << 4)) - 32).to(torch.int8).reshape(n, k)
+    return QWeight(8, 16, q, (d * sc).reshape(n, nsb * 16), None)
 
 
 def dequantize(qw: QWeight) -> torch.Tensor:

@@ -111,6 +111,28 @@ def repack(ggml_type: int, data: torch.Tensor, shape: tuple[int, int]) -> QWeigh
                    torch.from_numpy(np.ascontiguousarray(scales)), torch.from_numpy(np.ascontiguousarray(mins)))
 
 
+def repack_q6_tiles(blocks: GGUFBlocks) -> QWeight:
+    """Q6_K blocks -> hearth's 6-bit tiles (QWeight bits 6, the decode kernels' format for a Q6_K LM head; see
+    quant.cpp kQ6Rec): per row and super-block [d][16 scales][8 blocks: 16 bytes of low nibbles, byte i = element i |
+    element i + 16 << 4; 8 bytes of high bits, byte i bits 2p..2p+1 = element i + 8p's], rows 4t .. 4t + 3 interleaved
+    super-block by super-block. 210 bytes per 256 weights, as the file; exact (the 6-bit values are only moved)."""
+    n, k = blocks.shape
+    if blocks.type_name != "Q6_K" or n % 4 or k % 256:
+        raise ValueError(f"repack_q6_tiles takes Q6_K weights with N % 4 == 0, got {blocks.type_name} {blocks.shape}")
+    nsb = k // 256
+    b = blocks.data.numpy().reshape(n, nsb, 210)
+    q8 = _repack_q6k(b, n, k).data.numpy()
+    u = (q8.astype(np.int16) + 32).astype(np.uint8).reshape(n, nsb, 8, 32)  # 6-bit values, natural order
+    nib = (u[..., :16] & 0x0F) | ((u[..., 16:] & 0x0F) << 4)  # [n, nsb, 8, 16]
+    hi = (u >> 4).reshape(n, nsb, 8, 4, 8)  # [.., p, i]: element i + 8p's high bits
+    hb = hi[..., 0, :] | (hi[..., 1, :] << 2) | (hi[..., 2, :] << 4) | (hi[..., 3, :] << 6)  # [n, nsb, 8, 8]
+    rec = np.concatenate([b[:, :, 208:210], b[:, :, 192:208],
+                          np.concatenate([nib, hb], axis=-1).reshape(n, nsb, 192)], axis=-1)  # [n, nsb, 210]
+    tiles = rec.reshape(n // 4, 4, nsb, 210).transpose(0, 2, 1, 3)
+    data = torch.from_numpy(np.ascontiguousarray(tiles).reshape(n, nsb * 210))
+    return QWeight(6, 16, data, torch.empty(n, 0, dtype=torch.float32), None, tiled=True)
+
+
 def _repack_q6k(b: np.ndarray, n: int, k: int) -> QWeight:
     """Q6_K blocks [N, nb, 210] -> int8 group 16. Per 128 weights (half h of a super-block), 64 bytes of ql and 32 of
     qh: rows of 32 weights j = 0..3 take ql byte (j % 2) * 32 + l, low nibble for j < 2 else high, and the 2 bits of

@@ -15,6 +15,9 @@ from torch import nn
 from tqdm import tqdm
 
 from hearth.config import EngineArgs, HFConfig, ModelConfig, resolve_dtype
+from hearth.kernels import quant, quant_gguf
+from hearth.kernels.quant import QWeight
+from hearth.kernels.quant_gguf import GGUFBlocks
 from hearth.loader import hugepages
 from hearth.loader.errors import LoadError
 from hearth.loader.hf_folder import iter_safetensors, read_generation_config, read_hf_config, safetensors_files
@@ -114,6 +117,15 @@ def _max_len(hf_cfg: HFConfig, requested: int | None) -> int:
     return requested
 
 
+def _head_weight(head: GGUFBlocks) -> QWeight:
+    """A GGUF LM head's kept blocks, repacked: a Q6_K head (llama-quantize's choice beside Q4_0 / Q4_K layers) as
+    6-bit tiles where the kernels run (54 MB instead of 82 MB of int8 for a 32000 x 2048 head; exact either way)."""
+    n, k = head.shape
+    if head.type_name == "Q6_K" and quant.Q6_TILES and quant.available() and n % 4 == 0 and k % 256 == 0:
+        return quant_gguf.repack_q6_tiles(head)
+    return head.repack()
+
+
 def load_model(args: EngineArgs) -> LoadedModel:
     path = _check_path(args.model) if args.model else default_model_path()
     t0 = time.perf_counter()
@@ -196,7 +208,7 @@ def _load_gguf(path: str, args: EngineArgs) -> LoadedModel:
         if head is not None and tuple(head.shape) == (hf_cfg["vocab_size"], hf_cfg["hidden_size"]):
             # The LM head reads the largest matrix of a small model every step: keep it in its (exactly
             # repacked) blocks too.
-            model.lm_head_qweight = head.repack()
+            model.lm_head_qweight = _head_weight(head)
             # compute_logits reads only the blocks now: free the dense copy (TinyLlama Q4_0: 131 MB of fp16)
             model.lm_head.weight = nn.Parameter(torch.empty(0, dtype=model.lm_head.weight.dtype), requires_grad=False)
     eos = list(ckpt.eos_token_ids) or _eos_ids({}, hf_cfg, tokenizer)

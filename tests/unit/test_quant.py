@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from gguf import GGMLQuantizationType as Q
 
 from hearth import kernels
-from hearth.kernels import quant
+from hearth.kernels import quant, quant_gguf
 from hearth.kernels.quant_gguf import KEPT_NAMES, GGUFBlocks
 from hearth.layers.linear import Linear
 from hearth.layers.quant_linear import QuantLinear, parse_scheme, quantize_model
@@ -342,3 +342,40 @@ def test_quant_linear_tiles_int4_g32_only() -> None:
         assert lin.qweight.tiled == tiled and lin.weight.data_ptr() == lin.qweight.data.data_ptr()
         plain = quant.untile_rows4(lin.qweight)
         assert torch.equal(lin(x), quant.linear(x, plain))
+
+
+@pytest.mark.parametrize("N,K", [(8, 256), (36, 768), (64, 2048)])
+def test_q6_tiles_are_exact(N: int, K: int) -> None:
+    """GGUF Q6_K in 6-bit tiles (the LM head's decode format): 210 bytes per 256 weights like the file, the same
+    floats as gguf's dequantize, and every kernel path bit-identical to the int8 group-16 repack."""
+    gb = GGUFBlocks(int(Q.Q6_K), (N, K), torch.from_numpy(np.ascontiguousarray(_k_blocks(Q.Q6_K, N, K, seed=N))))
+    t, plain = quant_gguf.repack_q6_tiles(gb), gb.repack()
+    assert t.bits == 6 and t.tiled and t.kernel_code == 4 and t.shape == (N, K) and t.nbytes() == N * K // 256 * 210
+    back = quant.untile_rows4(t)
+    assert torch.equal(back.data, plain.data) and torch.equal(back.scales, plain.scales)
+    assert torch.equal(quant.dequantize(t), gb.dequantize())
+    if quant.available():
+        g = torch.Generator().manual_seed(K)
+        bias = torch.randn(N, generator=g)
+        for isa in _isas():
+            for m in (1, 3, 40):
+                x = torch.randn(m, K, generator=g)
+                for act in ("int8", "int8x2", "float"):
+                    got, want = quant._run(x, t, bias, isa, act), quant._run(x, plain, bias, isa, act)
+                    assert torch.equal(got, want), (isa, m, act)
+        assert torch.equal(quant.dequantize_rows(t, 1, N - 2), quant.dequantize_rows(plain, 1, N - 2))
+        ids = torch.tensor([N - 1, 0, 2, 1, 2])
+        assert torch.equal(quant.dequantize_gather(t, ids), quant.dequantize_gather(plain, ids))
+    with pytest.raises(ValueError, match="repack_q6_tiles"):
+        quant_gguf.repack_q6_tiles(GGUFBlocks(int(Q.Q6_K), (N - 1, K), gb.data[:N - 1]))
+
+
+def test_gguf_q6k_head_is_kept_in_6bit_tiles() -> None:
+    from hearth.loader.model_loader import _head_weight
+
+    gb = GGUFBlocks(int(Q.Q6_K), (64, 512), torch.from_numpy(np.ascontiguousarray(_k_blocks(Q.Q6_K, 64, 512))))
+    head = _head_weight(gb)
+    assert (head.bits == 6) == (quant.Q6_TILES and quant.available())
+    assert torch.equal(quant.dequantize(head), gb.dequantize())
+    odd = GGUFBlocks(int(Q.Q6_K), (63, 512), gb.data[:63])  # N % 4 != 0: the int8 repack
+    assert _head_weight(odd).bits == 8

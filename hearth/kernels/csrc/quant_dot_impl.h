@@ -432,6 +432,62 @@ static inline void m1_tile(const Problem& a, const XQ& xq, const TileGeo& g, int
   }
 }
 
+// M = 1, one tile of 6-bit weights (Problem::q6, kQ6Rec in quant.cpp). Per block of 32: the unsigned 6-bit values u
+// (low nibbles | high bits << 4) times x by maddubs, minus 32 * the sum of x (the same int32 per lane as the int8
+// kernel's w . x with w = u - 32), then the int8 group-16 kernel's float step (dx * [s(2b) x4, s(2b + 1) x4], one
+// fma), so the result is bit-identical to micro_i8 on the unpacked weights. x's side (loads, the 32 * sum term) is
+// shared by the tile's four rows.
+template <bool kX2>
+static inline void m1_q6_tile(const Problem& a, const XQ& xq, int64_t t) {
+  const int64_t nsb = a.K / 256;
+  const uint8_t* rec = static_cast<const uint8_t*>(a.w) + t * 4 * a.ldw;
+  const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(3), c32 = _mm256_set1_epi8(32);
+  const __m256i shifts = _mm256_setr_epi64x(0, 2, 4, 6), one = _mm256_set1_epi16(1), k254 = _mm256_set1_epi16(254);
+  __m256 acc[4];
+  for (int r = 0; r < 4; ++r) acc[r] = _mm256_setzero_ps();
+  alignas(32) float sf[4][16];
+  for (int64_t k = 0; k < nsb; ++k, rec += 4 * kQ6Rec) {
+    const char* pf = reinterpret_cast<const char*>(rec) + kPrefetchTileBytes;
+    for (int64_t l = 0; l < 4 * kQ6Rec; l += 64) _mm_prefetch(pf + l, _MM_HINT_T0);
+    for (int r = 0; r < 4; ++r) {  // the row's 16 scales d * sc, exact in fp32
+      const uint8_t* rr = rec + r * kQ6Rec;
+      const __m256 d = _mm256_set1_ps(_cvtsh_ss(uint16_t(rr[0] | rr[1] << 8)));
+      const __m128i sc = _mm_loadu_si128(reinterpret_cast<const __m128i*>(rr + 2));
+      _mm256_store_ps(sf[r], _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc))));
+      _mm256_store_ps(sf[r] + 8, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(sc, 8)))));
+    }
+    for (int b = 0; b < 8; ++b) {
+      const int64_t blk = 8 * k + b;
+      const __m256i x1 = ld256(xq.q + 32 * blk);
+      __m256i corr = _mm256_madd_epi16(_mm256_maddubs_epi16(c32, x1), kX2 ? k254 : one);
+      __m256i x2;
+      if constexpr (kX2) {
+        x2 = ld256(xq.q2 + 32 * blk);
+        corr = _mm256_add_epi32(corr, _mm256_madd_epi16(_mm256_maddubs_epi16(c32, x2), one));
+      }
+      const __m256 dx = _mm256_set1_ps(xq.d[blk]);
+      for (int r = 0; r < 4; ++r) {
+        const uint8_t* p = rec + r * kQ6Rec + 18 + 24 * b;
+        const __m128i nib = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+        int64_t h8;
+        std::memcpy(&h8, p + 16, 8);
+        const __m256i lo = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(nib, 4), nib), m4);
+        const __m256i hi = _mm256_slli_epi16(_mm256_and_si256(_mm256_srlv_epi64(_mm256_set1_epi64x(h8), shifts), m2), 4);
+        const __m256i u = _mm256_or_si256(lo, hi);
+        __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(u, x1), kX2 ? k254 : one);
+        if constexpr (kX2) dot = _mm256_add_epi32(dot, _mm256_madd_epi16(_mm256_maddubs_epi16(u, x2), one));
+        const __m256 f = _mm256_mul_ps(dx, pair_scales<1, float>(sf[r], b, 1));
+        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(dot, corr)), f, acc[r]);
+      }
+    }
+  }
+  for (int r = 0; r < 4; ++r) {
+    const int64_t o = 4 * t + r;
+    const float v = hsum8(acc[r]);
+    a.out[o] = a.bias ? v + a.bias[o] : v;
+  }
+}
+
 // 32 int8 weights x 32 int8 activations, signed x signed: |w| (u8) times x with w's sign.
 static inline __m256i i8_block(__m256i acc, __m256i w, const int8_t* qx) {
   const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qx));
@@ -533,6 +589,15 @@ constexpr int kStreamsM1 = 4;  // 2 and 3 streams measured no better (noisy)
 template <bool kX2>
 static void run_dot_t(const Problem& a, const XQ& xq, int64_t n_begin, int64_t n_end) {
   constexpr int64_t MB = kDotMR;
+  if (a.q6) {  // whole tiles, as below
+    if (a.M == 1) {
+      for (int64_t t = n_begin / 4; t < n_end / 4; ++t) m1_q6_tile<kX2>(a, xq, t);
+    } else {
+      thread_local TileScratch scratch;
+      for (int64_t t = n_begin / 4; t < n_end / 4; ++t) run_dot_t<kX2>(scratch.view(a, TileGeo(a), t, t + 1), xq, 0, 4);
+    }
+    return;
+  }
   if (a.tiled) {  // whole tiles (n_begin, n_end multiples of 4)
     const TileGeo g(a);
     if (a.M == 1) {
