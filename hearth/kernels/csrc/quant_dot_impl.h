@@ -368,6 +368,13 @@ static inline void m1_u4_g32(const Problem& a, const XQ& xq, int64_t n0, int64_t
   a.out[n0 + 3 * rs] = u4_output(a, acc3, s3, xq.xs, ng, n0 + 3 * rs);
 }
 
+// 8 fp32 / fp16 scales (or mins) at p as fp32, natural order.
+template <class S>
+static inline __m256 load8(const uint8_t* p) {
+  if constexpr (sizeof(S) == 4) return _mm256_loadu_ps(reinterpret_cast<const float*>(p));
+  else return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
 // M = 1, one 4-row tile (Problem::tiled, TileGeo in quant.cpp): m1_u4_g32's arithmetic with each record's scales
 // (and mins) read inline, so its result is bit-identical to the plain layout's: the quads as there, the leftover
 // pairs of the last record per pair, and the mins' part sum_b min_b * xs_b accumulated in dot_s's lane order.
@@ -388,10 +395,6 @@ static inline void m1_tile(const Problem& a, const XQ& xq, const TileGeo& g, int
     if constexpr (kX2) return D::dot2_x2(l, x0, h, x1, ld256(q2 + 64 * j), ld256(q2 + 64 * j + 32));
     else return D::dot2(_mm256_setzero_si256(), l, x0, h, x1);
   };
-  auto load8 = [](const uint8_t* p) __attribute__((always_inline)) {  // 8 scales / mins, natural order
-    if constexpr (sizeof(S) == 4) return _mm256_loadu_ps(reinterpret_cast<const float*>(p));
-    else return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  };
   for (int64_t k = 0; k < g.nq; ++k, rec += g.rec) {
     const char* pf = reinterpret_cast<const char*>(rec) + kPrefetchTileBytes;
     for (int64_t l = 0; l < g.rec; l += 64) _mm_prefetch(pf + l, _MM_HINT_T0);
@@ -401,10 +404,10 @@ static inline void m1_tile(const Problem& a, const XQ& xq, const TileGeo& g, int
     for (int r = 0; r < 4; ++r) {
       const uint8_t* w = rec + kQ + 128 * r;
       const __m256i sum = fold4(dotp(w, j), dotp(w + 32, j + 1), dotp(w + 64, j + 2), dotp(w + 96, j + 3));
-      const __m256 s8 = load8(rec + kSB * r);
+      const __m256 s8 = load8<S>(rec + kSB * r);
       acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(dx, _mm256_permutevar8x32_ps(s8, order)),
                                acc[r]);
-      ms[r] = _mm256_fmadd_ps(kMins ? load8(rec + 4 * kSB + kSB * r) : s8, xs, ms[r]);
+      ms[r] = _mm256_fmadd_ps(kMins ? load8<S>(rec + 4 * kSB + kSB * r) : s8, xs, ms[r]);
     }
   }
   float mt[4];
