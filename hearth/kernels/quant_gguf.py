@@ -9,7 +9,8 @@ Only integer moves and the per-block scales are touched; the weights never pass 
                                          sub-blocks 2j and 2j+1 in the low / high nibbles of the same 32 bytes)
   Q6_K (256-weight super-blocks: 128 bytes of low nibbles, 64 of 2-bit highs, 16 int8 scales, fp16 d)
                                       -> int8, group 16, scale d * sc, q = 6-bit value - 32 (the head llama-quantize
-                                         writes beside Q4_0 layers, and Q4_K_M's ffn_down / attn_v)
+                                         writes beside Q4_0 layers, and Q4_K_M's ffn_down / attn_v); an untied LM
+                                         head instead keeps its 6-bit values in tiles (repack_q6_tiles)
 Each repack dequantizes (hearth.kernels.quant.dequantize) to exactly gguf.quants.dequantize's floats.
 """
 from __future__ import annotations
