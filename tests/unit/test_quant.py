@@ -295,13 +295,28 @@ def test_gguf_loader_raw_blocks_match_dequantized(tmp_path: Path) -> None:
             assert dense[name].dtype == torch.float16 and torch.equal(exact.half(), dense[name]), name
 
 
+def _assert_same_results(t: quant.QWeight, plain: quant.QWeight, g: torch.Generator) -> None:
+    """Every kernel path (each ISA, M = 1 / 3 / 40, each activation mode, dequantized rows, gathers) gives
+    bit-identical results on the tiled weight t and its plain layout."""
+    n, k = plain.shape
+    bias = torch.randn(n, generator=g)
+    for isa in _isas():
+        for m in (1, 3, 40):
+            x = torch.randn(m, k, generator=g)
+            for act in ("int8", "int8x2", "float"):
+                got, want = quant._run(x, t, bias, isa, act), quant._run(x, plain, bias, isa, act)
+                assert torch.equal(got, want), (isa, m, act)
+    assert torch.equal(quant.dequantize_rows(t, 1, n - 2), quant.dequantize_rows(plain, 1, n - 2))
+    ids = torch.tensor([n - 1, 0, 2, 1, 2])
+    assert torch.equal(quant.dequantize_gather(t, ids), quant.dequantize_gather(plain, ids))
+
+
 @pytest.mark.parametrize("N,K", [(8, 64), (12, 576), (16, 896), (4, 2048), (20, 1536)])
 def test_int4_tiles_are_exact(N: int, K: int) -> None:
     """4-row tiles (the decode layout of int4-g32) are a byte permutation: every kernel path gives bit-identical
     results to the plain layout, for fp16 / fp32 scales, with and without mins, K % 256 != 0 tails included."""
     g = torch.Generator().manual_seed(N + K)
     w = torch.randn(N, K, generator=g)
-    bias = torch.randn(N, generator=g)
     q = quant.quantize_int4(w, 32)
     for qw in (q, dataclasses.replace(q, mins=None), dataclasses.replace(q, scales=q.scales.half(), mins=q.mins.half()),
                dataclasses.replace(q, scales=q.scales.half(), mins=None)):
@@ -312,18 +327,10 @@ def test_int4_tiles_are_exact(N: int, K: int) -> None:
         assert torch.equal(back.data, qw.data) and torch.equal(back.scales, qw.scales)
         assert (back.mins is None) == (qw.mins is None) and (qw.mins is None or torch.equal(back.mins, qw.mins))
         assert torch.equal(quant.dequantize(t), quant.dequantize(qw))
-        if not quant.available():
-            continue
-        for isa in _isas():
-            for m in (1, 3, 40):
-                x = torch.randn(m, K, generator=g)
-                for act in ("int8", "int8x2", "float"):
-                    got, want = quant._run(x, t, bias, isa, act), quant._run(x, qw, bias, isa, act)
-                    assert torch.equal(got, want), (isa, m, act)
-        assert torch.equal(quant.dequantize_rows(t, 1, N - 2), quant.dequantize_rows(qw, 1, N - 2))
         ids = torch.tensor([N - 1, 0, 2, 1, 2])
-        assert torch.equal(quant.dequantize_gather(t, ids), quant.dequantize_gather(qw, ids))
         assert torch.equal(quant.dequantize(t.index_rows(ids)), quant.dequantize(qw.index_rows(ids)))
+        if quant.available():
+            _assert_same_results(t, qw, g)
     with pytest.raises(ValueError, match="tile_rows4"):
         quant.tile_rows4(quant.quantize_int4(w, 64) if K % 64 == 0 else quant.quantize_int8(w))
     with pytest.raises(ValueError, match="tile_rows4"):
@@ -355,17 +362,7 @@ def test_q6_tiles_are_exact(N: int, K: int) -> None:
     assert torch.equal(back.data, plain.data) and torch.equal(back.scales, plain.scales)
     assert torch.equal(quant.dequantize(t), gb.dequantize())
     if quant.available():
-        g = torch.Generator().manual_seed(K)
-        bias = torch.randn(N, generator=g)
-        for isa in _isas():
-            for m in (1, 3, 40):
-                x = torch.randn(m, K, generator=g)
-                for act in ("int8", "int8x2", "float"):
-                    got, want = quant._run(x, t, bias, isa, act), quant._run(x, plain, bias, isa, act)
-                    assert torch.equal(got, want), (isa, m, act)
-        assert torch.equal(quant.dequantize_rows(t, 1, N - 2), quant.dequantize_rows(plain, 1, N - 2))
-        ids = torch.tensor([N - 1, 0, 2, 1, 2])
-        assert torch.equal(quant.dequantize_gather(t, ids), quant.dequantize_gather(plain, ids))
+        _assert_same_results(t, plain, torch.Generator().manual_seed(K))
     with pytest.raises(ValueError, match="repack_q6_tiles"):
         quant_gguf.repack_q6_tiles(GGUFBlocks(int(Q.Q6_K), (N - 1, K), gb.data[:N - 1]))
 
