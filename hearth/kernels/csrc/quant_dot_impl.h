@@ -592,27 +592,20 @@ constexpr int kStreamsM1 = 4;  // 2 and 3 streams measured no better (noisy)
 template <bool kX2>
 static void run_dot_t(const Problem& a, const XQ& xq, int64_t n_begin, int64_t n_end) {
   constexpr int64_t MB = kDotMR;
-  if (a.q6) {  // whole tiles, as below
-    if (a.M == 1) {
+  if (tiles_of(a)) {  // whole tiles (n_begin, n_end multiples of 4)
+    const TileGeo g(a);
+    if (a.M > 1) {  // each tile unpacked once (L1), then the plain kernels on it
+      thread_local TileScratch scratch;
+      for (int64_t t = n_begin / 4; t < n_end / 4; ++t) run_dot_t<kX2>(scratch.view(a, g, t, t + 1), xq, 0, 4);
+    } else if (a.q6) {
       for (int64_t t = n_begin / 4; t < n_end / 4; ++t) m1_q6_tile<kX2>(a, xq, t);
     } else {
-      thread_local TileScratch scratch;
-      for (int64_t t = n_begin / 4; t < n_end / 4; ++t) run_dot_t<kX2>(scratch.view(a, TileGeo(a), t, t + 1), xq, 0, 4);
-    }
-    return;
-  }
-  if (a.tiled) {  // whole tiles (n_begin, n_end multiples of 4)
-    const TileGeo g(a);
-    if (a.M == 1) {
       for (int64_t t = n_begin / 4; t < n_end / 4; ++t) {
         if (a.sf16)
           a.tmins ? m1_tile<kX2, uint16_t, true>(a, xq, g, t) : m1_tile<kX2, uint16_t, false>(a, xq, g, t);
         else
           a.tmins ? m1_tile<kX2, float, true>(a, xq, g, t) : m1_tile<kX2, float, false>(a, xq, g, t);
       }
-    } else {  // M > 1: each tile unpacked once (L1), then the plain kernels on it
-      thread_local TileScratch scratch;
-      for (int64_t t = n_begin / 4; t < n_end / 4; ++t) run_dot_t<kX2>(scratch.view(a, g, t, t + 1), xq, 0, 4);
     }
     return;
   }
