@@ -82,8 +82,9 @@ class QWeight:
     data: torch.Tensor  # int8 [N, K] | uint8 [N, K/2]
     scales: torch.Tensor  # fp32 [N, K/group], or fp16 (GGUF's own scales, see scale_f16)
     mins: torch.Tensor | None  # [N, K/group] like scales, int4 only; None for symmetric int4 (GGUF Q4_0): -8 scale
-    # int4 group 32 only (tile_rows4): `data` holds 4-row tiles with the scales (and mins) inline, uint8 [N, the plain
-    # row's bytes]; `scales` (and `mins`, if any) are then empty [N, 0] tensors that only carry the dtype.
+    # 4-row tiles (tile_rows4: int4 group 32; quant_gguf.repack_q6_tiles: bits 6, GGUF Q6_K): `data` holds the tiles
+    # with the scales (and mins) inline, uint8 [N, the plain row's bytes]; `scales` (and `mins`, if any) are then
+    # empty [N, 0] tensors that only carry the dtype.
     tiled: bool = False
 
     def __post_init__(self) -> None:
@@ -237,10 +238,9 @@ def tile_rows4(qw: QWeight) -> QWeight:
     views = [p.contiguous().view(torch.uint8).view(t, 4, npairs, -1) for p in parts]
     views.append(qw.data.contiguous().view(t, 4, npairs, 32))
     records = []
-    for a, b in ((0, 4 * nq), (4 * nq, npairs)):
+    for a, b, m in ((0, 4 * nq, nq), (4 * nq, npairs, 1)):  # the full records, then the last (if any)
         if b > a:
             # [t, 4, pairs, bytes] -> [t, records, 4 rows x pairs-of-record x bytes] per part, parts side by side
-            m = (b - a) // 4 if b - a >= 4 and a == 0 else 1
             cols = [v[:, :, a:b].reshape(t, 4, m, -1).permute(0, 2, 1, 3).reshape(t, m, -1) for v in views]
             records.append(torch.cat(cols, dim=2).reshape(t, -1))
     data = torch.cat(records, dim=1).reshape(n, -1).contiguous()
@@ -264,9 +264,8 @@ def untile_rows4(qw: QWeight) -> QWeight:
     flat = qw.data.reshape(t, -1)
     pieces: list[list[torch.Tensor]] = [[] for _ in sizes]
     off = 0
-    for a, b in ((0, 4 * nq), (4 * nq, npairs)):
+    for a, b, m in ((0, 4 * nq, nq), (4 * nq, npairs, 1)):  # as tile_rows4
         if b > a:
-            m = (b - a) // 4 if b - a >= 4 and a == 0 else 1
             per = (b - a) // m  # pairs per record
             rec = flat[:, off:off + m * 4 * per * sum(sizes)].reshape(t, m, -1)
             off += m * 4 * per * sum(sizes)
