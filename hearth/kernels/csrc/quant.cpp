@@ -266,8 +266,32 @@ struct T {
 }  // namespace avx512
 #pragma GCC pop_options
 
-// AVX-512 VNNI (Cascade Lake+, Zen 4): the same 256-bit integer-dot code with vpdpbusd (EVEX, needs VL). Chosen at
-// run time by __builtin_cpu_supports; never executed on the AVX2-only development machine.
+// AVX-512BW without VNNI (Skylake-SP / -X): avx2's integer dots, plus 512-bit ones for the M = 1 int4 tiles
+// (HQ_ZMM: tile_records_zmm, which has the measurements).
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl")
+namespace avx512bw {
+struct D : avx2::D {
+  // (int4 weights: |u1.s1 pair| + |u2.s2 pair| < 2^15, as avx2::D::dot2)
+  static inline __m512i dot2_zmm(__m512i u1, __m512i s1, __m512i u2, __m512i s2) {
+    const __m512i p = _mm512_add_epi16(_mm512_maddubs_epi16(u1, s1), _mm512_maddubs_epi16(u2, s2));
+    return _mm512_madd_epi16(p, _mm512_set1_epi16(1));
+  }
+  static inline __m512i dot2_x2_zmm(__m512i u1, __m512i s1, __m512i u2, __m512i s2, __m512i t1, __m512i t2) {
+    const __m512i p = _mm512_add_epi16(_mm512_maddubs_epi16(u1, s1), _mm512_maddubs_epi16(u2, s2));
+    const __m512i q = _mm512_add_epi16(_mm512_maddubs_epi16(u1, t1), _mm512_maddubs_epi16(u2, t2));
+    return _mm512_add_epi32(_mm512_madd_epi16(p, _mm512_set1_epi16(254)), _mm512_madd_epi16(q, _mm512_set1_epi16(1)));
+  }
+};
+#define HQ_ZMM 1
+#include "quant_dot_impl.h"
+#undef HQ_ZMM
+}  // namespace avx512bw
+#pragma GCC pop_options
+
+// AVX-512 VNNI (Cascade Lake+, Zen 4): the same integer-dot code with vpdpbusd (EVEX, needs VL), 512-bit for the M = 1
+// int4 tiles. Chosen at run time by __builtin_cpu_supports; not executed on the machines this was developed on
+// (2-core AVX2 Zen 3, then AVX-512BW Skylake-SP without VNNI).
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")
 namespace vnni {
@@ -283,8 +307,18 @@ struct D {
   static inline __m256i dot2_x2(__m256i u1, __m256i s1, __m256i u2, __m256i s2, __m256i t1, __m256i t2) {
     return dot2(times254(dot2(_mm256_setzero_si256(), u1, s1, u2, s2)), u1, t1, u2, t2);
   }
+  static inline __m512i dot2_zmm(__m512i u1, __m512i s1, __m512i u2, __m512i s2) {
+    return _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), u1, s1), u2, s2);
+  }
+  static inline __m512i dot2_x2_zmm(__m512i u1, __m512i s1, __m512i u2, __m512i s2, __m512i t1, __m512i t2) {
+    const __m512i p = dot2_zmm(u1, s1, u2, s2);
+    const __m512i p254 = _mm512_sub_epi32(_mm512_slli_epi32(p, 8), _mm512_slli_epi32(p, 1));
+    return _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(p254, u1, t1), u2, t2);
+  }
 };
+#define HQ_ZMM 1
 #include "quant_dot_impl.h"
+#undef HQ_ZMM
 }  // namespace vnni
 #pragma GCC pop_options
 
@@ -404,7 +438,7 @@ static int linear_dot(const void* x, int x_dtype, int64_t M, int64_t K, int64_t 
   if (M <= 0 || N <= 0) return 0;
   if (int4 >= 2 && N % 4) return -5;  // (tiles)
   static const bool has_vnni = __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl");
-  const bool use_vnni = isa == kISA_AVX512 && has_vnni;
+  const bool use_vnni = isa == kISA_AVX512 && has_vnni, use_bw = isa == kISA_AVX512 && !has_vnni;
   std::vector<float> buf;
   const float* xp = pack_x(x, x_dtype, M, K, ldx, buf);
   const int code = int4;
@@ -431,6 +465,8 @@ static int linear_dot(const void* x, int x_dtype, int64_t M, int64_t K, int64_t 
       const int64_t n0 = c0 * 4, n1 = std::min(N, c1 * 4);
       if (use_vnni)
         vnni::run_dot(p, xq, n0, n1);
+      else if (use_bw)
+        avx512bw::run_dot(p, xq, n0, n1);
       else
         avx2::run_dot(p, xq, n0, n1);
     };
