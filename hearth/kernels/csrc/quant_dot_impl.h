@@ -589,6 +589,75 @@ static inline void m1_q6_tile(const Problem& a, const XQ& xq, int64_t t) {
   }
 }
 
+#if HQ_ZMM
+// m1_q6_tile with 512-bit integer dots: a zmm holds two blocks of one row, unpacked in natural order from the 48
+// bytes at the pair (one masked load, two qword permutes: the nibbles to [lo(b) | hi(b) | lo(b+1) | hi(b+1)], the
+// high-bit bytes to each 8-element quarter, then a per-qword shift / rotate lines the fields up), so x is read as
+// is. The int32 lanes are the 256-bit kernel's (lanes 0..7 block b, 8..15 block b + 1) and each block's float step is
+// the same convert, multiply and fma, block b before b + 1: bit-identical to m1_q6_tile.
+// A 32000 x 2048 head (54 MB) on the 2-core Skylake-SP VM, alternated in one process: 4.88 vs 7.03 ms (1.44x).
+template <bool kX2>
+static inline void m1_q6_tile_zmm(const Problem& a, const XQ& xq, int64_t t) {
+  const int64_t nsb = a.K / 256;
+  const uint8_t* rec = static_cast<const uint8_t*>(a.w) + t * 4 * a.ldw;
+  const __m512i lo_idx = _mm512_setr_epi64(0, 1, 0, 1, 3, 4, 3, 4), hi_idx = _mm512_setr_epi64(2, 2, 2, 2, 5, 5, 5, 5);
+  const __m512i lo_shift = _mm512_setr_epi64(0, 0, 4, 4, 0, 0, 4, 4);
+  // element e's 2 high bits sit at bits 2 (e / 8 % 4) of its byte: rotated to bits 4..5 (62 = right by 2)
+  const __m512i hi_rot = _mm512_setr_epi64(4, 2, 0, 62, 4, 2, 0, 62);
+  const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30), c32 = _mm512_set1_epi8(32);
+  const __m512i one = _mm512_set1_epi16(1), k254 = _mm512_set1_epi16(254);
+  constexpr __mmask64 k48 = (__mmask64(1) << 48) - 1;
+  __m512i sidx[4];  // pair p's scale lanes: [s(4p) x4, s(4p + 1) x4, s(4p + 2) x4, s(4p + 3) x4]
+  for (int p = 0; p < 4; ++p)
+    sidx[p] = _mm512_add_epi32(_mm512_set1_epi32(4 * p),
+                               _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3));
+  __m256 acc[4];
+  for (int r = 0; r < 4; ++r) acc[r] = _mm256_setzero_ps();
+  for (int64_t k = 0; k < nsb; ++k, rec += 4 * kQ6Rec) {
+    const char* pf = reinterpret_cast<const char*>(rec) + kPrefetchTileBytes;
+    for (int64_t l = 0; l < 4 * kQ6Rec; l += 64) _mm_prefetch(pf + l, _MM_HINT_T0);
+    __m512 sf[4];  // each row's 16 scales d * sc, exact in fp32
+    for (int r = 0; r < 4; ++r) {
+      const uint8_t* rr = rec + r * kQ6Rec;
+      const __m128i sc = _mm_loadu_si128(reinterpret_cast<const __m128i*>(rr + 2));
+      sf[r] = _mm512_mul_ps(_mm512_set1_ps(_cvtsh_ss(uint16_t(rr[0] | rr[1] << 8))),
+                            _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(sc)));
+    }
+    for (int p = 0; p < 4; ++p) {
+      const int64_t blk = 8 * k + 2 * p;
+      const __m512i x1 = _mm512_loadu_si512(xq.q + 32 * blk);
+      __m512i corr = _mm512_madd_epi16(_mm512_maddubs_epi16(c32, x1), kX2 ? k254 : one);
+      __m512i x2;
+      if constexpr (kX2) {
+        x2 = _mm512_loadu_si512(xq.q2 + 32 * blk);
+        corr = _mm512_add_epi32(corr, _mm512_madd_epi16(_mm512_maddubs_epi16(c32, x2), one));
+      }
+      const __m512 dx = _mm512_castpd_ps(_mm512_insertf64x4(
+          _mm512_castps_pd(_mm512_castps256_ps512(_mm256_set1_ps(xq.d[blk]))),
+          _mm256_castps_pd(_mm256_set1_ps(xq.d[blk + 1])), 1));
+      for (int r = 0; r < 4; ++r) {
+        const __m512i raw = _mm512_maskz_loadu_epi8(k48, rec + r * kQ6Rec + 18 + 48 * p);
+        const __m512i lo = _mm512_and_si512(_mm512_srlv_epi64(_mm512_permutexvar_epi64(lo_idx, raw), lo_shift), m4);
+        const __m512i hi = _mm512_rolv_epi64(_mm512_permutexvar_epi64(hi_idx, raw), hi_rot);
+        const __m512i u = _mm512_ternarylogic_epi32(hi, m30, lo, 0xEA);  // (hi & 0x30) | lo
+        __m512i dot = _mm512_madd_epi16(_mm512_maddubs_epi16(u, x1), kX2 ? k254 : one);
+        if constexpr (kX2) dot = _mm512_add_epi32(dot, _mm512_madd_epi16(_mm512_maddubs_epi16(u, x2), one));
+        const __m512 prod = _mm512_cvtepi32_ps(_mm512_sub_epi32(dot, corr));
+        const __m512 f = _mm512_mul_ps(dx, _mm512_permutexvar_ps(sidx[p], sf[r]));
+        acc[r] = _mm256_fmadd_ps(_mm512_castps512_ps256(prod), _mm512_castps512_ps256(f), acc[r]);
+        acc[r] = _mm256_fmadd_ps(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(prod), 1)),
+                                 _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(f), 1)), acc[r]);
+      }
+    }
+  }
+  for (int r = 0; r < 4; ++r) {
+    const int64_t o = 4 * t + r;
+    const float v = hsum8(acc[r]);
+    a.out[o] = a.bias ? v + a.bias[o] : v;
+  }
+}
+#endif
+
 // 32 int8 weights x 32 int8 activations, signed x signed: |w| (u8) times x with w's sign.
 static inline __m256i i8_block(__m256i acc, __m256i w, const int8_t* qx) {
   const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qx));
@@ -696,7 +765,11 @@ static void run_dot_t(const Problem& a, const XQ& xq, int64_t n_begin, int64_t n
       thread_local TileScratch scratch;
       for (int64_t t = n_begin / 4; t < n_end / 4; ++t) run_dot_t<kX2>(scratch.view(a, g, t, t + 1), xq, 0, 4);
     } else if (a.q6) {
+#if HQ_ZMM
+      for (int64_t t = n_begin / 4; t < n_end / 4; ++t) m1_q6_tile_zmm<kX2>(a, xq, t);
+#else
       for (int64_t t = n_begin / 4; t < n_end / 4; ++t) m1_q6_tile<kX2>(a, xq, t);
+#endif
     } else {
       for (int64_t t = n_begin / 4; t < n_end / 4; ++t) {
         if (a.sf16)
