@@ -50,6 +50,8 @@ def _qweights(w: torch.Tensor) -> list[quant.QWeight]:
     # fp16 scales (and mins), as GGUF Q8_0 / Q4_0 / Q4_1 keep them
     out += [dataclasses.replace(q, scales=q.scales.half(), mins=None if q.mins is None else q.mins.half())
             for q in (out[1], out[2], out[-1])]
+    # int8 with groups of 2 blocks (the AVX-512 M = 1 kernel's general scale walk)
+    out += [quant.quantize_int8(w, 64)] if k % 64 == 0 else []
     return out
 
 
