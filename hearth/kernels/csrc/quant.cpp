@@ -162,7 +162,7 @@ struct XQ {
   const float* xs;    // int4: [M][K / G] per-group sums of the dequantized x; else nullptr
   int64_t ld_d, ld_xs;
   const int8_t* q2;   // two-term mode ("int8x2"): the residual's int8 [M][K], same layout as q; else nullptr
-  const float* dn;    // one-row chunk, int4: [nb] dx per block in natural order (the folded M = 1 loop); else nullptr
+  const float* dn;    // int4: [M][nb] dx per block in natural order (the folded M = 1 loops); else nullptr
   const int16_t* x16; // one-row chunk, int8 weights (not 16-weight groups), AVX-512: q widened (int8x2: 254 q + q2)
 };
 
@@ -449,7 +449,7 @@ static int linear_dot(const void* x, int x_dtype, int64_t M, int64_t K, int64_t 
   constexpr int64_t MB = 32;
   const int64_t mb_max = std::min(MB, M);
   std::vector<int8_t> q(mb_max * K), q2(x2 ? mb_max * K : 0);
-  std::vector<float> d(mb_max * ld_d), xs(std::max<int64_t>(1, mb_max * ld_xs)), dn(int4 ? nb + 8 : 0);
+  std::vector<float> d(mb_max * ld_d), xs(std::max<int64_t>(1, mb_max * ld_xs)), dn(int4 ? mb_max * nb + 8 : 0);
   std::vector<int16_t> x16(M == 1 && code == 0 ? K : 0);
   for (int64_t m0 = 0; m0 < M; m0 += MB) {
     const int64_t mb = std::min(MB, M - m0);
@@ -457,15 +457,16 @@ static int linear_dot(const void* x, int x_dtype, int64_t M, int64_t K, int64_t 
       avx2::quantize_x_row(xp + (m0 + m) * K, K, int4 != 0, group, q.data() + m * K, d.data() + m * ld_d,
                            int4 ? xs.data() + m * ld_xs : nullptr, x2 ? q2.data() + m * K : nullptr);
     const Problem p = make_problem(nullptr, w, ldw, scales, mins, ldg, group, bias, out + m0 * N, mb, N, K, code, sf16);
-    // A one-row chunk, int4: dx per block in natural order as well (from the pair layout: dxA at 8j, dxB at 8j + 4).
-    if (mb == 1 && int4)
-      for (int64_t b = 0; b < nb; ++b) dn[b] = d[(b / 2) * 8 + (b % 2) * 4];
+    // int4: dx per block in natural order as well (from the pair layout: dxA at 8j, dxB at 8j + 4), per row.
+    if (int4)
+      for (int64_t m = 0; m < mb; ++m)
+        for (int64_t b = 0; b < nb; ++b) dn[m * nb + b] = d[m * ld_d + (b / 2) * 8 + (b % 2) * 4];
     // A one-row chunk, int8 weights, AVX-512: x as int16 for m1_i8_zmm (exact: |254 q + q2| <= 32385).
     const bool wide = M == 1 && code == 0 && group != 16 && (use_vnni || use_bw);
     if (wide)
       for (int64_t k = 0; k < K; ++k) x16[k] = int16_t(x2 ? 254 * q[k] + q2[k] : q[k]);
     const XQ xq{q.data(), d.data(), int4 ? xs.data() : nullptr, ld_d, ld_xs, x2 ? q2.data() : nullptr,
-                mb == 1 && int4 ? dn.data() : nullptr, wide ? x16.data() : nullptr};
+                int4 ? dn.data() : nullptr, wide ? x16.data() : nullptr};
     // Rows in units of 4 (the M = 1 tile): split evenly between threads, or for M = 1 in ~16 chunks per thread.
     auto rows = [&](int64_t c0, int64_t c1) {
       const int64_t n0 = c0 * 4, n1 = std::min(N, c1 * 4);

@@ -809,6 +809,24 @@ static inline void micro_dot_mr(int mr, const Problem& a, const XQ& xq, int64_t 
   }
 }
 
+// int4 with 32-weight groups and an even block count: the folded M = 1 kernels' domain (m1_u4_g32, m1_tile).
+static inline bool u4_g32(const Problem& a) { return a.int4 && !a.tiled && a.sb_per_group == 1 && a.K % 64 == 0; }
+
+// Row m of a Problem / of its quantized x, as a one-row problem (M > 1 int4-g32: the M = 1 kernels row by row).
+// 2-core Skylake-SP VM, an 11264 x 2048 int4 tile weight (ms, M = 2 / 8 / 32): 4.8 / 16.0 / 63 before (tile
+// unpacked, then micro_u4), 1.9 / 7.4 / 31 now; a 32000 x 2048 Q6_K head at M = 8: 293 -> 50 ms (its tiles were
+// unpacked to int8 by a scalar loop).
+static inline Problem row_of(const Problem& a, int64_t m) {
+  Problem p = a;
+  p.M = 1;
+  p.out = a.out + m * ldo_of(a);
+  return p;
+}
+static inline XQ row_of(const XQ& xq, const Problem& a, int64_t m) {
+  return XQ{xq.q + m * a.K, xq.d + m * xq.ld_d, xq.xs ? xq.xs + m * xq.ld_xs : nullptr, xq.ld_d, xq.ld_xs,
+            xq.q2 ? xq.q2 + m * a.K : nullptr, xq.dn ? xq.dn + m * (a.K / 32) : nullptr, nullptr};
+}
+
 // Output rows [n_begin, n_end) for all M rows of x. M == 1: kStreamsM1 streams, each its own contiguous run of
 // rows (see linear_impl.h run_rows), the last < kStreamsM1 rows one at a time; M > 1: up to kDotMR x rows per weight row, so each weight row (a few KiB) is unpacked once per x tile and re-read
 // from L1 by the next tile; x (M x K bytes, M <= 32 per call of this) stays in L2.
@@ -821,9 +839,10 @@ static void run_dot_t(const Problem& a, const XQ& xq, int64_t n_begin, int64_t n
   constexpr int64_t MB = kDotMR;
   if (tiles_of(a)) {  // whole tiles (n_begin, n_end multiples of 4)
     const TileGeo g(a);
-    if (a.M > 1) {  // each tile unpacked once (L1), then the plain kernels on it
-      thread_local TileScratch scratch;
-      for (int64_t t = n_begin / 4; t < n_end / 4; ++t) run_dot_t<kX2>(scratch.view(a, g, t, t + 1), xq, 0, 4);
+    if (a.M > 1) {  // the M = 1 tile kernel for each x row in turn, the tile hot in L1 / L2 after the first (both
+      // equal the plain layout's M > 1 kernels: per output and x row the same integer sums and float steps)
+      for (int64_t t = n_begin / 4; t < n_end / 4; ++t)
+        for (int64_t m = 0; m < a.M; ++m) run_dot_t<kX2>(row_of(a, m), row_of(xq, a, m), 4 * t, 4 * t + 4);
     } else if (a.q6) {
 #if HQ_ZMM
       for (int64_t t = n_begin / 4; t < n_end / 4; ++t) m1_q6_tile_zmm<kX2>(a, xq, t);
@@ -840,9 +859,17 @@ static void run_dot_t(const Problem& a, const XQ& xq, int64_t n_begin, int64_t n
     }
     return;
   }
+  if (a.M > 1 && u4_g32(a)) {  // as the tiles above, so that both layouts give the same results
+    for (; n_begin + 4 <= n_end; n_begin += 4)
+      for (int64_t m = 0; m < a.M; ++m) {
+        const Problem p = row_of(a, m);
+        a.sf16 ? m1_u4_g32<kX2, uint16_t>(p, row_of(xq, a, m), n_begin, 1)
+               : m1_u4_g32<kX2, float>(p, row_of(xq, a, m), n_begin, 1);
+      }
+  }
   if (a.M == 1) {
     const int64_t len = (n_end - n_begin) / kStreamsM1;
-    const bool g32 = a.int4 && a.sb_per_group == 1 && a.K % 64 == 0 && kStreamsM1 == 4;
+    const bool g32 = u4_g32(a) && kStreamsM1 == 4;
     for (int64_t i = 0; i < len; ++i) {
       if (g32 && a.sf16)
         m1_u4_g32<kX2, uint16_t>(a, xq, n_begin + i, len);
