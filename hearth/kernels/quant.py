@@ -24,7 +24,9 @@ Decode kernels (M <= MAX_KERNEL_M), three variants (ACTIVATIONS; HEARTH_QUANT_AC
                     SmolLM2 Q4_1 greedy tokens equal the dequantized model's (tests/e2e/test_quant_smollm2.py).
   "int8"            x is quantized once per call to int8 blocks of 32 (scale amax / 127, round half to even; see
                     quantize_activations), then integer dot products (AVX2 maddubs + madd, or AVX-512 VNNI vpdpbusd
-                    where the CPU has it) and one float fma per block: llama.cpp's Q8 activation scheme. The result
+                    where the CPU has it; on AVX-512 the M = 1 int4 / 6-bit tile kernels use 512-bit dots and int8
+                    weights a vpmaddwd kernel on x widened to int16) and one float fma per block: llama.cpp's Q8
+                    activation scheme. M > 1 int4-g32 / 6-bit tiles run the M = 1 kernels x row by x row. The result
                     is exactly dequantized weights x int8-rounded activations up to fp32 summation order; vs fp32 x
                     each output moves by at most sum_k |w_k| * amax(block of k) / 254.
   "float"           x stays fp32 and weights are dequantized in registers: the dequantized float model's results up
