@@ -145,6 +145,17 @@ static inline __m256i u4_pair_x(__m256i lo, __m256i hi, const int8_t* qx, const 
   else return D::dot2_x2(lo, ld256(qx), hi, ld256(qx + 32), ld256(qx2), ld256(qx2 + 32));
 }
 
+// The integer dot vector of int4 pair j (its 32 bytes at w) against x's pair-permuted 64 bytes (+ the residual's).
+template <bool kX2>
+__attribute__((always_inline)) static inline __m256i pair_dot(const uint8_t* w, const XQ& xq, int64_t j) {
+  const __m256i mask = _mm256_set1_epi8(0x0F);
+  const __m256i b = ld256(reinterpret_cast<const int8_t*>(w));
+  const __m256i l = _mm256_and_si256(b, mask), h = _mm256_and_si256(_mm256_srli_epi16(b, 4), mask);
+  const __m256i x0 = ld256(xq.q + 64 * j), x1 = ld256(xq.q + 64 * j + 32);
+  if constexpr (kX2) return D::dot2_x2(l, x0, h, x1, ld256(xq.q2 + 64 * j), ld256(xq.q2 + 64 * j + 32));
+  else return D::dot2(_mm256_setzero_si256(), l, x0, h, x1);
+}
+
 // Scales (and mins) are fp32 or, S = uint16_t, fp16 (GGUF's own: widened exactly here).
 static inline float to_f32(float v) { return v; }
 static inline float to_f32(uint16_t v) { return _cvtsh_ss(v); }
@@ -315,20 +326,12 @@ static inline void m1_u4_g32(const Problem& a, const XQ& xq, int64_t n0, int64_t
   const uint8_t *w1 = w0 + ldw, *w2 = w1 + ldw, *w3 = w2 + ldw;
   const S* s0 = static_cast<const S*>(a.scales) + n0 * a.ldg;
   const S *s1 = s0 + ldg, *s2 = s1 + ldg, *s3 = s2 + ldg;
-  const int8_t* q = xq.q;
-  const int8_t* q2 = kX2 ? xq.q2 : xq.q;
   const float* d = xq.d;
-  const __m256i mask = _mm256_set1_epi8(0x0F);
   const __m256i order = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
   __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
   // Integer dot vector of pair j of row w against x.
   auto dotp = [&](const uint8_t* w, int64_t j) __attribute__((always_inline)) {
-    const int64_t o = j * 32;
-    const __m256i b = ld256(reinterpret_cast<const int8_t*>(w + o));
-    const __m256i l = _mm256_and_si256(b, mask), h = _mm256_and_si256(_mm256_srli_epi16(b, 4), mask);
-    const __m256i x0 = ld256(q + 2 * o), x1 = ld256(q + 2 * o + 32);
-    if constexpr (kX2) return D::dot2_x2(l, x0, h, x1, ld256(q2 + 2 * o), ld256(q2 + 2 * o + 32));
-    else return D::dot2(_mm256_setzero_si256(), l, x0, h, x1);
+    return pair_dot<kX2>(w + 32 * j, xq, j);
   };
   auto quad = [&](const uint8_t* w, const S* sc, __m256 dx, int64_t j, __m256& acc) __attribute__((always_inline)) {
     const __m256i sum = fold4(dotp(w, j), dotp(w, j + 1), dotp(w, j + 2), dotp(w, j + 3));
@@ -382,18 +385,8 @@ static inline __m256 load8(const uint8_t* p) {
 // tile_records_zmm; both leave the same per-lane floats in acc / ms.
 template <bool kX2, class S, bool kMins>
 static inline void tile_records(const XQ& xq, const TileGeo& g, const uint8_t* rec, __m256 acc[4], __m256 ms[4]) {
-  const int8_t* q = xq.q;
-  const int8_t* q2 = kX2 ? xq.q2 : xq.q;
-  const __m256i mask = _mm256_set1_epi8(0x0F);
   const __m256i order = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
   constexpr int64_t kSB = 8 * sizeof(S), kQ = (kMins ? 8 : 4) * kSB;  // a row's scales, the quants' offset
-  auto dotp = [&](const uint8_t* w, int64_t j) __attribute__((always_inline)) {  // w: pair j's 32 bytes
-    const __m256i b = ld256(reinterpret_cast<const int8_t*>(w));
-    const __m256i l = _mm256_and_si256(b, mask), h = _mm256_and_si256(_mm256_srli_epi16(b, 4), mask);
-    const __m256i x0 = ld256(q + 64 * j), x1 = ld256(q + 64 * j + 32);
-    if constexpr (kX2) return D::dot2_x2(l, x0, h, x1, ld256(q2 + 64 * j), ld256(q2 + 64 * j + 32));
-    else return D::dot2(_mm256_setzero_si256(), l, x0, h, x1);
-  };
   for (int64_t k = 0; k < g.nq; ++k, rec += g.rec) {
     const char* pf = reinterpret_cast<const char*>(rec) + kPrefetchTileBytes;
     for (int64_t l = 0; l < g.rec; l += 64) _mm_prefetch(pf + l, _MM_HINT_T0);
@@ -402,7 +395,8 @@ static inline void tile_records(const XQ& xq, const TileGeo& g, const uint8_t* r
     const __m256 xs = _mm256_loadu_ps(xq.xs + 2 * j);
     for (int r = 0; r < 4; ++r) {
       const uint8_t* w = rec + kQ + 128 * r;
-      const __m256i sum = fold4(dotp(w, j), dotp(w + 32, j + 1), dotp(w + 64, j + 2), dotp(w + 96, j + 3));
+      const __m256i sum = fold4(pair_dot<kX2>(w, xq, j), pair_dot<kX2>(w + 32, xq, j + 1),
+                                pair_dot<kX2>(w + 64, xq, j + 2), pair_dot<kX2>(w + 96, xq, j + 3));
       const __m256 s8 = load8<S>(rec + kSB * r);
       acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(dx, _mm256_permutevar8x32_ps(s8, order)),
                                acc[r]);
@@ -500,14 +494,6 @@ static inline void m1_tile(const Problem& a, const XQ& xq, const TileGeo& g, int
   tile_records<kX2, S, kMins>(xq, g, rec, acc, ms);
 #endif
   rec += g.nq * g.rec;
-  const auto dotp = [&](const uint8_t* w, int64_t j) __attribute__((always_inline)) {  // as in tile_records
-    const __m256i mask = _mm256_set1_epi8(0x0F);
-    const __m256i b = ld256(reinterpret_cast<const int8_t*>(w));
-    const __m256i l = _mm256_and_si256(b, mask), h = _mm256_and_si256(_mm256_srli_epi16(b, 4), mask);
-    const __m256i x0 = ld256(xq.q + 64 * j), x1 = ld256(xq.q + 64 * j + 32);
-    if constexpr (kX2) return D::dot2_x2(l, x0, h, x1, ld256(xq.q2 + 64 * j), ld256(xq.q2 + 64 * j + 32));
-    else return D::dot2(_mm256_setzero_si256(), l, x0, h, x1);
-  };
   float mt[4];
   for (int r = 0; r < 4; ++r) mt[r] = hsum8(ms[r]);
   if (g.tail) {  // the last record: n = g.tail pairs, per pair (scale vector [s(2j) x4, s(2j + 1) x4])
@@ -519,7 +505,7 @@ static inline void m1_tile(const Problem& a, const XQ& xq, const TileGeo& g, int
       const int64_t j = 4 * g.nq + i;
       const __m256 dx = _mm256_loadu_ps(xq.d + j * 8);
       for (int r = 0; r < 4; ++r)
-        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dotp(qs + 32 * (n * r + i), j)),
+        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(pair_dot<kX2>(qs + 32 * (n * r + i), xq, j)),
                                  _mm256_mul_ps(dx, pair_scales<1, S>(sc + 2 * n * r, i, 1)), acc[r]);
     }
     for (int r = 0; r < 4; ++r)  // dot_s's scalar tail
@@ -828,9 +814,10 @@ static inline XQ row_of(const XQ& xq, const Problem& a, int64_t m) {
 }
 
 // Output rows [n_begin, n_end) for all M rows of x. M == 1: kStreamsM1 streams, each its own contiguous run of
-// rows (see linear_impl.h run_rows), the last < kStreamsM1 rows one at a time; M > 1: up to kDotMR x rows per weight row, so each weight row (a few KiB) is unpacked once per x tile and re-read
-// from L1 by the next tile; x (M x K bytes, M <= 32 per call of this) stays in L2.
-// M > 1 tile: 4 x rows per weight row (measured on the 2-core AVX2 EPYC, 1 thread, CPU time, M = 8: 4 x 1 beat 2 x 2,
+// rows (see linear_impl.h run_rows), the last < kStreamsM1 rows one at a time. M > 1, int4-g32 (plain or tiles) and
+// 6-bit tiles: the M = 1 kernels for each x row in turn on four weight rows (row_of). Other M > 1: up to kDotMR x
+// rows per weight row, so each weight row (a few KiB) is unpacked once per x tile and re-read from L1 by the next
+// tile; x (M x K bytes, M <= 32 per call of this) stays in L2. That tile: 4 x rows per weight row (measured on the 2-core AVX2 EPYC, 1 thread, CPU time, M = 8: 4 x 1 beat 2 x 2,
 // 4 x 2 and 8 x 1, which spill accumulators or unpacked weights out of the 16 ymm registers).
 constexpr int64_t kDotMR = 4, kDotNR = 1;
 constexpr int kStreamsM1 = 4;  // 2 and 3 streams measured no better (noisy)
