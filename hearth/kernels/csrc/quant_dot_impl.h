@@ -817,8 +817,9 @@ static inline XQ row_of(const XQ& xq, const Problem& a, int64_t m) {
 // rows (see linear_impl.h run_rows), the last < kStreamsM1 rows one at a time. M > 1, int4-g32 (plain or tiles) and
 // 6-bit tiles: the M = 1 kernels for each x row in turn on four weight rows (row_of). Other M > 1: up to kDotMR x
 // rows per weight row, so each weight row (a few KiB) is unpacked once per x tile and re-read from L1 by the next
-// tile; x (M x K bytes, M <= 32 per call of this) stays in L2. That tile: 4 x rows per weight row (measured on the 2-core AVX2 EPYC, 1 thread, CPU time, M = 8: 4 x 1 beat 2 x 2,
-// 4 x 2 and 8 x 1, which spill accumulators or unpacked weights out of the 16 ymm registers).
+// tile; x (M x K bytes, M <= 32 per call of this) stays in L2. That tile: 4 x rows per weight row (measured on the
+// 2-core AVX2 EPYC, 1 thread, CPU time, M = 8: 4 x 1 beat 2 x 2, 4 x 2 and 8 x 1, which spill accumulators or
+// unpacked weights out of the 16 ymm registers).
 constexpr int64_t kDotMR = 4, kDotNR = 1;
 constexpr int kStreamsM1 = 4;  // 2 and 3 streams measured no better (noisy)
 template <bool kX2>
