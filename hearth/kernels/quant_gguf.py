@@ -114,22 +114,13 @@ def repack(ggml_type: int, data: torch.Tensor, shape: tuple[int, int]) -> QWeigh
 
 def repack_q6_tiles(blocks: GGUFBlocks) -> QWeight:
     """Q6_K blocks -> hearth's 6-bit tiles (QWeight bits 6, the decode kernels' format for a Q6_K LM head; see
-    quant.cpp kQ6Rec): per row and super-block [d][16 scales][8 blocks: 16 bytes of low nibbles, byte i = element i |
-    element i + 16 << 4; 8 bytes of high bits, byte i bits 2p..2p+1 = element i + 8p's], rows 4t .. 4t + 3 interleaved
-    super-block by super-block. 210 bytes per 256 weights, as the file; exact (the 6-bit values are only moved)."""
+    quant.cpp kQ6Rec): each row's super-blocks stay the file's own 210-byte blocks ([ql 128][qh 64][16 scales][d]),
+    rows 4t .. 4t + 3 interleaved super-block by super-block so a tile streams from one place. Exact (bytes moved)."""
     n, k = blocks.shape
     if blocks.type_name != "Q6_K" or n % 4 or k % 256:
         raise ValueError(f"repack_q6_tiles takes Q6_K weights with N % 4 == 0, got {blocks.type_name} {blocks.shape}")
     nsb = k // 256
-    b = blocks.data.numpy().reshape(n, nsb, 210)
-    q8 = _repack_q6k(b, n, k).data.numpy()
-    u = (q8.astype(np.int16) + 32).astype(np.uint8).reshape(n, nsb, 8, 32)  # 6-bit values, natural order
-    nib = (u[..., :16] & 0x0F) | ((u[..., 16:] & 0x0F) << 4)  # [n, nsb, 8, 16]
-    hi = (u >> 4).reshape(n, nsb, 8, 4, 8)  # [.., p, i]: element i + 8p's high bits
-    hb = hi[..., 0, :] | (hi[..., 1, :] << 2) | (hi[..., 2, :] << 4) | (hi[..., 3, :] << 6)  # [n, nsb, 8, 8]
-    rec = np.concatenate([b[:, :, 208:210], b[:, :, 192:208],
-                          np.concatenate([nib, hb], axis=-1).reshape(n, nsb, 192)], axis=-1)  # [n, nsb, 210]
-    tiles = rec.reshape(n // 4, 4, nsb, 210).transpose(0, 2, 1, 3)
+    tiles = blocks.data.numpy().reshape(n // 4, 4, nsb, 210).transpose(0, 2, 1, 3)
     data = torch.from_numpy(np.ascontiguousarray(tiles).reshape(n, nsb * 210))
     return QWeight(6, 16, data, torch.empty(n, 0, dtype=torch.float32), None, tiled=True)
 

@@ -81,12 +81,13 @@ static void unpack_tile(const Problem& a, const TileGeo& g, int64_t t, uint8_t* 
 }
 
 // 6-bit weights (GGUF Q6_K, hearth.kernels.quant_gguf.repack_q6_tiles; K % 256 == 0, N % 4 == 0): per row and
-// super-block of 256 weights a record of kQ6Rec bytes, [d: fp16][16 scales: int8][8 blocks of 32: 16 bytes of low
-// nibbles (byte i = element i | element i + 16 << 4, as int4) + 8 bytes of high bits (byte i, bits 2p..2p+1 = element
-// i + 8p's)]; weight = d * scale[e / 16] * (6-bit value - 32). Rows 4t .. 4t + 3 are one run of records, super-block
-// by super-block ([k][row]), so a decode tile streams from one place. 210 bytes per 256 weights, as the file:
-// 35% fewer than the int8 + fp32 group-16 scales it becomes otherwise (82 -> 54 MB for a 32000 x 2048 LM head).
-constexpr int64_t kQ6Rec = 210;
+// super-block of 256 weights the file's own block of kQ6Rec bytes, [ql: 128][qh: 64][16 scales: int8][d: fp16]; per
+// half h (128 weights) element i < 64 is the low nibble of ql[64h + i] and 64 + i its high nibble, and element
+// 32j + l's high two bits are bits 2j..2j+1 of qh[32h + l]; weight = d * scale[e / 16] * (6-bit value - 32). Rows
+// 4t .. 4t + 3 are one run of blocks, super-block by super-block ([k][row]), so a decode tile streams from one place.
+// 210 bytes per 256 weights, as the file: 35% fewer than the int8 + fp32 group-16 scales it becomes otherwise (82 ->
+// 54 MB for a 32000 x 2048 LM head).
+constexpr int64_t kQ6Rec = 210, kQ6Qh = 128, kQ6Sc = 192, kQ6D = 208;
 
 // Tile t -> int8 [4][K] (value - 32) and fp32 scales [4][K / 16] (d * scale, exact): the int8 group-16 layout.
 static void unpack_q6_tile(const Problem& a, int64_t t, int8_t* q, float* sc) {
@@ -94,15 +95,14 @@ static void unpack_q6_tile(const Problem& a, int64_t t, int8_t* q, float* sc) {
   const uint8_t* rec = static_cast<const uint8_t*>(a.w) + t * 4 * a.ldw;
   for (int64_t k = 0; k < nsb; ++k)
     for (int r = 0; r < 4; ++r, rec += kQ6Rec) {
-      const float d = half_to_float(uint16_t(rec[0] | rec[1] << 8));
-      for (int i = 0; i < 16; ++i) sc[r * (a.K / 16) + 16 * k + i] = d * float(int8_t(rec[2 + i]));
-      for (int b = 0; b < 8; ++b) {
-        const uint8_t* blk = rec + 18 + 24 * b;
-        int8_t* o = q + r * a.K + 256 * k + 32 * b;
-        for (int e = 0; e < 32; ++e) {
-          const int lo = e < 16 ? blk[e] & 0x0F : blk[e - 16] >> 4, hi = (blk[16 + e % 8] >> (2 * (e / 8))) & 3;
-          o[e] = int8_t((lo | hi << 4) - 32);
-        }
+      const float d = half_to_float(uint16_t(rec[kQ6D] | rec[kQ6D + 1] << 8));
+      for (int i = 0; i < 16; ++i) sc[r * (a.K / 16) + 16 * k + i] = d * float(int8_t(rec[kQ6Sc + i]));
+      int8_t* o = q + r * a.K + 256 * k;
+      for (int e = 0; e < 256; ++e) {
+        const int h = e / 128, i = e % 128;
+        const int nib = rec[64 * h + i % 64], lo = i < 64 ? nib & 0x0F : nib >> 4;
+        const int hi = (rec[kQ6Qh + 32 * h + i % 32] >> (2 * (i / 32))) & 3;
+        o[e] = int8_t((lo | hi << 4) - 32);
       }
     }
 }
