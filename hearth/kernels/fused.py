@@ -1,5 +1,5 @@
 """The element-wise steps of a decoder layer as single C calls (csrc/fused.cpp): RMSNorm (+ residual add),
-rotary embedding in place, gated activations, the paged KV-cache write.
+rotary embedding in place, gated activations, the paged KV-cache write; and drawing tokens from logits.
 
 Each function returns None when the kernel cannot take the input (kernels unavailable, unusual strides or
 dtypes); the caller then runs its torch code. Results equal the torch code's up to fp32 summation order.
@@ -28,9 +28,14 @@ def _lib() -> ctypes.CDLL | None:
     lib.hk_rope_neox.argtypes = [ptr, i64, i64, ptr, i64, i64, i64, i64, ptr, ptr, ptr, i64, i32, i32]
     lib.hk_act_and_mul.argtypes = [ptr, i64, ptr, i64, i64, i32, i32, i32]
     lib.hk_kv_write.argtypes = [ptr, i64, ptr, i64, ptr, ptr, ptr, i64, i64, i64]
-    for f in (lib.hk_rms_norm, lib.hk_rope_neox, lib.hk_act_and_mul, lib.hk_kv_write):
+    lib.hk_sample.argtypes = [ptr, i64, i64, i64, ptr, ptr, ptr, i32]
+    for f in (lib.hk_rms_norm, lib.hk_rope_neox, lib.hk_act_and_mul, lib.hk_kv_write, lib.hk_sample):
         f.restype = i32
     return lib
+
+
+def available() -> bool:
+    return _lib() is not None
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor | None:
@@ -122,3 +127,21 @@ def kv_write(k: torch.Tensor, v: torch.Tensor, k_flat: torch.Tensor, v_flat: tor
     if rc:
         raise IndexError("KV-cache slot out of range")
     return True
+
+
+def sample(logits: torch.Tensor, u: torch.Tensor, inv_t: torch.Tensor) -> torch.Tensor | None:
+    """One token per row of fp32 logits [n, V], drawn from softmax(logits * inv_t) (inv_t [n] = 1 / temperature)
+    by inverting its cumulative distribution at u [n] (uniform in [0, 1)): the first token whose running probability
+    exceeds u, never one with no mass. -1 marks a row without a finite maximum or mass (the caller's torch path
+    decides those). None: no kernel here, or logits it cannot take."""
+    lib = _lib()
+    if lib is None or logits.dtype != torch.float32 or logits.dim() != 2 or logits.stride(1) != 1:
+        return None
+    n, v = logits.shape
+    u = u.to(torch.float32).contiguous()
+    inv_t = inv_t.to(torch.float32).contiguous()
+    out = torch.empty(n, dtype=torch.int64)
+    if n:
+        lib.hk_sample(logits.data_ptr(), logits.stride(0), n, v, inv_t.data_ptr(), u.data_ptr(), out.data_ptr(),
+                      torch.get_num_threads())
+    return out

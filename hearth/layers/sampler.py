@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from hearth.engine.request import Request
+from hearth.kernels import fused
 from hearth.sampling_params import SamplingType
 from hearth.structured.bitmask import apply_grammar_masks
 
@@ -50,6 +51,18 @@ def _plain_greedy(r: Request) -> bool:
             and r.num_output_tokens >= p.min_tokens and not p.needs_penalties)
 
 
+def _has_processors(r: Request) -> bool:
+    """Whether apply_processors changes this request's logits now."""
+    p = r.params
+    return bool(p.logit_bias) or r.num_output_tokens < p.min_tokens or p.needs_penalties
+
+
+def _filters(r: Request) -> bool:
+    """top-k / top-p / min-p: the request samples from a filtered distribution."""
+    p = r.params
+    return p.top_k > 0 or p.top_p < 1.0 or p.min_p > 0.0
+
+
 class Sampler:
     def __init__(self, vocab_size: int, seed: int = 0) -> None:
         self.vocab_size = vocab_size
@@ -63,17 +76,20 @@ class Sampler:
             return SamplerOutput(token_ids.tolist(), [None] * len(reqs), token_ids)
         want_lp = [r.params.logprobs is not None for r in reqs]
         raw_logprobs = torch.log_softmax(logits, dim=-1) if any(want_lp) else None
-        logits = self.apply_processors(logits.clone(), reqs)
         grammars = [getattr(r, "grammar", None) for r in reqs]
-        if any(g is not None for g in grammars):
-            apply_grammar_masks(logits, grammars)  # structured output: grammar's tokens only
+        if any(map(_has_processors, reqs)) or any(g is not None for g in grammars):  # (else read-only: no copy)
+            logits = self.apply_processors(logits.clone(), reqs)
+            if any(g is not None for g in grammars):
+                apply_grammar_masks(logits, grammars)  # structured output: grammar's tokens only
 
         token_ids = torch.empty(len(reqs), dtype=torch.long)
         greedy = [i for i, r in enumerate(reqs) if r.params.sampling_type == SamplingType.GREEDY]
         rand = [i for i, r in enumerate(reqs) if r.params.sampling_type != SamplingType.GREEDY]
         if greedy:
             token_ids[greedy] = logits[greedy].argmax(dim=-1)
-        if rand:
+        if len(rand) == len(reqs):
+            token_ids = self._sample(logits, reqs)
+        elif rand:
             token_ids[rand] = self._sample(logits[rand], [reqs[i] for i in rand])
 
         logprobs: list[TokenLogprobs | None] = [None] * len(reqs)
@@ -116,22 +132,42 @@ class Sampler:
     def probs(self, logits: torch.Tensor, reqs: list[Request]) -> torch.Tensor:
         """The distribution random sampling draws from: temperature, then top-k / top-p / min-p, then softmax.
         logits: [len(reqs), V], processors already applied."""
+        return torch.softmax(self._scaled(logits, reqs), dim=-1)
+
+    def _scaled(self, logits: torch.Tensor, reqs: list[Request]) -> torch.Tensor:
+        """logits / temperature, then top-k / top-p / min-p (dropped tokens -inf): the softmax of this is probs."""
         temps = torch.tensor([r.params.temperature for r in reqs], dtype=logits.dtype).unsqueeze(1)
         logits = logits / temps
-        if any(r.params.top_k > 0 or r.params.top_p < 1.0 or r.params.min_p > 0.0 for r in reqs):
+        if any(map(_filters, reqs)):
             logits = self._top_k_top_p_min_p(logits, reqs)
-        return torch.softmax(logits, dim=-1)
+        return logits
 
     def _sample(self, logits: torch.Tensor, reqs: list[Request]) -> torch.Tensor:
         """One uniform draw per row, inverted through the row's cumulative distribution (an exponential race,
-        argmax(p / E), draws one exponential per vocabulary entry: ~4 ms for a 152k vocabulary, vs ~0.2 ms)."""
-        probs = self.probs(logits, reqs)
-        cdf = probs.cumsum(dim=-1)
-        total = cdf[:, -1:]
-        u = torch.stack([torch.rand((), generator=self.generator_for(r)) for r in reqs]).unsqueeze(1) * total
-        idx = torch.searchsorted(cdf, u, right=True)  # the first entry whose cdf exceeds u: never a zero-mass one
-        last = torch.searchsorted(cdf, total)  # u * total can round up to total: stay on the last entry with mass
-        return torch.minimum(idx, last).squeeze(1)
+        argmax(p / E), draws one exponential per vocabulary entry: ~4 ms for a 152k vocabulary, vs ~0.2 ms).
+        The C kernel (fused.sample) does it in one call per kind of row: rows without top-k / top-p / min-p on the
+        raw logits with 1 / temperature, the others on their scaled, filtered logits. Rows it cannot take, or no
+        kernel, go through torch's softmax, cumsum and searchsorted. Either way a row's token depends only on its
+        own logits, parameters and draw, never on its batch mates."""
+        u = torch.stack([torch.rand((), generator=self.generator_for(r)) for r in reqs])
+        if not fused.available():
+            return _inverse_cdf(self.probs(logits, reqs), u)
+        tokens = torch.empty(len(reqs), dtype=torch.long)
+        filtered = [i for i, r in enumerate(reqs) if _filters(r)]
+        plain = [i for i, r in enumerate(reqs) if not _filters(r)]
+        if plain:
+            inv_t = torch.tensor([1.0 / reqs[i].params.temperature for i in plain], dtype=torch.float32)
+            rows = logits if len(plain) == len(reqs) else logits[plain]
+            tokens[plain] = fused.sample(rows.float(), u[plain], inv_t)
+        if filtered:
+            sub = [reqs[i] for i in filtered]
+            x = self._scaled(logits[filtered], sub).float()
+            tokens[filtered] = fused.sample(x, u[filtered], torch.ones(len(filtered)))
+        bad = tokens < 0
+        if bool(bad.any()):
+            idx = bad.nonzero().squeeze(1).tolist()
+            tokens[bad] = _inverse_cdf(self.probs(logits[idx], [reqs[i] for i in idx]), u[bad])
+        return tokens
 
     def generator_for(self, r: Request) -> torch.Generator:
         if r.params.seed is None:
@@ -149,7 +185,7 @@ class Sampler:
         (topk: ~1 ms for 1024 of 152k entries vs ~17 ms for a full sort); a row whose kept prefix might extend
         past them is redone with a full sort."""
         v = logits.shape[1]
-        rows = [i for i, r in enumerate(reqs) if r.params.top_k > 0 or r.params.top_p < 1.0 or r.params.min_p > 0.0]
+        rows = [i for i, r in enumerate(reqs) if _filters(r)]
         if not rows:
             return logits
         sub, sub_reqs = logits[rows], [reqs[i] for i in rows]
@@ -160,6 +196,15 @@ class Sampler:
             out = _filter_prefix(sub, sub_reqs, v)
         logits[rows] = out
         return logits
+
+
+def _inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Per row of probs [n, V], the first entry whose cumulative mass exceeds u * total (u [n] in [0, 1))."""
+    cdf = probs.cumsum(dim=-1)
+    total = cdf[:, -1:]
+    idx = torch.searchsorted(cdf, u.unsqueeze(1) * total, right=True)  # never a zero-mass entry
+    last = torch.searchsorted(cdf, total)  # u * total can round up to total: stay on the last entry with mass
+    return torch.minimum(idx, last).squeeze(1)
 
 
 # Candidates ordered for top-k / top-p / min-p before falling back to a full sort of the vocabulary.

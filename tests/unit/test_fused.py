@@ -1,4 +1,4 @@
-"""The fused C kernels (RMSNorm + residual, rotary, gated activations) against the torch code they replace."""
+"""The fused C kernels (RMSNorm + residual, rotary, gated activations, sampling) against the torch code they replace."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -89,3 +89,40 @@ def test_kv_write_matches_index_copy(dtype):
     with pytest.raises(IndexError):
         fused.kv_write(k, v, kc, vc, torch.tensor([5, 0, 20, 9]))
     assert not fused.kv_write(k.float() if dtype != torch.float32 else k.half(), v, kc, vc, slots)
+
+
+def _cdf64(logits, inv_t):
+    return torch.softmax(logits.double() * inv_t.double().unsqueeze(1), dim=-1).cumsum(-1)
+
+
+@pytest.mark.parametrize("vocab", [1000, 32003, 151936])
+def test_sample_inverts_the_softmax_cdf(vocab):
+    """The token is where the fp64 cumulative softmax passes u (at several temperatures, a padded row stride too):
+    exactly for a small vocabulary, and within the kernel's fp32 running-sum rounding (1e-5 of the mass) for large
+    ones, where flat distributions put boundaries ~1e-6 apart."""
+    g = torch.Generator().manual_seed(vocab)
+    logits = torch.randn(24, vocab + 64, generator=g)[:, :vocab] * 4
+    u = torch.rand(24, generator=g)
+    inv_t = torch.tensor([1.0, 2.0, 0.5, 10.0] * 6)
+    got = fused.sample(logits, u, inv_t)
+    cdf = _cdf64(logits, inv_t)
+    want = torch.searchsorted(cdf, u.double().unsqueeze(1), right=True).squeeze(1)
+    if vocab <= 1000:
+        assert torch.equal(got, want)
+    before = torch.where(got > 0, cdf.gather(1, (got - 1).clamp(min=0).unsqueeze(1)).squeeze(1), 0.0)
+    at = cdf.gather(1, got.unsqueeze(1)).squeeze(1)
+    assert ((before <= u + 1e-5) & (u <= at + 1e-5)).all(), (got, want)
+    assert (got != want).sum() <= 2
+
+
+def test_sample_never_draws_a_token_without_mass_and_refuses_rows_without_any():
+    logits = torch.full((4, 1003), float("-inf"))
+    logits[0, 1000] = 1.0  # the only token, in the last (partial) block
+    logits[1, 5], logits[1, 1002] = 2.0, 2.0  # two equal tokens: u < 0.5 the first, else the second
+    logits[2, 7] = 0.0
+    logits[2, 8] = -200.0  # exp(-200) underflows: no mass, even at u -> 1
+    u = torch.tensor([0.9999999, 0.7, 0.9999999, 0.5])
+    out = fused.sample(logits, u, torch.ones(4))
+    assert out[:3].tolist() == [1000, 1002, 7] and out[3] == -1  # row 3: no finite maximum
+    assert fused.sample(logits[1:2], torch.tensor([0.2]), torch.ones(1)).tolist() == [5]
+    assert fused.sample(logits.double(), u, torch.ones(4)) is None  # fp32 only

@@ -5,6 +5,7 @@
 //   hk_rope_neox     q, k rotated in place (rotate_half layout, first `rot` dims of each head)
 //   hk_act_and_mul   act(gate) * up for x = [gate | up] (silu, gelu-tanh)
 //   hk_kv_write      this step's K/V rows into their paged-cache slots (both caches in one call)
+//   hk_sample        one token per row drawn from softmax(logits / T) by inverting its cumulative distribution
 // Math is fp32 like the torch code it replaces (same rounding points: the residual sum is rounded to the model
 // dtype before it is normalized, outputs once at the end).
 #include <immintrin.h>
@@ -13,6 +14,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "bf16.h"
 
@@ -181,6 +183,88 @@ void kv_write(const char* k, int64_t ldk, const char* v, int64_t ldv, char* k_ca
   }
 }
 
+// ---- sampling: row r's token is the first i whose running sum of e_j = exp((l_j - max) * inv_t) exceeds u * total ----
+// (inverse-CDF sampling of softmax(l / T) with one uniform u in [0, 1): torch's softmax + cumsum + searchsorted in
+// three passes over the row, no intermediate tensors). Pass 1 the max; pass 2 e into scratch, the sum of each block
+// of 8 (8 blocks at a time by a transpose-add) and the total; pass 3 walks the block sums to the block where the
+// running sum passes the target u * total, then its entries. Rounding (the walk adds in another order than the
+// total) can only leave the target unreached at the end: then the last entry with mass. exp of anything below -87
+// is taken as 0, so a token with no mass is never drawn. Returns the token, or -1 when the row has no finite maximum
+// or no mass (the caller falls back to torch).
+inline float hsum8(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+int64_t sample_row(const float* l, int64_t V, float inv_t, float u, std::vector<float>& e, std::vector<float>& bs) {
+  const int64_t nb = (V + 7) / 8;
+  e.resize(nb * 8);
+  bs.resize(nb);
+  for (int64_t j = V; j < nb * 8; ++j) e[j] = 0.0f;  // the last block's padding
+  __m256 mv = _mm256_set1_ps(-INFINITY);
+  int64_t i = 0;
+  for (; i + 8 <= V; i += 8) mv = _mm256_max_ps(mv, _mm256_loadu_ps(l + i));
+  alignas(32) float m8[8];
+  _mm256_store_ps(m8, mv);
+  float m = -INFINITY;
+  for (int j = 0; j < 8; ++j) m = std::max(m, m8[j]);
+  for (; i < V; ++i) m = std::max(m, l[i]);
+  if (!std::isfinite(m) || !(inv_t > 0.0f) || !std::isfinite(inv_t)) return -1;
+  const __m256 vm = _mm256_set1_ps(m), vt = _mm256_set1_ps(inv_t), lo = _mm256_set1_ps(-87.0f);
+  auto exp_at = [&](int64_t j) __attribute__((always_inline)) {
+    const __m256 x = _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(l + j), vm), vt);
+    const __m256 v = _mm256_and_ps(exp8(x), _mm256_cmp_ps(x, lo, _CMP_GE_OQ));
+    _mm256_storeu_ps(e.data() + j, v);
+    return v;
+  };
+  __m256 tv = _mm256_setzero_ps();
+  for (i = 0; i + 64 <= V; i += 64) {  // 8 blocks: their sums by a transpose-add (hadd tree), into bs and the total
+    const __m256 h0 = _mm256_hadd_ps(exp_at(i), exp_at(i + 8)), h1 = _mm256_hadd_ps(exp_at(i + 16), exp_at(i + 24));
+    const __m256 h2 = _mm256_hadd_ps(exp_at(i + 32), exp_at(i + 40)), h3 = _mm256_hadd_ps(exp_at(i + 48), exp_at(i + 56));
+    const __m256 g0 = _mm256_hadd_ps(h0, h1), g1 = _mm256_hadd_ps(h2, h3);
+    const __m256 b8 = _mm256_add_ps(_mm256_permute2f128_ps(g0, g1, 0x20), _mm256_permute2f128_ps(g0, g1, 0x31));
+    _mm256_storeu_ps(bs.data() + i / 8, b8);
+    tv = _mm256_add_ps(tv, b8);
+  }
+  float total = hsum8(tv);
+  for (; i + 8 <= V; i += 8) {
+    const __m256 v = exp_at(i);
+    total += bs[i / 8] = hsum8(v);
+  }
+  if (i < V) {
+    for (int64_t j = i; j < V; ++j) {
+      const float x = (l[j] - m) * inv_t;
+      e[j] = x >= -87.0f ? std::exp(x) : 0.0f;
+    }
+    float b = 0.0f;
+    for (int j = 0; j < 8; ++j) b += e[i + j];
+    total += bs[i / 8] = b;
+  }
+  if (!(total > 0.0f) || !std::isfinite(total)) return -1;
+  const float target = u * total;
+  float c = 0.0f;
+  for (int64_t b = 0; b < nb; ++b) {
+    if (c + bs[b] <= target && b + 1 < nb) {
+      c += bs[b];
+      continue;
+    }
+    int64_t last = -1;
+    for (int64_t j = 8 * b; j < std::min(V, 8 * b + 8); ++j) {
+      if (e[j] <= 0.0f) continue;
+      c += e[j];
+      last = j;
+      if (c > target) return j;
+    }
+    if (last >= 0) return last;
+    for (int64_t j = std::min(V, 8 * b) - 1; j >= 0; --j)  // (only when the last block had no mass)
+      if (e[j] > 0.0f) return j;
+    return -1;
+  }
+  return -1;
+}
+
 }  // namespace
 
 #define HK_DISPATCH_DTYPE(dtype, CALL)        \
@@ -210,6 +294,18 @@ int hk_kv_write(const void* k, int64_t ldk, const void* v, int64_t ldv, void* k_
     if (slots[t] < 0 || slots[t] >= num_slots) return 1;  // never write outside the cache
   kv_write(static_cast<const char*>(k), ldk, static_cast<const char*>(v), ldv, static_cast<char*>(k_cache),
            static_cast<char*>(v_cache), slots, T, row_bytes);
+  return 0;
+}
+
+// logits: fp32 [n][V] at row stride ld; inv_t (1 / temperature), u: [n]; out: [n] tokens (-1: that row needs the
+// torch path).
+int hk_sample(const float* logits, int64_t ld, int64_t n, int64_t V, const float* inv_t, const float* u, int64_t* out,
+              int threads) {
+#pragma omp parallel for num_threads(team(n * V, threads)) schedule(static)
+  for (int64_t r = 0; r < n; ++r) {
+    thread_local std::vector<float> e, bs;
+    out[r] = sample_row(logits + r * ld, V, inv_t[r], u[r], e, bs);
+  }
   return 0;
 }
 
