@@ -163,7 +163,15 @@ static void run_chunks(const Problem& a, int64_t c0, int64_t c1) {
       }
       for (int64_t m = 0; m < mb; ++m) {
         const float* xm = a.x + (mb0 + m) * K;
-        for (int64_t j = 0; j < nc; ++j) {
+        int64_t j = 0;
+        if (kc * CH == K)  // no K tail: L outputs at a time by a transpose-add of their partial sums
+          for (; j + L <= nc; j += L) {
+            alignas(64) float s[L];
+            T::store(s, T::reduce_rows(scratch + m * acc_ld + j * L));
+            for (int i = 0; i < L; ++i)
+              a.out[(mb0 + m) * a.ldo + n0 + j + i] = a.bias ? s[i] + a.bias[n0 + j + i] : s[i];
+          }
+        for (; j < nc; ++j) {
           float s = T::hsum(T::load(scratch + m * acc_ld + j * L));
           const typename W::E* wr = w + (n0 + j) * a.ldw;
           for (int64_t k = kc * CH; k < K; ++k) s += xm[k] * W::scalar(wr[k]);
