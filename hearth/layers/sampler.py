@@ -44,17 +44,16 @@ def logprobs_of(logprobs: torch.Tensor, token_ids: torch.Tensor, k: int) -> list
     return out
 
 
-def _plain_greedy(r: Request) -> bool:
-    """Greedy with nothing that changes the logits or asks for logprobs: the token is the row's argmax."""
-    p = r.params
-    return (p.sampling_type == SamplingType.GREEDY and p.logprobs is None and not p.logit_bias and r.grammar is None
-            and r.num_output_tokens >= p.min_tokens and not p.needs_penalties)
-
-
 def _has_processors(r: Request) -> bool:
     """Whether apply_processors changes this request's logits now."""
     p = r.params
     return bool(p.logit_bias) or r.num_output_tokens < p.min_tokens or p.needs_penalties
+
+
+def _plain_greedy(r: Request) -> bool:
+    """Greedy with nothing that changes the logits or asks for logprobs: the token is the row's argmax."""
+    return (r.params.sampling_type == SamplingType.GREEDY and r.params.logprobs is None and r.grammar is None
+            and not _has_processors(r))
 
 
 def _filters(r: Request) -> bool:
