@@ -284,19 +284,13 @@ def untile_rows4(qw: QWeight) -> QWeight:
 
 def _untile_q6(qw: QWeight) -> QWeight:
     """6-bit tiles (quant_gguf.repack_q6_tiles: GGUF Q6_K blocks, 4 rows interleaved) -> int8 q = value - 32, fp32
-    scales d * sc per 16 weights (exact). Per half h of a block (128 weights): element i < 64 is ql[64h + i]'s low
-    nibble, 64 + i its high one; element 32j + l's two high bits are bits 2j of qh[32h + l] (llama.cpp's layout)."""
+    scales d * sc per 16 weights (exact): the rows put back in order, then the file's own Q6_K decode."""
+    from hearth.kernels.quant_gguf import q6k_to_int8  # (quant_gguf imports this module)
+
     n, k = qw.shape
     nsb = k // 256
     rec = qw.data.reshape(n // 4, nsb, 4, 210).permute(0, 2, 1, 3).reshape(n, nsb, 210)
-    ql = rec[..., :128].reshape(n, nsb, 2, 64).to(torch.int16)
-    qh = rec[..., 128:192].reshape(n, nsb, 2, 32).to(torch.int16)
-    low = torch.cat([ql & 0x0F, ql >> 4], dim=-1)  # [n, nsb, 2, 128] natural order
-    high = torch.cat([(qh >> (2 * j)) & 3 for j in range(4)], dim=-1)
-    q = ((low | (high << 4)) - 32).to(torch.int8).reshape(n, k)
-    sc = rec[..., 192:208].contiguous().view(torch.int8).float()  # [n, nsb, 16]
-    d = rec[..., 208:210].contiguous().view(torch.float16).float()  # [n, nsb, 1]
-    return QWeight(8, 16, q, (d * sc).reshape(n, nsb * 16), None)
+    return q6k_to_int8(rec.numpy(), n, k)
 
 
 def dequantize(qw: QWeight) -> torch.Tensor:

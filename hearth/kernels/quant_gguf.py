@@ -99,7 +99,7 @@ def repack(ggml_type: int, data: torch.Tensor, shape: tuple[int, int]) -> QWeigh
         qs = np.ascontiguousarray(b[:, :, nbytes - 16:]).reshape(n, k // 2)  # already hearth's nibble order
         return QWeight(4, 32, torch.from_numpy(qs), torch.from_numpy(d), m)
     if name == "Q6_K":
-        return _repack_q6k(b, n, k)
+        return q6k_to_int8(b, n, k)
     # Q4_K
     d, dmin = _f16(b[:, :, 0:2]), _f16(b[:, :, 2:4])  # [N, nb]
     sc, mn = _q4k_scale_min(b[:, :, 4:16])  # [N, nb, 8]
@@ -125,7 +125,7 @@ def repack_q6_tiles(blocks: GGUFBlocks) -> QWeight:
     return QWeight(6, 16, data, torch.empty(n, 0, dtype=torch.float32), None, tiled=True)
 
 
-def _repack_q6k(b: np.ndarray, n: int, k: int) -> QWeight:
+def q6k_to_int8(b: np.ndarray, n: int, k: int) -> QWeight:
     """Q6_K blocks [N, nb, 210] -> int8 group 16. Per 128 weights (half h of a super-block), 64 bytes of ql and 32 of
     qh: rows of 32 weights j = 0..3 take ql byte (j % 2) * 32 + l, low nibble for j < 2 else high, and the 2 bits of
     qh byte l at 2 * j (llama.cpp's dequantize_row_q6_K)."""
