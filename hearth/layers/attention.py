@@ -6,7 +6,7 @@ a request may read KV another request writes in the same step (prefix-cache hits
 
 Attention runs on hearth's C++ kernel (hearth.kernels.attention), which reads each sequence's K/V where they lie
 through its block table: decodes, chunked-prefill chunks and prefix-cache hits in one parallel call per layer.
-Fresh prompts of at least SDPA_MIN_PROMPT tokens go to torch's SDPA instead (blocked GEMMs win there), on this
+On AVX2 kernels, fresh prompts of at least SDPA_MIN_PROMPT tokens go to torch's SDPA instead, on this
 step's own k/v, which are exactly their context. Without the kernel (no compiler, unsupported CPU or head size,
 HEARTH_KERNELS=0) a torch path gathers each context from the cache.
 """
@@ -19,14 +19,23 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hearth import kernels
 from hearth.kernels import attention as attn_kernel
 from hearth.kernels import fused
 
 # Fresh prompts (no cached context) at least this long use SDPA rather than the kernel when the layer allows it
-# (no softcap or ALiBi; window absent or not shorter than the prompt). Measured on a 2-core Zen 3 (AVX2), fp32,
-# D=64, H/Hkv 8/2 and 9/3, best of many runs: the kernel is ahead up to 512 tokens (x1.4 at 512, x2-5 below 128:
-# one call for all sequences), SDPA's blocked GEMMs from ~1024 on (x1.15 at 1024, x1.6 at 2048).
-SDPA_MIN_PROMPT = 768
+# (no softcap or ALiBi; window absent or not shorter than the prompt). None: the default for this CPU's kernels.
+# AVX2 (2-core Zen 3, fp32, D=64, H/Hkv 8/2 and 9/3, before the tiled prefill path): the kernel ahead up to 512
+# tokens, SDPA's blocked GEMMs from ~1024 on (x1.15 at 1024, x1.6 at 2048) -> 768. AVX-512 (2 vCPUs Skylake-SP,
+# fp32, D=64, H/Hkv 14/2 and 32/4, tiled path): the kernel ahead at every length measured, 64-4096 tokens (x1.1-1.7).
+SDPA_MIN_PROMPT: int | None = None
+_SDPA_MIN_PROMPT_AVX2 = 768
+
+
+def _sdpa_min_prompt() -> int | None:
+    if SDPA_MIN_PROMPT is not None:
+        return SDPA_MIN_PROMPT
+    return _SDPA_MIN_PROMPT_AVX2 if kernels.isa() == kernels.ISA_AVX2 else None
 
 
 @dataclass
@@ -62,9 +71,10 @@ class AttentionMetadata:
         """kernel_only: the layer needs what SDPA's fused path lacks (softcap, ALiBi): no prompt goes to SDPA."""
         key = (sliding_window, kernel_only)
         if key not in self._cache:
-            sdpa = [] if kernel_only else [
+            threshold = _sdpa_min_prompt()
+            sdpa = [] if kernel_only or threshold is None else [
                 p for p in self.prefills
-                if p.query_len == p.context_len and p.query_len >= SDPA_MIN_PROMPT
+                if p.query_len == p.context_len and p.query_len >= threshold
                 and (not sliding_window or p.query_len <= sliding_window)]
             ids = None
             if sdpa:

@@ -164,3 +164,27 @@ def test_alibi(g, isa, window, softcap):
     torch.testing.assert_close(out, ref, atol=2e-5, rtol=1e-4)
     with pytest.raises(ValueError):
         attn_kernel.paged_attention(q, kc, vc, bt, qstart, ctx, out, d ** -0.5, alibi_slopes=torch.tensor(slopes[1:]))
+
+
+@pytest.mark.parametrize("isa", ["avx2", "avx512"])
+@pytest.mark.parametrize("g,window,alibi", [(1, None, False), (1, 8, False), (7, None, False), (7, 100, True),
+                                           (4, 23, False)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_tiled_prefill(isa, g, window, alibi, dtype):
+    # prompts long enough for several key chunks and row tiles: fresh (causal edge inside a chunk), after cached
+    # context, tiny ones next to decodes; window 8 with 64-token tiles leaves rows with no visible key in a chunk
+    from hearth.layers.attention import alibi_slopes
+
+    if isa == "avx512" and kernels.isa() != kernels.ISA_AVX512:
+        pytest.skip("no AVX-512 here")
+    lens = [(1, 90), (200, 200), (130, 500), (2, 70), (3, 3), (65, 65)]
+    num_kv, d = 2, 64
+    q, kc, vc, tables, bt, qstart, ctx = random_case(g + (window or 0), num_kv, g, d, 16, lens, dtype=dtype)
+    slopes = alibi_slopes(num_kv * g) if alibi else None
+    out = torch.full_like(q, float("nan"))
+    attn_kernel.paged_attention(q, kc, vc, bt, qstart, ctx, out, d ** -0.5, sliding_window=window,
+                                alibi_slopes=torch.tensor(slopes) if alibi else None,
+                                isa=kernels.ISA_AVX512 if isa == "avx512" else kernels.ISA_AVX2)
+    ref = reference(q, kc.float(), vc.float(), tables, [a for a, _ in lens], [b for _, b in lens], d ** -0.5,
+                    window, alibi=slopes)
+    torch.testing.assert_close(out, ref, atol=2e-5, rtol=1e-4)

@@ -57,6 +57,12 @@ struct T {
   static inline V mul(V a, V b) { return _mm256_mul_ps(a, b); }
   static inline V fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
   static inline V max(V a, V b) { return _mm256_max_ps(a, b); }
+  static constexpr int kRegs = 16;
+  static constexpr int kDV = 2;  // head-dim vectors per P.V micro-tile (4 rows x 2 + 2 loads + 1 of 16 ymm)
+  // s where a <= b, else -inf
+  static inline V keep_if_le(V s, V a, V b) {
+    return _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), s, _mm256_cmp_ps(a, b, _CMP_LE_OQ));
+  }
   static inline float hsum(V v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -105,6 +111,7 @@ struct T {
   }
 };
 #include "attention_impl.h"
+#include "attention_tiled_impl.h"
 }  // namespace hk_attn_avx2
 #pragma GCC pop_options
 
@@ -123,6 +130,11 @@ struct T {
   static inline V mul(V a, V b) { return _mm512_mul_ps(a, b); }
   static inline V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
   static inline V max(V a, V b) { return _mm512_max_ps(a, b); }
+  static constexpr int kRegs = 32;
+  static constexpr int kDV = 4;  // head-dim vectors per P.V micro-tile (4 rows x 4 of 32 zmm)
+  static inline V keep_if_le(V s, V a, V b) {
+    return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a, b, _CMP_LE_OQ), _mm512_set1_ps(-INFINITY), s);
+  }
   static inline float hsum(V v) { return _mm512_reduce_add_ps(v); }
   static inline float hmax(V v) { return _mm512_reduce_max_ps(v); }
   static inline __m256 half_sum(V v) {
@@ -162,6 +174,7 @@ struct T {
   }
 };
 #include "attention_impl.h"
+#include "attention_tiled_impl.h"
 }  // namespace hk_attn_avx512
 #pragma GCC pop_options
 
@@ -169,6 +182,8 @@ namespace {
 constexpr int kAttnISA_AVX2 = 1, kAttnISA_AVX512 = 2;
 // Query rows (tokens x GQA group) per work item: the accumulators (rows x head_dim floats) stay in L1/L2.
 constexpr int64_t kMaxRows = 32;
+// Items with at least this many query rows (and more than one token) take the tiled path.
+constexpr int64_t kTiledMinRows = 8;
 }  // namespace
 
 extern "C" {
@@ -196,28 +211,39 @@ int hk_paged_attention(const float* q, int64_t q_tok_stride, const void* k_cache
                      bt_stride, query_start, context_lens, out, out_tok_stride, block_size, num_heads,
                      num_kv_heads, head_dim, scale, softcap, window, alibi_slopes};
   const int64_t G = num_heads / num_kv_heads;
-  const int64_t qt = std::max<int64_t>(1, kMaxRows / G);  // query tokens per work item
+  const int64_t qt_row = std::max<int64_t>(1, kMaxRows / G);  // query tokens per work item
+  const int64_t tiled_rows = isa == kAttnISA_AVX512 ? hk_attn_avx512::kTiledRows : hk_attn_avx2::kTiledRows;
+  const int64_t qt_tiled = std::max<int64_t>(1, tiled_rows / G);
   std::vector<WorkItem> items;
   items.reserve(num_seqs * num_kv_heads);
   for (int64_t i = 0; i < num_seqs; ++i) {
     const int64_t s = seq_ids ? seq_ids[i] : i;
     const int64_t ql = query_start[s + 1] - query_start[s];
     if (ql <= 0 || context_lens[s] < ql) continue;
+    const int64_t qt = ql > 1 && std::min(ql, qt_tiled) * G >= kTiledMinRows ? qt_tiled : qt_row;
     // Tiles from the last (longest context) first, so the dynamic schedule ends on cheap items.
     for (int64_t t0 = ((ql - 1) / qt) * qt; t0 >= 0; t0 -= qt)
       for (int64_t h = 0; h < num_kv_heads; ++h) items.push_back({s, h, t0, std::min(qt, ql - t0)});
   }
   const int64_t n = (int64_t)items.size();
   if (n == 0) return 0;
-  const int64_t rows = qt * G;
-  const int64_t sf = isa == kAttnISA_AVX512 ? hk_attn_avx512::scratch_floats(rows, head_dim, block_size)
-                                            : hk_attn_avx2::scratch_floats(rows, head_dim, block_size);
+  const int64_t rows = std::max(qt_row, qt_tiled) * G;
+  const int64_t sf =
+      isa == kAttnISA_AVX512
+          ? std::max(hk_attn_avx512::scratch_floats(rows, head_dim, block_size),
+                     hk_attn_avx512::tiled_scratch_floats(rows, head_dim))
+          : std::max(hk_attn_avx2::scratch_floats(rows, head_dim, block_size),
+                     hk_attn_avx2::tiled_scratch_floats(rows, head_dim));
   const int nt = (int)std::max<int64_t>(1, std::min<int64_t>(nthreads, n));
   auto body = [&](float* scratch, int64_t i) {
+    const WorkItem& w = items[i];
+    // Several query tokens: the tiled (GEMM-shaped) path; one token (decode): the row path, which reads each K/V
+    // row once with no conversion pass.
+    const bool tiled = w.nt > 1 && w.nt * G >= kTiledMinRows && w.nt * G <= tiled_rows;
     if (isa == kAttnISA_AVX512)
-      hk_attn_avx512::run_item(p, items[i], scratch);
+      tiled ? hk_attn_avx512::run_item_tiled(p, w, scratch) : hk_attn_avx512::run_item(p, w, scratch);
     else
-      hk_attn_avx2::run_item(p, items[i], scratch);
+      tiled ? hk_attn_avx2::run_item_tiled(p, w, scratch) : hk_attn_avx2::run_item(p, w, scratch);
   };
   if (nt == 1) {
     std::vector<float> scratch(sf);
