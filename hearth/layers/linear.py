@@ -13,13 +13,12 @@ from torch import nn
 
 from hearth import kernels
 
-# 16-bit checkpoint weights widen to float32 exactly, so a float32 model may keep them in 16 bits: the same numbers,
-# half the bytes read per decode step. Only where the kernels that read them natively can run.
-LOSSLESS_16BIT = (torch.bfloat16, torch.float16)
+# 16-bit checkpoint weights (kernels.LOSSLESS_16BIT) widen to float32 exactly, so a float32 model may keep them in
+# 16 bits: the same numbers, half the bytes read per decode step. Only where the kernels that read them can run.
 
 
 def keep_16bit(param: torch.Tensor, tensor: torch.Tensor) -> bool:
-    return param.dtype == torch.float32 and tensor.dtype in LOSSLESS_16BIT and kernels.available()
+    return param.dtype == torch.float32 and tensor.dtype in kernels.LOSSLESS_16BIT and kernels.available()
 
 
 def adoptable(param: torch.Tensor, tensor: torch.Tensor) -> bool:
