@@ -27,10 +27,6 @@ from hearth.platform import cpu_info
 ISA_AVX2 = 1
 ISA_AVX512 = 2
 
-# Above this many tokens F.linear (fp32 GEMM) is used. Measured on a 2-core EPYC (Zen 3, AVX2), torch 2.13 / MKL,
-# one thread, hot W [1024, 2048] bf16: the kernel is ahead up to M = 32 (~50 vs ~35 GF/s) and behind at M = 64
-# (~27 vs ~37 GF/s). Not yet measured on AVX-512 machines, where oneDNN's native bf16 GEMM may move it down.
-MAX_KERNEL_M = 32
 
 _WEIGHT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 LOSSLESS_16BIT = (torch.bfloat16, torch.float16)
@@ -47,6 +43,14 @@ def isa() -> int | None:
     if info.has_avx512 and forced != "avx2":
         return ISA_AVX512
     return ISA_AVX2
+
+
+# Above this many tokens F.linear (fp32 GEMM, 16-bit weights widened first) is used. Measured, torch 2.13 / MKL:
+# 2-core EPYC (Zen 3, AVX2), one thread, hot W [1024, 2048] bf16: the kernel ahead up to M = 32 (~50 vs ~35 GF/s),
+# behind at M = 64 (~27 vs ~37). 2-vCPU Skylake-SP (AVX-512, no AVX512-BF16), 2 threads, Qwen2.5-0.5B shapes, bf16
+# weights from memory (kernel_vs_sgemm.py): ahead at M = 64 (101-112 vs 72-95 GF/s), behind from M = 128
+# (80-113 vs 112-141). Machines with native bf16 GEMMs are not measured.
+MAX_KERNEL_M = 64 if isa() == ISA_AVX512 else 32
 
 
 @functools.cache
