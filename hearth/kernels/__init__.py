@@ -96,7 +96,8 @@ def linear_parts(x: torch.Tensor, parts: list[torch.Tensor], bias: torch.Tensor 
         # into the merged output (no per-part outputs, no cat: at 2048 tokens those were ~7% of a Qwen prefill).
         b = bias.float() if bias is not None else None
         return F.linear(x.float(), widen_parts(parts), b).to(x.dtype)
-    if len(parts) == 1 or not 0 < m <= MAX_KERNEL_M or len(parts) > 8 or not uniform or not _kernel_ok(x, parts[0], None):
+    if (len(parts) == 1 or not 0 < m <= MAX_KERNEL_M or len(parts) > 8 or not uniform
+            or not _kernel_ok(x, parts[0], None)):
         biases = [None] * len(parts) if bias is None else list(bias.split([p.shape[0] for p in parts]))
         return torch.cat([linear(x, p, b) for p, b in zip(parts, biases)], dim=-1)
     x2 = x.reshape(m, x.shape[-1])
