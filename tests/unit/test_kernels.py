@@ -40,7 +40,7 @@ def test_matches_f_linear(wdtype, K, N):
     bias = torch.randn(N, generator=g)
     wf = w.float()
     for isa in _isas():
-        for M in (1, 2, 3, 4, 5, 8, 17, 64):
+        for M in (1, 2, 3, 4, 5, 6, 7, 8, 9, 17, 64):
             x = torch.randn(M, K, generator=g)
             for b in (None, bias):
                 got = kernels._run(x, w, b, isa_code=isa)
@@ -54,7 +54,7 @@ def test_ragged_k_and_k_blocks(K):
     g = torch.Generator().manual_seed(K)
     w = torch.randn(37, K, generator=g).bfloat16()
     bias = torch.randn(37, generator=g)
-    for M in (1, 2, 3, 4, 9):  # up to 4 x rows have their own path (row streams)
+    for M in (1, 2, 3, 4, 6, 8, 9):  # up to 4 x rows have their own path (row streams)
         x = torch.randn(M, K, generator=g)
         for isa in _isas():
             for kblock in (0, 16, 32):

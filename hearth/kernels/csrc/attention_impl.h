@@ -181,15 +181,17 @@ static void attend(const AttnParams& p, int64_t s, int64_t h, int64_t t0, int64_
   }
 }
 
-static void run_item(const AttnParams& p, const WorkItem& w, float* scratch) {
-  switch (p.kv_dtype) {
-    case kAttnBF16:
-      return attend<KVBF16>(p, w.seq, w.kv_head, w.t0, w.nt, scratch);
-    case kAttnF16:
-      return attend<KVF16>(p, w.seq, w.kv_head, w.t0, w.nt, scratch);
-    case kAttnI8:
-      return attend<KVI8>(p, w.seq, w.kv_head, w.t0, w.nt, scratch);
-    default:
-      return attend<KVF32>(p, w.seq, w.kv_head, w.t0, w.nt, scratch);
+// f(KV{}) with the loader of this cache dtype.
+template <class F>
+static inline void with_kv(int kv_dtype, F&& f) {
+  switch (kv_dtype) {
+    case kAttnBF16: return f(KVBF16{});
+    case kAttnF16: return f(KVF16{});
+    case kAttnI8: return f(KVI8{});
+    default: return f(KVF32{});
   }
+}
+
+static void run_item(const AttnParams& p, const WorkItem& w, float* scratch) {
+  with_kv(p.kv_dtype, [&](auto kv) { attend<decltype(kv)>(p, w.seq, w.kv_head, w.t0, w.nt, scratch); });
 }

@@ -197,14 +197,5 @@ static void attend_tiled(const AttnParams& p, int64_t s, int64_t h, int64_t t0, 
 }
 
 static void run_item_tiled(const AttnParams& p, const WorkItem& w, float* scratch) {
-  switch (p.kv_dtype) {
-    case kAttnBF16:
-      return attend_tiled<KVBF16>(p, w.seq, w.kv_head, w.t0, w.nt, scratch);
-    case kAttnF16:
-      return attend_tiled<KVF16>(p, w.seq, w.kv_head, w.t0, w.nt, scratch);
-    case kAttnI8:
-      return attend_tiled<KVI8>(p, w.seq, w.kv_head, w.t0, w.nt, scratch);
-    default:
-      return attend_tiled<KVF32>(p, w.seq, w.kv_head, w.t0, w.nt, scratch);
-  }
+  with_kv(p.kv_dtype, [&](auto kv) { attend_tiled<decltype(kv)>(p, w.seq, w.kv_head, w.t0, w.nt, scratch); });
 }
