@@ -85,7 +85,9 @@ def _run(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, kblock: in
 
 def linear_parts(x: torch.Tensor, parts: list[torch.Tensor], bias: torch.Tensor | None = None) -> torch.Tensor:
     """linear(x, cat(parts), bias) without the cat: parts [N_i, K] (same dtype, contiguous) are the row blocks of
-    one weight, e.g. q/k/v as the checkpoint stores them. One kernel call for few tokens; F.linear per part else."""
+    one weight, e.g. q/k/v as the checkpoint stores them. One kernel call for few tokens; for more, one fp32 GEMM on
+    the parts widened into one scratch weight (16-bit parts whose GEMM would run in fp32 anyway); else F.linear per
+    part."""
     m = x.numel() // x.shape[-1] if x.dim() >= 1 else 0
     n = sum(p.shape[0] for p in parts)
     uniform = (x.shape[-1] == parts[0].shape[1] and all(p.is_contiguous() and p.dtype == parts[0].dtype for p in parts)
