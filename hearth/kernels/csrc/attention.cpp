@@ -39,6 +39,7 @@ struct AttnParams {
 
 struct WorkItem {
   int64_t seq, kv_head, t0, nt;
+  bool tiled;  // several query tokens: the tiled (GEMM-shaped) path of attention_tiled_impl.h
 };
 }  // namespace
 
@@ -221,9 +222,13 @@ int hk_paged_attention(const float* q, int64_t q_tok_stride, const void* k_cache
     const int64_t ql = query_start[s + 1] - query_start[s];
     if (ql <= 0 || context_lens[s] < ql) continue;
     const int64_t qt = ql > 1 && std::min(ql, qt_tiled) * G >= kTiledMinRows ? qt_tiled : qt_row;
-    // Tiles from the last (longest context) first, so the dynamic schedule ends on cheap items.
-    for (int64_t t0 = ((ql - 1) / qt) * qt; t0 >= 0; t0 -= qt)
-      for (int64_t h = 0; h < num_kv_heads; ++h) items.push_back({s, h, t0, std::min(qt, ql - t0)});
+    // Tiles from the last (longest context) first, so the dynamic schedule ends on cheap items. One token (a
+    // decode, or a prompt's last lone token) takes the row path, which reads each K/V row once with no conversion.
+    for (int64_t t0 = ((ql - 1) / qt) * qt; t0 >= 0; t0 -= qt) {
+      const int64_t nt = std::min(qt, ql - t0);
+      const bool tiled = nt > 1 && nt * G >= kTiledMinRows && nt * G <= tiled_rows;
+      for (int64_t h = 0; h < num_kv_heads; ++h) items.push_back({s, h, t0, nt, tiled});
+    }
   }
   const int64_t n = (int64_t)items.size();
   if (n == 0) return 0;
@@ -237,13 +242,10 @@ int hk_paged_attention(const float* q, int64_t q_tok_stride, const void* k_cache
   const int nt = (int)std::max<int64_t>(1, std::min<int64_t>(nthreads, n));
   auto body = [&](float* scratch, int64_t i) {
     const WorkItem& w = items[i];
-    // Several query tokens: the tiled (GEMM-shaped) path; one token (decode): the row path, which reads each K/V
-    // row once with no conversion pass.
-    const bool tiled = w.nt > 1 && w.nt * G >= kTiledMinRows && w.nt * G <= tiled_rows;
     if (isa == kAttnISA_AVX512)
-      tiled ? hk_attn_avx512::run_item_tiled(p, w, scratch) : hk_attn_avx512::run_item(p, w, scratch);
+      w.tiled ? hk_attn_avx512::run_item_tiled(p, w, scratch) : hk_attn_avx512::run_item(p, w, scratch);
     else
-      tiled ? hk_attn_avx2::run_item_tiled(p, w, scratch) : hk_attn_avx2::run_item(p, w, scratch);
+      w.tiled ? hk_attn_avx2::run_item_tiled(p, w, scratch) : hk_attn_avx2::run_item(p, w, scratch);
   };
   if (nt == 1) {
     std::vector<float> scratch(sf);

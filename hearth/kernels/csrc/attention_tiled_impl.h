@@ -1,6 +1,6 @@
 // ISA-generic body of the tiled (prefill) attention path, included once per ISA by attention.cpp after
 // attention_impl.h, inside the same namespace (it uses T, L and the KV* loaders from there). T also provides
-// keep_if_le (s where a <= b, else -inf) and kDV (head-dim vectors per P.V micro-tile).
+// keep_if_le (s where a <= b, else -inf), kDV (head-dim vectors per P.V micro-tile) and kRegs (vector registers).
 //
 // A work item with several query tokens (R = tokens x G rows) is a small GEMM problem, which the row-at-a-time
 // path of attention_impl.h runs at ~25% of the FMA peak (two loads per FMA, horizontal sums per key). Here the keys
@@ -89,7 +89,7 @@ static inline void tiled_pv(float* __restrict acc, const float* __restrict st, c
     for (int v = 0; v < DV; ++v) T::store(acc + (r0 + r) * D + d0 + v * L, a[r][v]);
 }
 
-// Convert key / value row `kpos` of this head into fp32 (int8: times its per-token scale).
+// One key / value row of this head (D elements) into fp32 (int8: times its per-token scale).
 template <class KV>
 static inline void pack_row(const typename KV::E* src, const float* scale_row, int64_t D, float* dst) {
   if constexpr (KV::kScaled) {
