@@ -30,6 +30,12 @@ def omp_threads_bind() -> str:
     return _first("HEARTH_CPU_OMP_THREADS_BIND", "VLLM_CPU_OMP_THREADS_BIND") or "auto"
 
 
+def keep_freed_memory() -> bool:
+    """HEARTH_KEEP_FREED_MEMORY (default on): glibc keeps freed memory for reuse (platform.keep_freed_memory)."""
+    value = _first("HEARTH_KEEP_FREED_MEMORY")
+    return value is None or value.strip().lower() not in ("0", "false", "no", "off")
+
+
 def api_key() -> str | None:
     return _first("HEARTH_API_KEY", "VLLM_API_KEY")
 

@@ -19,7 +19,7 @@ from hearth.engine.request import Request, RequestStatus
 from hearth.engine.scheduler import Scheduler
 from hearth.layers.attention import Attention
 from hearth.loader.model_loader import load_model
-from hearth.platform import cpu_info, setup_threads
+from hearth.platform import cpu_info, keep_freed_memory, setup_threads
 from hearth.sampling_params import SamplingParams
 from hearth.spec_decode.config import SpeculativeConfig
 from hearth.spec_decode.draft_proposer import DraftProposer, load_draft_model
@@ -63,6 +63,7 @@ class LLMEngine:
         self.args = args
         bind = args.omp_threads_bind or envs.omp_threads_bind()
         self.threads, self.bound_cores = setup_threads(args.threads, bind)
+        self.keeps_freed_memory = keep_freed_memory()
         torch.manual_seed(args.seed)
         spec_config = SpeculativeConfig.parse(args.speculative_config)  # before loading: a bad config fails fast
         loaded = load_model(args)

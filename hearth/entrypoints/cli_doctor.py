@@ -34,6 +34,7 @@ def run(ns: argparse.Namespace) -> int:
         ("default --dtype auto ->", str(resolve_dtype("auto")).removeprefix("torch.")),
         ("core binding", envs.omp_threads_bind()),
         ("HEARTH_KVCACHE_SPACE", str(envs.kv_cache_space_gib() or "auto")),
+        ("keep freed memory (glibc heap)", "yes" if envs.keep_freed_memory() else "no (HEARTH_KEEP_FREED_MEMORY=0)"),
         ("allowed cores", ",".join(map(str, sorted(os.sched_getaffinity(0))))),
     ]
     width = max(len(k) for k, _ in rows)
