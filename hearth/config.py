@@ -98,10 +98,17 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 2048
     max_model_len: int = 2048
     max_waiting_requests: int | None = None
+    # While sequences are decoding, start at most this many new prompts per step (0: as many as the budget
+    # allows). 1 staggers a burst of arrivals, so later requests wait about one step for their first token
+    # instead of a whole wave's prefill, at some cost in throughput (see the scheduler).
+    max_prefills_per_decode_step: int = 0
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
             raise ValueError(f"--max-num-seqs must be >= 1, got {self.max_num_seqs}")
+        if self.max_prefills_per_decode_step < 0:
+            raise ValueError("--max-prefills-per-decode-step must be >= 0 (0: no limit), "
+                             f"got {self.max_prefills_per_decode_step}")
         if self.max_num_batched_tokens < 1:
             raise ValueError(f"--max-num-batched-tokens must be >= 1, got {self.max_num_batched_tokens}")
 
@@ -122,6 +129,7 @@ class EngineArgs:
     max_model_len: int | None = None
     max_num_seqs: int = 64
     max_num_batched_tokens: int | None = None
+    max_prefills_per_decode_step: int = 0
     block_size: int = 16
     kv_cache_space: float | None = None
     enable_prefix_caching: bool = True

@@ -81,7 +81,8 @@ class LLMEngine:
         self.scheduler_config = SchedulerConfig(
             max_num_seqs=args.max_num_seqs,
             max_num_batched_tokens=args.max_num_batched_tokens or max(2048, args.max_num_seqs),
-            max_model_len=mc.max_model_len, max_waiting_requests=args.max_waiting_requests)
+            max_model_len=mc.max_model_len, max_waiting_requests=args.max_waiting_requests,
+            max_prefills_per_decode_step=args.max_prefills_per_decode_step)
         per_block = ModelRunner.kv_bytes_per_block(self.model, args.block_size, kv_dtype)
         if draft_model is not None:  # the draft's KV cache has as many blocks as the target's
             per_block += ModelRunner.kv_bytes_per_block(draft_model, args.block_size, draft_kv_dtype)

@@ -105,8 +105,16 @@ class Scheduler:
             # req itself was preempted: everything after it is gone too.
             break
 
-        # 2. Waiting requests, in arrival order, while there is budget, a sequence slot and blocks.
-        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+        # 2. Waiting requests, in arrival order, while there is budget, a sequence slot and blocks (and, if
+        # max_prefills_per_decode_step is set and others run this step, up to that many).
+        # NOTE: the cap applies only next to running requests, so an idle engine takes a whole burst at once (an
+        # offline batch keeps its one big prefill); a burst that arrives while others decode is started one (N)
+        # per step, and the finishes, hence the next arrivals, stay staggered. Measured (Qwen2.5-0.5B, engine
+        # alone, 8 clients x 4 requests, 128 in / 64 out): TTFT p50 6.17 -> 1.42 s, output tok/s 25.7 -> 22.2.
+        cap = self.config.max_prefills_per_decode_step if scheduled_running else 0
+        started = 0
+        while (self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs
+               and not (cap and started >= cap)):
             req = self.waiting[0]
             if out.preempted and req in out.preempted:
                 break  # don't re-admit what this step just preempted
@@ -130,6 +138,7 @@ class Scheduler:
             self.running.append(req)
             out.scheduled.append(ScheduledRequest(req, num_new, num_cached + num_new == req.num_tokens))
             budget -= num_new
+            started += 1
             all_decodes = False
         out.all_decodes = all_decodes and bool(out.scheduled)
         return out

@@ -24,6 +24,9 @@ def add_engine_args(p: argparse.ArgumentParser, model_optional: bool = False) ->
     g.add_argument("--max-model-len", type=int, default=None, help="context length (default: the model's)")
     g.add_argument("--max-num-seqs", type=int, default=64, help="sequences in flight at once")
     g.add_argument("--max-num-batched-tokens", type=int, default=None, help="token budget of one engine step")
+    g.add_argument("--max-prefills-per-decode-step", type=int, default=0,
+                   help="while sequences decode, start at most N new prompts per step (default 0: no limit); 1 "
+                        "staggers bursts for a lower median time to first token, at some throughput")
     g.add_argument("--block-size", type=int, default=16, help="tokens per KV-cache block")
     g.add_argument("--kv-cache-space", type=float, default=None,
                    help="KV-cache size in GiB (env HEARTH_KVCACHE_SPACE / VLLM_CPU_KVCACHE_SPACE; default: "
@@ -50,6 +53,7 @@ def add_engine_args(p: argparse.ArgumentParser, model_optional: bool = False) ->
 
 
 ENGINE_ARG_NAMES = ["model", "tokenizer", "dtype", "max_model_len", "max_num_seqs", "max_num_batched_tokens",
+                    "max_prefills_per_decode_step",
                     "block_size", "kv_cache_space", "kv_cache_dtype", "enable_prefix_caching", "threads",
                     "omp_threads_bind", "seed", "chat_template", "served_model_name", "quantization",
                     "speculative_config"]
