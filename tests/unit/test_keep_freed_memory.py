@@ -13,7 +13,7 @@ applied = keep_freed_memory()
 libc = ctypes.CDLL("libc.so.6")
 libc.malloc.restype = ctypes.c_void_p
 libc.free.argtypes = [ctypes.c_void_p]
-def faults_of_fresh_64mb():  # what a prefill's activation tensors do through torch's allocator
+def faults_of_fresh_64mb():  # one large block freed and asked for again, as each prefill layer does
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     p = libc.malloc(64 << 20)
     ctypes.memset(p, 1, 64 << 20)
