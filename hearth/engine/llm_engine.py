@@ -63,7 +63,7 @@ class LLMEngine:
         self.args = args
         bind = args.omp_threads_bind or envs.omp_threads_bind()
         self.threads, self.bound_cores = setup_threads(args.threads, bind)
-        self.keeps_freed_memory = keep_freed_memory()
+        keep_freed_memory()  # process-wide glibc setting, before the model and its activations are allocated
         torch.manual_seed(args.seed)
         spec_config = SpeculativeConfig.parse(args.speculative_config)  # before loading: a bad config fails fast
         loaded = load_model(args)
