@@ -52,3 +52,19 @@ def tokenizer_cache_dir() -> str | None:
         return None if value.strip().lower() in ("0", "false", "no", "off") else value
     root = _first("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(root, "hearth", "tokenizers")
+
+
+def panels_enabled() -> bool:
+    """HEARTH_PANELS (default on): dense bf16 weights repacked into panels where that pays (kernels/panels.py)."""
+    value = _first("HEARTH_PANELS")
+    return value is None or value.strip().lower() not in ("0", "false", "no", "off")
+
+
+def panel_cache_dir() -> str | None:
+    """Where packed panel weights are kept between runs (loader/panel_pack.py): HEARTH_PANEL_CACHE (a directory,
+    or 0/off: pack into memory at every start), else $XDG_CACHE_HOME/hearth/panels (~/.cache/hearth/...)."""
+    value = _first("HEARTH_PANEL_CACHE")
+    if value is not None:
+        return None if value.strip().lower() in ("0", "false", "no", "off") else value
+    root = _first("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(root, "hearth", "panels")

@@ -15,6 +15,19 @@ def _unpin_main_thread():
         os.sched_setaffinity(0, _PROCESS_AFFINITY)
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _panel_cache(tmp_path_factory: pytest.TempPathFactory):
+    """Packed panel weights of the tests' throwaway checkpoints go to a session directory, not ~/.cache (server
+    subprocesses inherit the variable)."""
+    old = os.environ.get("HEARTH_PANEL_CACHE")
+    os.environ["HEARTH_PANEL_CACHE"] = str(tmp_path_factory.mktemp("panels"))
+    yield
+    if old is None:
+        os.environ.pop("HEARTH_PANEL_CACHE", None)
+    else:
+        os.environ["HEARTH_PANEL_CACHE"] = old
+
+
 @pytest.fixture
 def tokenizer_cache_dir(tmp_path, monkeypatch: pytest.MonkeyPatch):
     """A fresh, empty tokenizer cache directory for this test (HEARTH_TOKENIZER_CACHE)."""

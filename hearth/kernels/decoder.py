@@ -26,6 +26,7 @@ from hearth import kernels
 from hearth.kernels import _build
 from hearth.kernels import attention as attn_kernel
 from hearth.kernels import fused
+from hearth.kernels import panels
 from hearth.kernels import quant
 
 if TYPE_CHECKING:
@@ -95,6 +96,16 @@ def _linear_desc(lin, keep: list) -> _Linear | None:
                        qw.data.stride(0), bias.data_ptr() if bias is not None else None, qw.scales.data_ptr(),
                        qw.mins.data_ptr() if qw.mins is not None else None, qw.scales.stride(0), qw.group,
                        scale_f16=int(qw.scale_f16))
+    if type(lin) is Linear and lin.panels is not None:
+        keep += lin.panels
+        desc = _Linear(0, panels.DTYPE_CODE, lin.panels[0].data_ptr(), sum(lin.panel_rows), lin.in_features,
+                       lin.in_features, bias.data_ptr() if bias is not None else None, None, None, 0, 0)
+        if len(lin.panels) > _MAX_PARTS:
+            return None
+        desc.nparts = len(lin.panels)
+        for i, (p, n) in enumerate(zip(lin.panels, lin.panel_rows)):
+            desc.part_w[i], desc.part_n[i] = p.data_ptr(), n
+        return desc
     parts = lin.parts if type(lin) is Linear and lin.parts is not None else [lin.weight]
     keep += parts
     dtypes = {w.dtype for w in parts}

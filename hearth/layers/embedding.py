@@ -1,8 +1,10 @@
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hearth.kernels import quant
+from hearth.kernels import panels, quant
 from hearth.kernels.quant_gguf import GGUFBlocks
 from hearth.layers.linear import adoptable, keep_16bit
 
@@ -18,9 +20,13 @@ class Embedding(nn.Module):
 
     def __init__(self, num_embeddings: int, embedding_dim: int) -> None:
         super().__init__()
+        self.num_embeddings = num_embeddings
         self.weight = nn.Parameter(torch.empty(num_embeddings, embedding_dim), requires_grad=False)
         self.out_dtype = self.weight.dtype
         self.qweight = None  # hearth.kernels.quant.QWeight, or None: the dense weight
+        # The table in bf16 panels (hearth.kernels.panels) when it is also a tied LM head: the head's product reads
+        # them, and a lookup gathers a row from its panel (row n: panel n // 32, lane panels.lane(n % 32)).
+        self.panels: torch.Tensor | None = None
 
     def load(self, tensor: torch.Tensor | GGUFBlocks) -> None:
         if isinstance(tensor, GGUFBlocks):
@@ -43,7 +49,26 @@ class Embedding(nn.Module):
         else:
             self.weight.data.copy_(tensor)
 
+    def can_use_panels(self) -> bool:
+        return (self.panels is None and self.qweight is None and self.weight.dtype == torch.bfloat16
+                and self.weight.dim() == 2 and self.weight.shape[0] > 0 and self.weight.stride(1) == 1)
+
+    def row_blocks(self) -> list[torch.Tensor]:
+        return [self.weight]
+
+    def use_panels(self, alloc: Callable[[int], torch.Tensor], pack: bool = True) -> list[torch.Tensor]:
+        """As Linear.use_panels (the table is the one row block)."""
+        w = self.weight
+        buf = alloc(panels.numel(*w.shape))
+        self.panels = panels.pack(w, buf) if pack else buf.view(-1, w.shape[1], panels.ROWS)
+        self.weight = nn.Parameter(torch.empty(0, w.shape[1], dtype=w.dtype), requires_grad=False)
+        return [w]
+
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if self.panels is not None:
+            ids = input_ids.reshape(-1)
+            rows = self.panels[ids // panels.ROWS, :, panels.lane(ids % panels.ROWS)]
+            return rows.reshape(*input_ids.shape, rows.shape[1]).to(self.out_dtype)
         if self.qweight is not None:
             rows = quant.dequantize_gather(self.qweight, input_ids.reshape(-1))
             return rows.reshape(*input_ids.shape, rows.shape[1]).to(self.out_dtype)

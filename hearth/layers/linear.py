@@ -8,10 +8,13 @@ one call (hk_linear_parts: one parallel region over every part's rows), as fast 
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
 from hearth import kernels
+from hearth.kernels import panels
 
 # 16-bit checkpoint weights (kernels.LOSSLESS_16BIT) widen to float32 exactly, so a float32 model may keep them in
 # 16 bits: the same numbers, half the bytes read per decode step. Only where the kernels that read them can run.
@@ -44,6 +47,9 @@ class Linear(nn.Module):
         # The shards' weights as loaded (rows in shard order), once every shard is in; None: one merged weight.
         self.parts: list[torch.Tensor] | None = None
         self._arrived: dict[str, torch.Tensor] = {}
+        # The weight in bf16 panels (hearth.kernels.panels), one per part, and each part's rows; None: as loaded.
+        self.panels: list[torch.Tensor] | None = None
+        self.panel_rows: list[int] = []
         offset = 0
         for name, size in (shard_sizes or {}).items():
             self.shards[name] = (offset, size)
@@ -85,7 +91,29 @@ class Linear(nn.Module):
             # The merged weight was never written (never faulted in either); only its dtype is still read.
             self.weight = nn.Parameter(torch.empty(0, self.in_features, dtype=tensor.dtype), requires_grad=False)
 
+    def row_blocks(self) -> list[torch.Tensor]:
+        """The weight as loaded: its row blocks in order (the parts, or the one weight)."""
+        return self.parts if self.parts is not None else [self.weight]
+
+    def can_use_panels(self) -> bool:
+        blocks = self.row_blocks()
+        return (self.panels is None and all(b.dtype == torch.bfloat16 and b.dim() == 2 and b.shape[0] > 0
+                                            and b.shape[1] == self.in_features and b.stride(1) == 1 for b in blocks))
+
+    def use_panels(self, alloc: Callable[[int], torch.Tensor], pack: bool = True) -> list[torch.Tensor]:
+        """Switch to panels: each row block's in alloc(numel) (bf16), packed there (pack=False: already there, e.g.
+        a cache file of an earlier run). Returns the replaced row-major tensors."""
+        blocks = self.row_blocks()
+        self.panels = [panels.pack(b, alloc(panels.numel(*b.shape))) if pack
+                       else alloc(panels.numel(*b.shape)).view(-1, b.shape[1], panels.ROWS) for b in blocks]
+        self.panel_rows = [b.shape[0] for b in blocks]
+        self.parts = None
+        self.weight = nn.Parameter(torch.empty(0, self.in_features, dtype=torch.bfloat16), requires_grad=False)
+        return blocks
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.panels is not None:
+            return panels.linear(x, self.panels, self.panel_rows, self.bias)
         if self.parts is None:
             return kernels.linear(x, self.weight, self.bias)
         return kernels.linear_parts(x, self.parts, self.bias)

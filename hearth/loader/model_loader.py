@@ -18,7 +18,7 @@ from hearth.config import EngineArgs, HFConfig, ModelConfig, resolve_dtype
 from hearth.kernels import quant, quant_gguf
 from hearth.kernels.quant import QWeight
 from hearth.kernels.quant_gguf import GGUFBlocks
-from hearth.loader import hugepages
+from hearth.loader import hugepages, panel_pack
 from hearth.loader.errors import LoadError
 from hearth.loader.hf_folder import iter_safetensors, read_generation_config, read_hf_config, safetensors_files
 from hearth.models.registry import get_model_class, supported_architectures
@@ -135,6 +135,7 @@ def load_model(args: EngineArgs) -> LoadedModel:
         loaded = _load_hf_folder(path, args)
     if hugepages.enabled():
         hugepages.move_to_hugepages(loaded.model)
+    panel_pack.pack_dense_weights(loaded.model, path)
     logger.info("loaded %s (%s, %s) in %.1f s", path, loaded.model_config.architecture,
                 str(loaded.model_config.dtype).removeprefix("torch."), time.perf_counter() - t0)
     return loaded

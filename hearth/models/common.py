@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from hearth import kernels
+from hearth.kernels import panels
 from hearth.layers.embedding import Embedding
 from hearth.layers.linear import Linear
 
@@ -40,8 +41,13 @@ class CausalLMBase(nn.Module):
 
             logits = quant.linear(hidden, self.lm_head_qweight).float()
         else:
-            weight = self.model.embed_tokens.weight if self.tie_word_embeddings else self.lm_head.weight
-            logits = kernels.linear(hidden, weight).float()
+            embed = self.model.embed_tokens
+            if self.tie_word_embeddings and embed.panels is not None:
+                logits = panels.linear(hidden, [embed.panels], [embed.num_embeddings]).float()
+            elif self.tie_word_embeddings:
+                logits = kernels.linear(hidden, embed.weight).float()
+            else:
+                logits = self.lm_head(hidden).float()
         if self.final_logit_softcap:
             logits = torch.tanh(logits / self.final_logit_softcap) * self.final_logit_softcap
         return logits

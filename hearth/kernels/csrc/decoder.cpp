@@ -56,7 +56,7 @@ enum LinearKind { kFloat = 0, kQuantFloat = 1, kQuantInt8 = 2, kQuantInt8x2 = 3 
 
 constexpr int kMaxParts = 4;
 
-// One projection. kFloat: w [N][ldw] in w_dtype (0 f32 / 1 bf16 / 2 f16), or with nparts > 1 the weight in parts
+// One projection. kFloat: w [N][ldw] in w_dtype (0 f32 / 1 bf16 / 2 f16; 3: bf16 panels, see panel.cpp), or with nparts > 1 the weight in parts
 // (the checkpoint's q/k/v or gate/up as loaded): part_w[p] [part_n[p]][K], rows in order, w unused (one
 // hk_linear_parts call: one parallel region, as fast as a merged weight). Quantized:
 // hearth's int8/int4 layout (w_dtype 1 = int4, 0 = int8), scales/mins [N][ldg], group weights per scale.

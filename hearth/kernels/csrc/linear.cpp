@@ -17,7 +17,7 @@
 
 enum class WKind { kBF16, kF16, kF32 };
 
-enum DType { kF32 = 0, kBF16 = 1, kF16 = 2 };
+enum DType { kF32 = 0, kBF16 = 1, kF16 = 2, kBF16Panels = 3 };
 
 struct Problem {
   const float* x;  // packed: [M][K] fp32, full chunks deinterleaved (bf16 weights), tail in natural order
@@ -139,7 +139,11 @@ using hk_par::parallel_dynamic;
 
 extern "C" {
 
+int hk_linear_panels(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, int64_t nparts,
+                     const void* const* w, const int64_t* n, const float* bias, float* out, int nthreads);
+
 // out[M][N] (fp32) = x[M][K] (row stride ldx, dtype x_dtype) . w[N][K]^T (row stride ldw, dtype w_dtype) + bias.
+// w_dtype 3: bf16 weights in panel form (panel.cpp; ldw unused, AVX-512 only).
 // isa: 1 = AVX2+FMA+F16C, 2 = AVX-512F/BW. kblock: K block in elements, 0 = auto (fit L1/L2). Returns 0 or a negative error.
 int hk_linear_parts(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, int64_t nparts,
                     const void* const* w, const int64_t* n, int w_dtype, int64_t ldw, const float* bias, float* out,
@@ -157,6 +161,10 @@ int hk_linear_parts(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ld
                     const void* const* w, const int64_t* n, int w_dtype, int64_t ldw, const float* bias, float* out,
                     int isa, int64_t kblock, int nthreads) {
   if (isa != kISA_AVX2 && isa != kISA_AVX512) return -1;
+  if (w_dtype == kBF16Panels) {  // bf16 in 32-row panels (panel.cpp): AVX-512 only
+    if (isa != kISA_AVX512 || x_dtype < 0 || x_dtype > 2 || nparts < 1) return -4;
+    return hk_linear_panels(x, x_dtype, M, K, ldx, nparts, w, n, bias, out, nthreads);
+  }
   if (x_dtype < 0 || x_dtype > 2 || w_dtype < 0 || w_dtype > 2) return -2;
   if (nparts < 1 || nparts > 8) return -3;
   int64_t N = 0;

@@ -1,0 +1,181 @@
+"""After loading: repack every dense bf16 projection into panels (hearth.kernels.panels), where that pays.
+
+The panels of a model live in one file, packed at the first start and mapped at every later one (like the compiled
+kernels): $XDG_CACHE_HOME/hearth/panels/<key>.bin, the key hashing the checkpoint files' names, sizes and mtimes,
+the model's layout and the panel format. Why a file: a copy of the weights needs fresh memory, and in this VM
+first-touched memory costs ~1.3 s per GB (0.3-1.0 GB/s, huge pages or not: the host backs guest pages lazily),
+so packing TinyLlama's 2 GB in memory at every start would add ~2.6 s to a ~3.5 s start. A mapped file's pages are
+page cache: a later start maps them (read-only, private) at no cost. HEARTH_PANEL_CACHE=0 (or an unwritable cache,
+or too little disk) packs into anonymous memory instead.
+
+The row-major weights the panels replace are dropped: heap copies are freed (and trimmed), and the pages of a
+safetensors file mapping that packing read are handed back (MADV_DONTNEED on a private file mapping only drops
+this process's copy; a later read would fault the same bytes in from the file), so resident memory holds one copy.
+A tied LM head's table is packed too (Qwen2.5-0.5B's is 28% of its weights); lookups gather rows from the panels.
+Runs before anything caches raw weight pointers (the decode program is built later, by the model runner).
+"""
+from __future__ import annotations
+
+import ctypes
+import glob
+import hashlib
+import logging
+import mmap
+import os
+import shutil
+import time
+
+import torch
+from torch import nn
+
+from hearth import envs
+from hearth.kernels import panels
+from hearth.layers.embedding import Embedding
+from hearth.layers.linear import Linear
+from hearth.loader import hugepages
+
+logger = logging.getLogger("hearth")
+
+FORMAT = "hearth-panels-1"  # bump when the panel layout or what gets packed changes
+_ALIGN = 32  # bf16 elements: 64 bytes
+_MADV_DONTNEED = 4
+_MADV_POPULATE_READ = 22  # Linux >= 5.14; older kernels refuse it (EINVAL) and the pages fault in one by one
+_PAGE = 4096
+_DISK_MARGIN = 1 << 30  # leave this much free on the cache's disk
+
+
+def _file_mappings() -> list[tuple[int, int]]:
+    """[start, end) of this process's file-backed private mappings (/proc/self/maps)."""
+    found = []
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                fields = line.split()
+                if len(fields) >= 6 and fields[5].startswith("/") and fields[1][3] == "p":
+                    lo, hi = (int(v, 16) for v in fields[0].split("-"))
+                    found.append((lo, hi))
+    except OSError:
+        pass
+    return found
+
+
+def _madvise_each(tensors: list[torch.Tensor], advice: int, maps: list[tuple[int, int]]) -> int:
+    """madvise the whole pages of each tensor that lies in one of maps; returns the bytes advised."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    done = 0
+    for t in tensors:
+        lo = t.data_ptr()
+        hi = lo + t.numel() * t.element_size()
+        if not any(a <= lo and hi <= b for a, b in maps):
+            continue
+        start, end = -(-lo // _PAGE) * _PAGE, hi // _PAGE * _PAGE
+        if end > start and libc.madvise(start, end - start, advice) == 0:
+            done += end - start
+    return done
+
+
+def _source_identity(path: str) -> list[str]:
+    """Names, sizes and mtimes of the checkpoint's files (a file, or a folder's top-level files)."""
+    path = os.path.realpath(path)
+    files = [path] if os.path.isfile(path) else sorted(os.path.join(path, f) for f in os.listdir(path))
+    out = []
+    for f in files:
+        if os.path.isfile(f):
+            st = os.stat(f)
+            out.append(f"{f}:{st.st_size}:{st.st_mtime_ns}")
+    return out
+
+
+def _cache_path(source: str, layout: list[str]) -> str | None:
+    root = envs.panel_cache_dir()
+    if root is None:
+        return None
+    h = hashlib.sha256()
+    for line in [FORMAT, *_source_identity(source), *layout]:
+        h.update(line.encode() + b"\n")
+    # <checkpoint path>-<everything>: a new entry for a path replaces its old ones (see _map)
+    where = hashlib.sha256(os.path.realpath(source).encode()).hexdigest()[:12]
+    return os.path.join(root, f"{where}-{h.hexdigest()[:20]}.bin")
+
+
+def _map(path: str, nbytes: int, create: bool) -> torch.Tensor | None:
+    """The cache file as a bf16 tensor: an existing one mapped private (read, never written), or a new one of
+    nbytes mapped shared for packing (written under a temporary name, renamed when complete). None on failure."""
+    try:
+        if not create:
+            if os.path.getsize(path) != nbytes:
+                return None
+            with open(path, "rb") as f:
+                mm = mmap.mmap(f.fileno(), nbytes, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        else:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            if shutil.disk_usage(os.path.dirname(path)).free < nbytes + _DISK_MARGIN:
+                logger.info("panel cache: too little disk in %s; packing into memory", os.path.dirname(path))
+                return None
+            for old in glob.glob(os.path.join(glob.escape(os.path.dirname(path)),
+                                              os.path.basename(path).split("-")[0] + "-*.bin")):
+                os.remove(old)  # this checkpoint's entries for other file versions or layouts
+            tmp = f"{path}.{os.getpid()}.tmp"
+            with open(tmp, "w+b") as f:
+                f.truncate(nbytes)
+                mm = mmap.mmap(f.fileno(), nbytes, flags=mmap.MAP_SHARED)
+        return torch.frombuffer(mm, dtype=torch.bfloat16)  # keeps mm alive
+    except (OSError, ValueError) as e:
+        logger.info("panel cache %s unusable (%s); packing into memory", path, e)
+        return None
+
+
+def pack_dense_weights(model: nn.Module, source: str | None = None) -> int:
+    """Put the model's dense bf16 Linear weights in panels when panels.supported(): mapped from the cache file of
+    `source` (the checkpoint path) if one exists, else packed (into a new cache file when possible). Returns the
+    bytes of panels."""
+    if not panels.supported():
+        return 0
+    t0 = time.perf_counter()
+    named = [(name, m) for name, m in model.named_modules() if type(m) is Linear and m.can_use_panels()]
+    embed = getattr(getattr(model, "model", None), "embed_tokens", None)
+    if getattr(model, "tie_word_embeddings", False) and type(embed) is Embedding and embed.can_use_panels():
+        named.append(("model.embed_tokens", embed))  # the tied head's weight
+    if not named:
+        return 0
+    sizes = [[-(-panels.numel(*b.shape) // _ALIGN) * _ALIGN for b in m.row_blocks()] for _, m in named]
+    total = sum(sum(s) for s in sizes)
+    layout = [f"{name}:{[tuple(b.shape) for b in m.row_blocks()]}" for name, m in named]
+    path = _cache_path(source, layout) if source is not None else None
+    buf, cached, tmp = None, False, None
+    if path is not None and os.path.exists(path):
+        buf = _map(path, 2 * total, create=False)
+        cached = buf is not None
+    if buf is None and path is not None:
+        buf = _map(path, 2 * total, create=True)
+        tmp = f"{path}.{os.getpid()}.tmp" if buf is not None else None
+    if buf is None:
+        found = hugepages.arena(2 * total) if hugepages.enabled() else None
+        buf = found[0].view(torch.bfloat16) if found is not None else torch.empty(total, dtype=torch.bfloat16)
+    offset = 0
+
+    def alloc(numel: int) -> torch.Tensor:
+        nonlocal offset
+        out = buf[offset:offset + numel]
+        offset += -(-numel // _ALIGN) * _ALIGN
+        return out
+
+    replaced = []
+    if not cached:
+        # Map the file pages in with one call each: faulted in by the packing threads instead, page by page, the
+        # Qwen2.5-0.5B weights took 1.2 s to pack instead of 0.5 s (+0.07 s for this).
+        _madvise_each([b for _, m in named for b in m.row_blocks()], _MADV_POPULATE_READ, _file_mappings())
+    with torch.no_grad():
+        for _, m in named:
+            replaced += m.use_panels(alloc, pack=not cached)
+    if tmp is not None:
+        os.replace(tmp, path)
+    dropped = _madvise_each(replaced, _MADV_DONTNEED, _file_mappings())
+    del replaced
+    hugepages.malloc_trim()
+    how = "mapped from" if cached else "packed into" if tmp is not None else "packed in memory"
+    logger.info("dense weights in panels: %.2f GB %s %s in %.2f s (%.2f GB of checkpoint pages released)",
+                2 * total / 1e9, how, path if path and (cached or tmp) else "", time.perf_counter() - t0,
+                dropped / 1e9)
+    return 2 * total

@@ -1,0 +1,114 @@
+"""bf16 weights in 32-row panels: the kernel equals F.linear on awkward shapes, layers switch to panels without
+changing results, and a model's panels are packed once into the cache file and mapped from it afterwards."""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from hearth.kernels import panels
+
+pytestmark = pytest.mark.skipif(not panels.supported(), reason="panels need AVX-512 without native bf16 GEMMs")
+
+
+def _packed(w: torch.Tensor) -> torch.Tensor:
+    return panels.pack(w, torch.empty(panels.numel(*w.shape), dtype=torch.bfloat16))
+
+
+@pytest.mark.parametrize("x_dtype", [torch.float32, torch.bfloat16])
+def test_kernel_equals_f_linear_on_uneven_shapes(x_dtype: torch.dtype) -> None:
+    """Rows not a multiple of 32 (masked tails), K not a multiple of 16 (the packer's scalar tail), several parts
+    with a bias, and M across the register-tile sizes, the K-blocked multi-tile path and the prefill path."""
+    torch.manual_seed(0)
+    k = 83
+    parts = [torch.randn(n, k).bfloat16() for n in (37, 8, 100)]
+    bias = torch.randn(145)
+    ref_w = torch.cat(parts).float()
+    packed = [_packed(p) for p in parts]
+    for m in (1, 2, 5, 12, 13, 30, 64, 65, 150):
+        x = torch.randn(m, k).to(x_dtype)
+        y = panels.linear(x, packed, [37, 8, 100], bias)
+        assert y.dtype == x_dtype and y.shape == (m, 145)
+        ref = F.linear(x.float(), ref_w, bias)
+        tol = 1e-4 if x_dtype == torch.float32 else 3e-2 * ref.abs().max().item()
+        torch.testing.assert_close(y.float(), ref, rtol=0, atol=tol)
+
+
+def test_pack_layout_and_widen_are_exact() -> None:
+    """Panel p holds rows 32p .. 32p + 31 at every k (rows 32p + i and 32p + 16 + i share lane i), zeros past N;
+    widening gives back W^T exactly."""
+    torch.manual_seed(1)
+    w = torch.randn(45, 40).bfloat16()
+    p = _packed(w)
+    assert p.shape == (2, 40, 32)
+    for n in range(45):
+        assert torch.equal(p[n // 32, :, panels.lane(torch.tensor(n % 32))], w[n])
+    assert not p[1, :, panels.lane(torch.arange(13, 32))].float().any()
+    assert torch.equal(panels.widen([p], [45]), w.float().t())
+
+
+def test_linear_and_tied_embedding_switch_to_panels_without_changing_results() -> None:
+    from hearth.layers.embedding import Embedding
+    from hearth.layers.linear import Linear
+
+    torch.manual_seed(2)
+    lin = Linear(48, 96, shard_sizes={"q": 64, "k": 16, "v": 16})
+    for name, rows in (("q", 64), ("k", 16), ("v", 16)):
+        lin.load_shard("weight", name, torch.randn(rows, 48).bfloat16())
+    emb = Embedding(70, 48)
+    emb.load(torch.randn(70, 48).bfloat16())
+    xs = [torch.randn(m, 48) for m in (1, 8, 100)]
+    ids = torch.tensor([[0, 31, 32, 69], [5, 16, 48, 47]])
+    before = [lin(x) for x in xs] + [emb(ids)]
+    buf = torch.empty(4 * 48 * 32 + 3 * 48 * 32, dtype=torch.bfloat16)
+    used = 0
+
+    def alloc(n: int) -> torch.Tensor:
+        nonlocal used
+        used += n
+        return buf[used - n:used]
+
+    replaced = lin.use_panels(alloc) + emb.use_panels(alloc)
+    assert len(replaced) == 4 and lin.parts is None and lin.weight.numel() == 0 and emb.weight.numel() == 0
+    after = [lin(x) for x in xs] + [emb(ids)]
+    for a, b in zip(before, after):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-4)
+    assert torch.equal(before[-1], after[-1])  # lookups are exact
+
+
+def test_model_panels_are_cached_then_mapped_and_match_row_major(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """First load packs into the cache file, the second maps it without packing; greedy tokens equal the
+    row-major run's (a tied-head llama: the embedding table is packed too)."""
+    from hearth import LLM, SamplingParams
+    from tests.tiny_models import build_checkpoint, tiny_config
+
+    folder = build_checkpoint(str(tmp_path / "ckpt"), tiny_config("llama", tie_word_embeddings=True),
+                              dtype=torch.bfloat16)
+    cache = tmp_path / "panels"
+    monkeypatch.setenv("HEARTH_PANEL_CACHE", str(cache))
+    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    prompts = [{"prompt_token_ids": list(range(3 + i, 40 + 5 * i))} for i in range(6)]
+
+    def run() -> list[list[int]]:
+        llm = LLM(folder, dtype="float32", kv_cache_space=0.05, max_num_batched_tokens=256)
+        model = llm.engine.model
+        assert model.model.embed_tokens.panels is not None
+        assert model.model.layers[0].mlp.gate_up_proj.panels is not None
+        out = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+        del llm
+        return out
+
+    first = run()
+    files = os.listdir(cache)
+    assert len(files) == 1 and files[0].endswith(".bin")
+    calls = []
+    monkeypatch.setattr(panels, "pack", lambda *a: calls.append(a))
+    assert run() == first and not calls  # mapped, not packed
+    monkeypatch.undo()
+    monkeypatch.setenv("HEARTH_PANELS", "0")
+    llm = LLM(folder, dtype="float32", kv_cache_space=0.05, max_num_batched_tokens=256)
+    assert llm.engine.model.model.layers[0].mlp.gate_up_proj.panels is None
+    row_major = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+    assert row_major == first
