@@ -35,6 +35,7 @@ def run(ns: argparse.Namespace) -> int:
         ("core binding", envs.omp_threads_bind()),
         ("HEARTH_KVCACHE_SPACE", str(envs.kv_cache_space_gib() or "auto")),
         ("keep freed memory (glibc heap)", "yes" if envs.keep_freed_memory() else "no (HEARTH_KEEP_FREED_MEMORY=0)"),
+        ("bf16 weights in panels", _panels_row()),
         ("allowed cores", ",".join(map(str, sorted(os.sched_getaffinity(0))))),
     ]
     width = max(len(k) for k, _ in rows)
@@ -43,3 +44,14 @@ def run(ns: argparse.Namespace) -> int:
     if not info.has_avx2:
         print("warning: this CPU lacks AVX2/FMA; hearth runs on PyTorch's generic kernels only (slow)")
     return 0
+
+
+def _panels_row() -> str:
+    from hearth import envs
+    from hearth.kernels import panels
+
+    if not envs.panels_enabled():
+        return "no (HEARTH_PANELS=0)"
+    if not panels.supported():
+        return "no (needs AVX-512 without native bf16 GEMMs, and the kernels)"
+    return f"yes, cached in {envs.panel_cache_dir() or 'memory only (HEARTH_PANEL_CACHE=0)'}"
