@@ -26,6 +26,7 @@ namespace {
 constexpr int kNP = 32;      // outputs per panel
 constexpr int kMaxMR = 12;   // x rows per register tile: 24 accumulators + 2 weight vectors
 constexpr int kPrefetch = 32;  // k steps (64 bytes each) ahead
+constexpr int kStreams = 4;    // M = 1: panels read in lockstep
 
 enum DType { kF32 = 0, kBF16 = 1, kF16 = 2 };
 
@@ -64,6 +65,35 @@ inline void micro(const float* __restrict xt, const uint16_t* __restrict wp, int
     }
     _mm512_mask_storeu_ps(o, m0, a0[m]);
     _mm512_mask_storeu_ps(o + 16, m1, a1[m]);
+  }
+}
+
+// One x row against S panels in lockstep (S sequential streams far apart: more misses in flight than one
+// stream, as the row-major kernel's run_rows; memory-bound, so conversions and broadcasts are free).
+template <int S>
+inline void micro_streams(const float* __restrict xt, const uint16_t* const* wp, int64_t kc, float* const* out,
+                          const float* const* bias, const int* nvalid) {
+  __m512 a0[S], a1[S];
+  for (int s = 0; s < S; ++s) a0[s] = _mm512_setzero_ps(), a1[s] = _mm512_setzero_ps();
+  const __m512i high = _mm512_set1_epi32(int(0xFFFF0000u));
+  for (int64_t k = 0; k < kc; ++k) {
+    const __m512 b = _mm512_set1_ps(xt[2 * k]);
+    for (int s = 0; s < S; ++s) {
+      _mm_prefetch(reinterpret_cast<const char*>(wp[s] + (k + kPrefetch) * kNP), _MM_HINT_T0);
+      const __m512i v = _mm512_loadu_si512(wp[s] + k * kNP);
+      a0[s] = _mm512_fmadd_ps(b, _mm512_castsi512_ps(_mm512_slli_epi32(v, 16)), a0[s]);
+      a1[s] = _mm512_fmadd_ps(b, _mm512_castsi512_ps(_mm512_and_si512(v, high)), a1[s]);
+    }
+  }
+  for (int s = 0; s < S; ++s) {
+    const __mmask16 m0 = nvalid[s] >= 16 ? 0xFFFF : __mmask16((1u << nvalid[s]) - 1);
+    const __mmask16 m1 = nvalid[s] >= 32 ? 0xFFFF : nvalid[s] <= 16 ? 0 : __mmask16((1u << (nvalid[s] - 16)) - 1);
+    if (bias[s]) {
+      a0[s] = _mm512_add_ps(a0[s], _mm512_maskz_loadu_ps(m0, bias[s]));
+      a1[s] = _mm512_add_ps(a1[s], _mm512_maskz_loadu_ps(m1, bias[s] + 16));
+    }
+    _mm512_mask_storeu_ps(out[s], m0, a0[s]);
+    _mm512_mask_storeu_ps(out[s] + 16, m1, a1[s]);
   }
 }
 
@@ -221,6 +251,43 @@ int hk_linear_panels(const void* x, int x_dtype, int64_t M, int64_t K, int64_t l
   // K blocks keep every tile's x block within ~256 KiB of L2 while a panel's block is reused across the tiles.
   const int64_t KC = ntiles == 1 ? K : std::max<int64_t>(64, std::min<int64_t>(K, (256 << 10) / (8 * M)));
   const int nt = (int)std::max<int64_t>(1, std::min<int64_t>(nthreads, total));
+  auto part_of = [&](int64_t g) { return int64_t(std::upper_bound(first.begin(), first.end(), g) - first.begin()) - 1; };
+  if (ntiles == 1) {
+    // One row tile, whole K: panels are independent, handed out in chunks as threads free up (a thread that got
+    // less memory bandwidth does not hold the other at the end; same results whichever thread runs a panel).
+    const int r = (int)M;
+    const int64_t chunk = std::max<int64_t>(4, total / (8 * nt));
+    const int64_t nchunks = (total + chunk - 1) / chunk;
+#pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
+    for (int64_t c = 0; c < nchunks; ++c) {
+      const int64_t g0 = c * chunk, g1 = std::min(total, (c + 1) * chunk);
+      const uint16_t* wp[kStreams];
+      float* o[kStreams];
+      const float* bp[kStreams];
+      int nv[kStreams];
+      auto at = [&](int64_t g, int s) {
+        const int64_t i = part_of(g), p = g - first[i];
+        wp[s] = static_cast<const uint16_t*>(w[i]) + p * K * kNP;
+        o[s] = out + col[i] + p * kNP;
+        bp[s] = bias ? bias + col[i] + p * kNP : nullptr;
+        nv[s] = (int)std::min<int64_t>(kNP, n[i] - p * kNP);
+      };
+      int64_t g = g0;
+      if (M == 1) {  // kStreams panels far apart in lockstep: stream s walks its own quarter of the chunk
+        const int64_t len = (g1 - g0) / kStreams;
+        for (int64_t j = 0; j < len; ++j) {
+          for (int s = 0; s < kStreams; ++s) at(g0 + s * len + j, s);
+          micro_streams<kStreams>(xp, wp, K, o, bp, nv);
+        }
+        g = g0 + kStreams * len;
+      }
+      for (; g < g1; ++g) {
+        at(g, 0);
+        micro_rows<kMaxMR>(r, xp, wp[0], K, o[0], N, false, bp[0], nv[0]);
+      }
+    }
+    return 0;
+  }
 #pragma omp parallel num_threads(nt)
   {
     const int64_t th = omp_get_thread_num(), T = omp_get_num_threads();
