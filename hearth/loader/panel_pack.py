@@ -99,9 +99,10 @@ def _cache_path(source: str, layout: list[str]) -> str | None:
     return os.path.join(root, f"{where}-{h.hexdigest()[:20]}.bin")
 
 
-def _map(path: str, nbytes: int, create: bool) -> torch.Tensor | None:
-    """The cache file as a bf16 tensor: an existing one mapped private (read, never written), or a new one of
-    nbytes mapped shared for packing (written under a temporary name, renamed when complete). None on failure."""
+def _map(path: str, nbytes: int, create: bool) -> tuple[torch.Tensor, mmap.mmap] | None:
+    """The cache file as a bf16 tensor (and its mapping): an existing one mapped private (read, never written), or
+    a new one of nbytes mapped shared for packing (written under a temporary name, renamed once complete and
+    flushed to disk). None on failure."""
     try:
         if not create:
             if os.path.getsize(path) != nbytes:
@@ -120,7 +121,7 @@ def _map(path: str, nbytes: int, create: bool) -> torch.Tensor | None:
             with open(tmp, "w+b") as f:
                 f.truncate(nbytes)
                 mm = mmap.mmap(f.fileno(), nbytes, flags=mmap.MAP_SHARED)
-        return torch.frombuffer(mm, dtype=torch.bfloat16)  # keeps mm alive
+        return torch.frombuffer(mm, dtype=torch.bfloat16), mm  # (the tensor keeps mm alive)
     except (OSError, ValueError) as e:
         logger.info("panel cache %s unusable (%s); packing into memory", path, e)
         return None
@@ -143,13 +144,14 @@ def pack_dense_weights(model: nn.Module, source: str | None = None) -> int:
     total = sum(sum(s) for s in sizes)
     layout = [f"{name}:{[tuple(b.shape) for b in m.row_blocks()]}" for name, m in named]
     path = _cache_path(source, layout) if source is not None else None
-    buf, cached, tmp = None, False, None
+    mapped, cached, tmp = None, False, None
     if path is not None and os.path.exists(path):
-        buf = _map(path, 2 * total, create=False)
-        cached = buf is not None
-    if buf is None and path is not None:
-        buf = _map(path, 2 * total, create=True)
-        tmp = f"{path}.{os.getpid()}.tmp" if buf is not None else None
+        mapped = _map(path, 2 * total, create=False)
+        cached = mapped is not None
+    if mapped is None and path is not None:
+        mapped = _map(path, 2 * total, create=True)
+        tmp = f"{path}.{os.getpid()}.tmp" if mapped is not None else None
+    buf = mapped[0] if mapped is not None else None
     if buf is None:
         found = hugepages.arena(2 * total) if hugepages.enabled() else None
         buf = found[0].view(torch.bfloat16) if found is not None else torch.empty(total, dtype=torch.bfloat16)
@@ -170,6 +172,7 @@ def pack_dense_weights(model: nn.Module, source: str | None = None) -> int:
         for _, m in named:
             replaced += m.use_panels(alloc, pack=not cached)
     if tmp is not None:
+        mapped[1].flush()  # on disk before the name says complete: a crash must not leave a cache of zeros
         os.replace(tmp, path)
     dropped = _madvise_each(replaced, _MADV_DONTNEED, _file_mappings())
     del replaced
