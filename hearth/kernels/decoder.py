@@ -97,11 +97,11 @@ def _linear_desc(lin, keep: list) -> _Linear | None:
                        qw.mins.data_ptr() if qw.mins is not None else None, qw.scales.stride(0), qw.group,
                        scale_f16=int(qw.scale_f16))
     if type(lin) is Linear and lin.panels is not None:
+        if len(lin.panels) > _MAX_PARTS:
+            return None
         keep += lin.panels
         desc = _Linear(0, panels.DTYPE_CODE, lin.panels[0].data_ptr(), sum(lin.panel_rows), lin.in_features,
                        lin.in_features, bias.data_ptr() if bias is not None else None, None, None, 0, 0)
-        if len(lin.panels) > _MAX_PARTS:
-            return None
         desc.nparts = len(lin.panels)
         for i, (p, n) in enumerate(zip(lin.panels, lin.panel_rows)):
             desc.part_w[i], desc.part_n[i] = p.data_ptr(), n

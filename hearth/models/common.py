@@ -41,13 +41,13 @@ class CausalLMBase(nn.Module):
 
             logits = quant.linear(hidden, self.lm_head_qweight).float()
         else:
-            embed = self.model.embed_tokens
-            if self.tie_word_embeddings and embed.panels is not None:
-                logits = panels.linear(hidden, [embed.panels], [embed.num_embeddings]).float()
-            elif self.tie_word_embeddings:
-                logits = kernels.linear(hidden, embed.weight).float()
-            else:
+            if not self.tie_word_embeddings:
                 logits = self.lm_head(hidden).float()
+            elif self.model.embed_tokens.panels is not None:
+                embed = self.model.embed_tokens
+                logits = panels.linear(hidden, [embed.panels], [embed.num_embeddings]).float()
+            else:
+                logits = kernels.linear(hidden, self.model.embed_tokens.weight).float()
         if self.final_logit_softcap:
             logits = torch.tanh(logits / self.final_logit_softcap) * self.final_logit_softcap
         return logits
