@@ -16,6 +16,7 @@ Runs before anything caches raw weight pointers (the decode program is built lat
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import glob
 import hashlib
@@ -163,6 +164,8 @@ def pack_dense_weights(model: nn.Module, source: str | None = None) -> int:
         offset += -(-numel // _ALIGN) * _ALIGN
         return out
 
+    if tmp is not None:
+        logger.info("packing %.2f GB of bf16 weights into panels, once for this checkpoint: %s", 2 * total / 1e9, path)
     replaced = []
     if not cached:
         # Map the file pages in with one call each: faulted in by the packing threads instead, page by page, the
@@ -172,13 +175,18 @@ def pack_dense_weights(model: nn.Module, source: str | None = None) -> int:
         for _, m in named:
             replaced += m.use_panels(alloc, pack=not cached)
     if tmp is not None:
-        mapped[1].flush()  # on disk before the name says complete: a crash must not leave a cache of zeros
-        os.replace(tmp, path)
+        try:
+            mapped[1].flush()  # on disk before the name says complete: a crash must not leave a cache of zeros
+            os.replace(tmp, path)
+        except OSError as e:  # (a full disk, say) this run keeps its mapped panels; the next start packs again
+            logger.info("panel cache %s not kept (%s)", path, e)
+            with contextlib.suppress(OSError):
+                os.remove(tmp)
+            tmp = None
     dropped = _madvise_each(replaced, _MADV_DONTNEED, _file_mappings())
     del replaced
     hugepages.malloc_trim()
-    how = "mapped from" if cached else "packed into" if tmp is not None else "packed in memory"
-    logger.info("dense weights in panels: %.2f GB %s %s in %.2f s (%.2f GB of checkpoint pages released)",
-                2 * total / 1e9, how, path if path and (cached or tmp) else "", time.perf_counter() - t0,
-                dropped / 1e9)
+    how = f"mapped from {path}" if cached else f"packed into {path}" if tmp is not None else "packed in memory"
+    logger.info("dense weights in panels: %.2f GB %s in %.2f s (%.2f GB of checkpoint pages released)",
+                2 * total / 1e9, how, time.perf_counter() - t0, dropped / 1e9)
     return 2 * total
