@@ -73,6 +73,12 @@ def pack(w: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     return out[:size].view(-1, k, ROWS)
 
 
+def place(w: torch.Tensor, out: torch.Tensor, pack_now: bool = True) -> torch.Tensor:
+    """w's panels in out, as pack() returns them: packed from w, or (pack_now=False) already there, e.g. read
+    from a cache file written by an earlier run."""
+    return pack(w, out) if pack_now else out[:numel(*w.shape)].view(-1, w.shape[1], ROWS)
+
+
 def _pointers(panels: list[torch.Tensor], rows: list[int]) -> tuple[ctypes.Array, ctypes.Array]:
     return (ctypes.c_void_p * len(panels))(*[p.data_ptr() for p in panels]), (ctypes.c_int64 * len(rows))(*rows)
 

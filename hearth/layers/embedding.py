@@ -59,8 +59,7 @@ class Embedding(nn.Module):
     def use_panels(self, alloc: Callable[[int], torch.Tensor], pack: bool = True) -> list[torch.Tensor]:
         """As Linear.use_panels (the table is the one row block)."""
         w = self.weight
-        buf = alloc(panels.numel(*w.shape))
-        self.panels = panels.pack(w, buf) if pack else buf.view(-1, w.shape[1], panels.ROWS)
+        self.panels = panels.place(w, alloc(panels.numel(*w.shape)), pack)
         self.weight = nn.Parameter(torch.empty(0, w.shape[1], dtype=w.dtype), requires_grad=False)
         return [w]
 

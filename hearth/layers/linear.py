@@ -104,8 +104,7 @@ class Linear(nn.Module):
         """Switch to panels: each row block's in alloc(numel) (bf16), packed there (pack=False: already there, e.g.
         a cache file of an earlier run). Returns the replaced row-major tensors."""
         blocks = self.row_blocks()
-        self.panels = [panels.pack(b, alloc(panels.numel(*b.shape))) if pack
-                       else alloc(panels.numel(*b.shape)).view(-1, b.shape[1], panels.ROWS) for b in blocks]
+        self.panels = [panels.place(b, alloc(panels.numel(*b.shape)), pack) for b in blocks]
         self.panel_rows = [b.shape[0] for b in blocks]
         self.parts = None
         self.weight = nn.Parameter(torch.empty(0, self.in_features, dtype=torch.bfloat16), requires_grad=False)
