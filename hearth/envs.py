@@ -47,11 +47,7 @@ def log_level() -> str:
 def tokenizer_cache_dir() -> str | None:
     """Where the tokenizers transformers builds (a folder's, or from GGUF metadata) are cached: HEARTH_TOKENIZER_CACHE
     (a directory, or 0/off to turn the cache off), else $XDG_CACHE_HOME/hearth/tokenizers (~/.cache/hearth/...)."""
-    value = _first("HEARTH_TOKENIZER_CACHE")
-    if value is not None:
-        return None if value.strip().lower() in ("0", "false", "no", "off") else value
-    root = _first("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(root, "hearth", "tokenizers")
+    return _cache_dir("HEARTH_TOKENIZER_CACHE", "tokenizers")
 
 
 def panels_enabled() -> bool:
@@ -63,8 +59,13 @@ def panels_enabled() -> bool:
 def panel_cache_dir() -> str | None:
     """Where packed panel weights are kept between runs (loader/panel_pack.py): HEARTH_PANEL_CACHE (a directory,
     or 0/off: pack into memory at every start), else $XDG_CACHE_HOME/hearth/panels (~/.cache/hearth/...)."""
-    value = _first("HEARTH_PANEL_CACHE")
+    return _cache_dir("HEARTH_PANEL_CACHE", "panels")
+
+
+def _cache_dir(variable: str, name: str) -> str | None:
+    """The directory in `variable` (None if it says 0/off), else $XDG_CACHE_HOME/hearth/<name>."""
+    value = _first(variable)
     if value is not None:
         return None if value.strip().lower() in ("0", "false", "no", "off") else value
     root = _first("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(root, "hearth", "panels")
+    return os.path.join(root, "hearth", name)

@@ -32,8 +32,6 @@ def _lib() -> ctypes.CDLL | None:
     if lib is None:
         return None
     i64, i32, ptr = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p
-    lib.hk_panel_numel.argtypes = [i64, i64]
-    lib.hk_panel_numel.restype = i64
     lib.hk_pack_panels.argtypes = [ptr, i64, i64, i64, ptr, i32]
     lib.hk_pack_panels.restype = i32
     lib.hk_widen_panels.argtypes = [i64, ptr, ptr, i64, ptr, i64, i32]

@@ -184,10 +184,7 @@ float load_x(const void* x, int dtype, int64_t i) {
 
 extern "C" {
 
-// Elements (uint16) of the panel form of an [n][K] weight.
-int64_t hk_panel_numel(int64_t n, int64_t K) { return (n + kNP - 1) / kNP * K * kNP; }
-
-// w [N][K] bf16 (row stride ldw) -> dst (hk_panel_numel(N, K) bf16), over nthreads. Returns 0.
+// w [N][K] bf16 (row stride ldw) -> dst (ceil(N / 32) * K * 32 bf16), over nthreads. Returns 0.
 int hk_pack_panels(const uint16_t* w, int64_t N, int64_t K, int64_t ldw, uint16_t* dst, int nthreads) {
   const int64_t P = (N + kNP - 1) / kNP;
   const int nt = (int)std::max<int64_t>(1, std::min<int64_t>(nthreads, P));
