@@ -8,9 +8,10 @@ Why: a decode step with several sequences multiplies a few x rows by every weigh
 kernel computes dot products (one conversion per 4 FMAs, horizontal sums at the end); in panels it broadcasts x
 values into FMAs against 32 outputs' weights at once, reading each thread's weights as one sequential stream.
 Measured against the row kernel (Qwen2.5-0.5B gate_up 4864 x 896, 2 threads, 2-vCPU Skylake-SP): M = 8 1.56 ->
-0.89 ms, M = 32 4.85 -> 3.35 ms, the 151936-row head at M = 8 68 -> 34 ms; M = 1 at parity. Prefill (more than
-kernels.MAX_KERNEL_M rows) widens the panels into an fp32 [K, N] scratch and runs torch's GEMM, as for row-major.
-HEARTH_PANELS=0 keeps row-major weights.
+0.89 ms, M = 32 4.85 -> 3.35 ms, the 151936-row head at M = 8 68 -> 34 ms; M = 1 at parity. From 4 rows the
+kernel runs as a blocked GEMM (csrc/panel.cpp, linear_tiled) that also beats widening the panels to fp32 for
+torch.mm up to TILED_MAX_M rows (M = 128: ~1.4x); longer prefills widen the panels into an fp32 [K, N] scratch and
+run torch's GEMM, ahead there by 5-15%. HEARTH_PANELS=0 keeps row-major weights.
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from hearth import envs, kernels
 from hearth.kernels import _build
 
 ROWS = 32  # outputs per panel
+TILED_MAX_M = 512  # rows up to which the panel GEMM runs; more: widened weights + torch.mm
 DTYPE_CODE = 3  # the w_dtype hk_linear_parts takes for panel weights
 
 
@@ -96,7 +98,7 @@ def linear(x: torch.Tensor, panels: list[torch.Tensor], rows: list[int],
     k, n = panels[0].shape[1], sum(rows)
     m = x.numel() // k
     x2 = x.reshape(m, k)
-    if m > kernels.MAX_KERNEL_M:  # prefill: one fp32 GEMM on the widened weights
+    if m > TILED_MAX_M:  # long prefill: one fp32 GEMM on the widened weights
         y = torch.mm(x2.float(), widen(panels, rows))
         if bias is not None:
             y += bias.float()

@@ -4,13 +4,15 @@
 // 32-bit lanes; lane i holds W[32p + i][k] in its low half and W[32p + 16 + i][k] in its high half, so one 64-byte
 // load gives both output halves as fp32 with one shift (low) and one and (high). Rows past N are zero.
 //
-// GEMM (y[M][N] = x[M][K] . W^T): broadcast form. For each k, the MR (<= 12) x values of a row tile are broadcast
-// from memory straight into the FMAs ({1to16} operands; an explicit vbroadcastss costs a port-5 uop on this CPU),
-// times the panel's two fp32 weight vectors, into 2 x MR accumulators. Per k: 2 MR FMAs for one weight load and two
-// conversion ops, no horizontal reductions, and the weights stream as one sequential run per thread (software
-// prefetch 2 KiB ahead). Against the row-dot kernel in linear.cpp on Qwen2.5-0.5B's gate_up (4864 x 896), bf16,
-// 2 threads, weights from memory (alternated in one process, 2-vCPU Skylake-SP): M = 4 0.88 -> 0.60 ms,
-// M = 8 1.56 -> 0.87, M = 16 2.59 -> 1.66, M = 32 4.85 -> 3.35; M = 1 at parity.
+// GEMM (y[M][N] = x[M][K] . W^T): broadcast form, x values broadcast into FMAs against 32 outputs' weights at once,
+// no horizontal reductions. Two kernels:
+// - micro (M < 4: memory-bound): one row tile over the whole K, x values as {1to16} FMA memory operands, weights
+//   streamed once per thread (prefetch 2 KiB ahead; for M = 1 four panels in lockstep). At M = 1 on a par with the
+//   row-dot kernel in linear.cpp.
+// - tile / linear_tiled (M >= 4: compute-bound): BLIS loop order, 6 x 64 register tiles, x micro-panels in L1, a
+//   K block of 4 panel pairs in L2. Qwen2.5-0.5B gate_up, 2 threads, 2-vCPU Skylake-SP: M = 8 ~85 GF/s, M = 32
+//   ~105-110, M = 128 ~118 (widened weights + torch.mm: 83; torch.mm alone ~105). Above ~512 rows torch.mm on
+//   widened weights is ahead again (5-15%), so prefill takes that path (panels.py).
 #include <immintrin.h>
 #include <omp.h>
 
@@ -23,8 +25,9 @@
 
 namespace {
 
-constexpr int kNP = 32;      // outputs per panel
-constexpr int kMaxMR = 12;   // x rows per register tile: 24 accumulators + 2 weight vectors
+constexpr int kNP = 32;        // outputs per panel
+constexpr int kTiledMinM = 4;  // rows from which linear_tiled runs (M = 2: on a par with micro; 4: ahead)
+constexpr int kMaxMR = kTiledMinM - 1;  // micro: rows of its one tile
 constexpr int kPrefetch = 32;  // k steps (64 bytes each) ahead
 constexpr int kStreams = 4;    // M = 1: panels read in lockstep
 
@@ -38,7 +41,7 @@ enum DType { kF32 = 0, kBF16 = 1, kF16 = 2 };
 // compiler keeps both as broadcast memory operands instead of loading the value once into a register.
 template <int MR>
 inline void micro(const float* __restrict xt, const uint16_t* __restrict wp, int64_t kc, float* __restrict out,
-                  int64_t ldo, bool accumulate, const float* bias, int nvalid) {
+                  int64_t ldo, const float* bias, int nvalid) {
   __m512 a0[MR], a1[MR];
   for (int m = 0; m < MR; ++m) a0[m] = _mm512_setzero_ps(), a1[m] = _mm512_setzero_ps();
   const __m512i high = _mm512_set1_epi32(int(0xFFFF0000u));
@@ -56,10 +59,7 @@ inline void micro(const float* __restrict xt, const uint16_t* __restrict wp, int
   const __mmask16 m1 = nvalid >= 32 ? 0xFFFF : nvalid <= 16 ? 0 : __mmask16((1u << (nvalid - 16)) - 1);
   for (int m = 0; m < MR; ++m) {
     float* o = out + m * ldo;
-    if (accumulate) {
-      a0[m] = _mm512_add_ps(a0[m], _mm512_maskz_loadu_ps(m0, o));
-      a1[m] = _mm512_add_ps(a1[m], _mm512_maskz_loadu_ps(m1, o + 16));
-    } else if (bias) {
+    if (bias) {
       a0[m] = _mm512_add_ps(a0[m], _mm512_maskz_loadu_ps(m0, bias));
       a1[m] = _mm512_add_ps(a1[m], _mm512_maskz_loadu_ps(m1, bias + 16));
     }
@@ -99,10 +99,62 @@ inline void micro_streams(const float* __restrict xt, const uint16_t* const* wp,
 
 template <int MR>
 inline void micro_rows(int mr, const float* xt, const uint16_t* wp, int64_t kc, float* out, int64_t ldo,
-                       bool accumulate, const float* bias, int nvalid) {
+                       const float* bias, int nvalid) {
   if constexpr (MR >= 1) {
-    if (mr == MR) return micro<MR>(xt, wp, kc, out, ldo, accumulate, bias, nvalid);
-    return micro_rows<MR - 1>(mr, xt, wp, kc, out, ldo, accumulate, bias, nvalid);
+    if (mr == MR) return micro<MR>(xt, wp, kc, out, ldo, bias, nvalid);
+    return micro_rows<MR - 1>(mr, xt, wp, kc, out, ldo, bias, nvalid);
+  }
+}
+
+// GEMM tile for many rows (BLIS order, see hk_linear_panels): R (<= 6) x rows against C (1 or 2) panels, 24
+// accumulators for 6 x 64. The x micro-panel (xt [kc][R], single copy, broadcast by vbroadcastss loads) stays in
+// L1 while the panels' K block streams from L2; 4 conversion ops per 24 FMAs. accumulate: add to out (a later K
+// block), else add bias (first block; null: none). nv[c]: valid columns of panel c (masked loads / stores).
+template <int R, int C>
+inline void tile(const float* __restrict xt, const uint16_t* __restrict w0, const uint16_t* __restrict w1,
+                 int64_t kc, float* __restrict out, int64_t ldo, bool accumulate, const float* bias, const int* nv) {
+  __m512 a[R][2 * C];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < 2 * C; ++c) a[r][c] = _mm512_setzero_ps();
+  const __m512i high = _mm512_set1_epi32(int(0xFFFF0000u));
+  for (int64_t k = 0; k < kc; ++k) {
+    _mm_prefetch(reinterpret_cast<const char*>(w0 + (k + 16) * kNP), _MM_HINT_T0);
+    __m512 b[2 * C];
+    const __m512i v0 = _mm512_loadu_si512(w0 + k * kNP);
+    b[0] = _mm512_castsi512_ps(_mm512_slli_epi32(v0, 16));
+    b[1] = _mm512_castsi512_ps(_mm512_and_si512(v0, high));
+    if constexpr (C == 2) {
+      _mm_prefetch(reinterpret_cast<const char*>(w1 + (k + 16) * kNP), _MM_HINT_T0);
+      const __m512i v1 = _mm512_loadu_si512(w1 + k * kNP);
+      b[2] = _mm512_castsi512_ps(_mm512_slli_epi32(v1, 16));
+      b[3] = _mm512_castsi512_ps(_mm512_and_si512(v1, high));
+    }
+    for (int r = 0; r < R; ++r) {
+      const __m512 xv = _mm512_set1_ps(xt[k * R + r]);
+      for (int c = 0; c < 2 * C; ++c) a[r][c] = _mm512_fmadd_ps(xv, b[c], a[r][c]);
+    }
+  }
+  __mmask16 mask[2 * C];
+  for (int c = 0; c < C; ++c) {
+    mask[2 * c] = nv[c] >= 16 ? 0xFFFF : __mmask16((1u << nv[c]) - 1);
+    mask[2 * c + 1] = nv[c] >= 32 ? 0xFFFF : nv[c] <= 16 ? 0 : __mmask16((1u << (nv[c] - 16)) - 1);
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < 2 * C; ++c) {
+      float* o = out + r * ldo + c * 16;
+      const float* add = accumulate ? o : bias ? bias + c * 16 : nullptr;
+      if (add) a[r][c] = _mm512_add_ps(a[r][c], _mm512_maskz_loadu_ps(mask[c], add));
+      _mm512_mask_storeu_ps(o, mask[c], a[r][c]);
+    }
+}
+
+template <int R>
+inline void tile_rows(int r, const float* xt, const uint16_t* w0, const uint16_t* w1, int64_t kc, float* out,
+                      int64_t ldo, bool accumulate, const float* bias, const int* nv) {
+  if constexpr (R >= 1) {
+    if (r < R) return tile_rows<R - 1>(r, xt, w0, w1, kc, out, ldo, accumulate, bias, nv);
+    if (w1) return tile<R, 2>(xt, w0, w1, kc, out, ldo, accumulate, bias, nv);
+    return tile<R, 1>(xt, w0, w0, kc, out, ldo, accumulate, bias, nv);
   }
 }
 
@@ -178,6 +230,72 @@ float load_x(const void* x, int dtype, int64_t i) {
   return dtype == kBF16 ? hk::bf16_to_f32(h) : _cvtsh_ss(h);
 }
 
+// A run of one or two panels of one part: the unit the tiled GEMM hands to tile().
+struct PanelPair {
+  const uint16_t* w;   // first panel
+  int64_t col;         // its first output column
+  const float* bias;   // bias at col, or null
+  int nv[2];           // valid columns per panel (nv[1] = 0: one panel)
+};
+
+// out [M][N] = x . cat(parts)^T (+ bias) for many rows (BLIS loop order, weights as the streamed vector operand):
+// x is packed into 6-row micro-panels [K][6]; each thread takes a range of panel pairs (or, with few pairs, of row
+// tiles) and walks it in blocks of kPairsPerBlock pairs x kc k: that weight block (<= 256 KiB) stays in L2 while
+// every row tile's micro-panel (6 x kc, L1) runs against it; C tiles are re-read once per K block.
+// Qwen2.5-0.5B gate_up (9728 x 896), 2 threads, against the one-tile kernel above: M = 8 70 -> 84-91 GF/s,
+// M = 32 85 -> 109, M = 64 82 -> 115; M = 128 against widened weights + torch.mm 83 -> 118 (1.1x torch.mm alone).
+void linear_tiled(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, int64_t nparts,
+                  const void* const* w, const int64_t* n, const float* bias, float* out, int64_t N, int nthreads) {
+  constexpr int MR = 6;
+  constexpr int64_t kPairsPerBlock = 4, kMaxKC = 512;
+  std::vector<PanelPair> pairs;
+  for (int64_t i = 0, col = 0; i < nparts; col += n[i], ++i) {
+    const int64_t P = (n[i] + kNP - 1) / kNP;
+    for (int64_t p = 0; p < P; p += 2) {
+      const int64_t c = col + p * kNP;
+      pairs.push_back({static_cast<const uint16_t*>(w[i]) + p * K * kNP, c, bias ? bias + c : nullptr,
+                       {(int)std::min<int64_t>(kNP, n[i] - p * kNP),
+                        p + 1 < P ? (int)std::min<int64_t>(kNP, n[i] - (p + 1) * kNP) : 0}});
+    }
+  }
+  // Row tiles of 6 and the rest (M = 8: 6 + 2 measured no slower than 4 + 4).
+  const int64_t G = (int64_t)pairs.size(), ntiles = (M + MR - 1) / MR;
+  thread_local std::vector<float> xbuf;
+  if ((int64_t)xbuf.size() < M * K) xbuf.resize(M * K);
+  float* xp = xbuf.data();
+  const int nt = (int)std::max<int64_t>(1, std::min<int64_t>(nthreads, std::max(G, ntiles)));
+#pragma omp parallel for num_threads(nt)
+  for (int64_t t = 0; t < ntiles; ++t) {
+    const int64_t m0 = t * MR, r = std::min<int64_t>(MR, M - m0);
+    float* d = xp + m0 * K;
+    for (int64_t m = 0; m < r; ++m)
+      for (int64_t k = 0; k < K; ++k) d[k * r + m] = load_x(x, x_dtype, (m0 + m) * ldx + k);
+  }
+  const int64_t nk = (K + kMaxKC - 1) / kMaxKC, KC = (K + nk - 1) / nk;
+  const bool split_pairs = G >= 4 * nt;  // else the threads split the row tiles
+#pragma omp parallel num_threads(nt)
+  {
+    const int64_t th = omp_get_thread_num(), T = omp_get_num_threads();
+    const int64_t gb = split_pairs ? G * th / T : 0, ge = split_pairs ? G * (th + 1) / T : G;
+    const int64_t tb = split_pairs ? 0 : ntiles * th / T, te = split_pairs ? ntiles : ntiles * (th + 1) / T;
+    for (int64_t g0 = gb; g0 < ge; g0 += kPairsPerBlock) {
+      const int64_t g1 = std::min(ge, g0 + kPairsPerBlock);
+      for (int64_t k0 = 0; k0 < K; k0 += KC) {
+        const int64_t kc = std::min(KC, K - k0);
+        for (int64_t t = tb; t < te; ++t) {
+          const int64_t m0 = t * MR, r = std::min<int64_t>(MR, M - m0);
+          for (int64_t g = g0; g < g1; ++g) {
+            const PanelPair& q = pairs[g];
+            const uint16_t* w0 = q.w + k0 * kNP;
+            tile_rows<MR>((int)r, xp + m0 * K + k0 * r, w0, q.nv[1] ? w0 + K * kNP : nullptr, kc,
+                          out + m0 * N + q.col, N, k0 > 0, q.bias, q.nv);
+          }
+        }
+      }
+    }
+  }
+}
+
 #pragma GCC pop_options
 
 }  // namespace
@@ -230,80 +348,45 @@ int hk_linear_panels(const void* x, int x_dtype, int64_t M, int64_t K, int64_t l
     col[i + 1] = col[i] + n[i];
   }
   const int64_t N = col[nparts], total = first[nparts];
-  // Row tiles of near-equal size (M = 16: 8 + 8, not 12 + 4), packed k-major with each value twice (see micro).
-  const int64_t ntiles = (M + kMaxMR - 1) / kMaxMR;
-  std::vector<int64_t> t0(ntiles + 1, 0);
-  for (int64_t t = 0; t < ntiles; ++t) t0[t + 1] = t0[t] + M / ntiles + (t < M % ntiles);
+  if (M >= kTiledMinM) return linear_tiled(x, x_dtype, M, K, ldx, nparts, w, n, bias, out, N, nthreads), 0;
+  // Fewer rows: one tile over the whole K, x packed k-major with each value twice (see micro). Memory-bound:
+  // panels are handed out in chunks as threads free up (a thread that got less memory bandwidth does not hold the
+  // other at the end; same results whichever thread runs a panel).
   thread_local std::vector<float> xbuf;
   if ((int64_t)xbuf.size() < 2 * M * K) xbuf.resize(2 * M * K);
   float* xp = xbuf.data();
-  for (int64_t t = 0; t < ntiles; ++t) {
-    const int64_t r = t0[t + 1] - t0[t];
-    float* d = xp + 2 * t0[t] * K;
-    for (int64_t m = 0; m < r; ++m) {
-      const int64_t row = (t0[t] + m) * ldx;
-      for (int64_t k = 0; k < K; ++k) d[2 * k * r + m] = d[2 * k * r + r + m] = load_x(x, x_dtype, row + k);
-    }
-  }
-  // K blocks keep every tile's x block within ~256 KiB of L2 while a panel's block is reused across the tiles.
-  const int64_t KC = ntiles == 1 ? K : std::max<int64_t>(64, std::min<int64_t>(K, (256 << 10) / (8 * M)));
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t k = 0; k < K; ++k) xp[2 * k * M + m] = xp[2 * k * M + M + m] = load_x(x, x_dtype, m * ldx + k);
   const int nt = (int)std::max<int64_t>(1, std::min<int64_t>(nthreads, total));
   auto part_of = [&](int64_t g) { return int64_t(std::upper_bound(first.begin(), first.end(), g) - first.begin()) - 1; };
-  if (ntiles == 1) {
-    // One row tile, whole K: panels are independent, handed out in chunks as threads free up (a thread that got
-    // less memory bandwidth does not hold the other at the end; same results whichever thread runs a panel).
-    const int r = (int)M;
-    const int64_t chunk = std::max<int64_t>(4, total / (8 * nt));
-    const int64_t nchunks = (total + chunk - 1) / chunk;
+  const int64_t chunk = std::max<int64_t>(4, total / (8 * nt));
+  const int64_t nchunks = (total + chunk - 1) / chunk;
 #pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
-    for (int64_t c = 0; c < nchunks; ++c) {
-      const int64_t g0 = c * chunk, g1 = std::min(total, (c + 1) * chunk);
-      const uint16_t* wp[kStreams];
-      float* o[kStreams];
-      const float* bp[kStreams];
-      int nv[kStreams];
-      auto at = [&](int64_t g, int s) {
-        const int64_t i = part_of(g), p = g - first[i];
-        wp[s] = static_cast<const uint16_t*>(w[i]) + p * K * kNP;
-        o[s] = out + col[i] + p * kNP;
-        bp[s] = bias ? bias + col[i] + p * kNP : nullptr;
-        nv[s] = (int)std::min<int64_t>(kNP, n[i] - p * kNP);
-      };
-      int64_t g = g0;
-      if (M == 1) {  // kStreams panels far apart in lockstep: stream s walks its own quarter of the chunk
-        const int64_t len = (g1 - g0) / kStreams;
-        for (int64_t j = 0; j < len; ++j) {
-          for (int s = 0; s < kStreams; ++s) at(g0 + s * len + j, s);
-          micro_streams<kStreams>(xp, wp, K, o, bp, nv);
-        }
-        g = g0 + kStreams * len;
+  for (int64_t c = 0; c < nchunks; ++c) {
+    const int64_t g0 = c * chunk, g1 = std::min(total, (c + 1) * chunk);
+    const uint16_t* wp[kStreams];
+    float* o[kStreams];
+    const float* bp[kStreams];
+    int nv[kStreams];
+    auto at = [&](int64_t g, int s) {
+      const int64_t i = part_of(g), p = g - first[i];
+      wp[s] = static_cast<const uint16_t*>(w[i]) + p * K * kNP;
+      o[s] = out + col[i] + p * kNP;
+      bp[s] = bias ? bias + col[i] + p * kNP : nullptr;
+      nv[s] = (int)std::min<int64_t>(kNP, n[i] - p * kNP);
+    };
+    int64_t g = g0;
+    if (M == 1) {  // kStreams panels far apart in lockstep: stream s walks its own quarter of the chunk
+      const int64_t len = (g1 - g0) / kStreams;
+      for (int64_t j = 0; j < len; ++j) {
+        for (int s = 0; s < kStreams; ++s) at(g0 + s * len + j, s);
+        micro_streams<kStreams>(xp, wp, K, o, bp, nv);
       }
-      for (; g < g1; ++g) {
-        at(g, 0);
-        micro_rows<kMaxMR>(r, xp, wp[0], K, o[0], N, false, bp[0], nv[0]);
-      }
+      g = g0 + kStreams * len;
     }
-    return 0;
-  }
-#pragma omp parallel num_threads(nt)
-  {
-    const int64_t th = omp_get_thread_num(), T = omp_get_num_threads();
-    const int64_t b = total * th / T, e = total * (th + 1) / T;
-    for (int64_t k0 = 0; k0 < K; k0 += KC) {
-      const int64_t kc = std::min(KC, K - k0);
-      for (int64_t i = 0, g = b; i < nparts && g < e; ++i) {
-        const auto* wi = static_cast<const uint16_t*>(w[i]);
-        for (; g < std::min(e, first[i + 1]); ++g) {
-          const int64_t p = g - first[i];
-          const int nvalid = (int)std::min<int64_t>(kNP, n[i] - p * kNP);
-          const float* bp = bias ? bias + col[i] + p * kNP : nullptr;
-          for (int64_t t = 0; t < ntiles; ++t) {
-            const int r = (int)(t0[t + 1] - t0[t]);
-            micro_rows<kMaxMR>(r, xp + 2 * (t0[t] * K + k0 * r), wi + (p * K + k0) * kNP, kc,
-                               out + t0[t] * N + col[i] + p * kNP, N, k0 > 0, bp, nvalid);
-          }
-        }
-      }
+    for (; g < g1; ++g) {
+      at(g, 0);
+      micro_rows<kMaxMR>((int)M, xp, wp[0], K, o[0], N, bp[0], nv[0]);
     }
   }
   return 0;
