@@ -11,7 +11,9 @@ import sys
 from hearth import __version__
 
 
-def add_engine_args(p: argparse.ArgumentParser, model_optional: bool = False) -> None:
+def add_engine_args(p: argparse.ArgumentParser, model_optional: bool = False, max_prefills_per_step: int = 0) -> None:
+    """The engine's flags. max_prefills_per_step: the --max-prefills-per-decode-step default (the server
+    staggers prompts; offline runs take a batch in as few steps as the budget allows)."""
     if model_optional:
         p.add_argument("model", nargs="?", default=None,
                        help="HF model folder or .gguf file (default: the bundled SmolLM2-135M-Instruct)")
@@ -24,9 +26,10 @@ def add_engine_args(p: argparse.ArgumentParser, model_optional: bool = False) ->
     g.add_argument("--max-model-len", type=int, default=None, help="context length (default: the model's)")
     g.add_argument("--max-num-seqs", type=int, default=64, help="sequences in flight at once")
     g.add_argument("--max-num-batched-tokens", type=int, default=None, help="token budget of one engine step")
-    g.add_argument("--max-prefills-per-decode-step", type=int, default=0,
-                   help="while sequences decode, start at most N new prompts per step (default 0: no limit); 1 "
-                        "staggers bursts for a lower median time to first token, at some throughput")
+    g.add_argument("--max-prefills-per-decode-step", type=int, default=max_prefills_per_step,
+                   help="start at most N new prompts per engine step (0: as many as the token budget allows; "
+                        f"default {max_prefills_per_step}); 1 staggers bursts of requests, so each waits about one "
+                        "step for its first token instead of a whole wave's prefill")
     g.add_argument("--block-size", type=int, default=16, help="tokens per KV-cache block")
     g.add_argument("--kv-cache-space", type=float, default=None,
                    help="KV-cache size in GiB (env HEARTH_KVCACHE_SPACE / VLLM_CPU_KVCACHE_SPACE; default: "

@@ -44,3 +44,13 @@ def test_chat_reads_turns_until_empty_line(tiny):
 def test_doctor_reports_isa():
     r = hearth("doctor")
     assert r.returncode == 0 and "isa" in r.stdout and "physical cores" in r.stdout
+
+
+def test_server_staggers_prompts_by_default_offline_runs_do_not():
+    from hearth.entrypoints.cli import build_parser
+
+    parser = build_parser()
+    serve = parser.parse_args(["serve", "m"])
+    assert serve.max_prefills_per_decode_step == 1 and serve.refill_wait_ms > 0
+    assert parser.parse_args(["serve", "m", "--max-prefills-per-decode-step", "0"]).max_prefills_per_decode_step == 0
+    assert parser.parse_args(["generate", "m", "hi"]).max_prefills_per_decode_step == 0

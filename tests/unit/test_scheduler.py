@@ -142,21 +142,21 @@ def test_running_requests_go_before_waiting_ones() -> None:
     assert eng.log[-1] == [("a", 1, True), ("b", 1, True), ("c", 10, True)]
 
 
-def test_max_prefills_per_decode_step_staggers_arrivals_next_to_decodes() -> None:
+def test_max_prefills_per_decode_step_staggers_bursts() -> None:
     sched = Scheduler(SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=100, max_model_len=256,
                                       max_prefills_per_decode_step=1), BlockManager(64, BS, True))
     eng = FakeEngine(sched)
     reqs = [req(c, [i + 3] * 5, max_tokens=4) for i, c in enumerate("abcde")]
     for r in reqs[:2]:
         sched.add_request(r)
-    eng.step()  # an idle engine takes the whole burst
-    assert eng.log[-1] == [("a", 5, True), ("b", 5, True)]
+    eng.step()  # even an idle engine starts one prompt per step (a burst that prefills together ends together)
+    assert eng.log[-1] == [("a", 5, True)]
     for r in reqs[2:]:
         sched.add_request(r)
     eng.step()  # next to decodes: one new prompt per step, in arrival order
-    assert eng.log[-1] == [("a", 1, True), ("b", 1, True), ("c", 5, True)]
+    assert eng.log[-1] == [("a", 1, True), ("b", 5, True)]
     eng.step()
-    assert eng.log[-1] == [("a", 1, True), ("b", 1, True), ("c", 1, True), ("d", 5, True)]
+    assert eng.log[-1] == [("a", 1, True), ("b", 1, True), ("c", 5, True)]
     eng.run()
     for r in reqs:
         assert r.output_token_ids == expected_output(r.prompt_token_ids, 4)
