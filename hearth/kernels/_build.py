@@ -49,27 +49,39 @@ BUILT_MARKER = "built.ok"
 
 def _compile(build_dir: Path) -> None:
     """Build from a copy of the sources inside build_dir, so the build files name only paths in the cache: the
-    same sources installed at another path (a new venv, a fresh clone) reuse it instead of rebuilding."""
+    same sources installed at another path (a new venv, a fresh clone) reuse it instead of rebuilding.
+
+    NOTE: torch serializes builds with a `lock` file that only the process that made it removes: a build killed
+    midway (Ctrl-C on a first start) left it behind, and every later start waited for it forever. Builds here
+    hold an flock instead (the kernel drops it when its process dies); under it no other build runs, so a `lock`
+    file found then is stale and goes."""
+    import fcntl
     import shutil
 
     from torch.utils import cpp_extension
 
-    src = build_dir / "src"
-    src.mkdir(parents=True, exist_ok=True)
-    for name in SOURCES + HEADERS:
-        shutil.copyfile(CSRC / name, src / name)
-    cpp_extension.load(
-        name="hearth_kernels",
-        sources=[str(src / s) for s in SOURCES],
-        extra_cflags=list(CFLAGS),  # (copies: load() appends to the lists it is given)
-        extra_ldflags=list(LDFLAGS),
-        extra_include_paths=[str(src)],
-        build_directory=str(build_dir),
-        is_python_module=False,
-        verbose=False,
-    )
-    # NOTE: written last: a process that finds the marker loads the .so without running ninja at all.
-    (build_dir / BUILT_MARKER).touch()
+    build_dir.mkdir(parents=True, exist_ok=True)
+    with open(build_dir / "build.flock", "w") as flock:
+        fcntl.flock(flock, fcntl.LOCK_EX)
+        if (build_dir / BUILT_MARKER).exists():  # another process built it while this one waited
+            return
+        (build_dir / "lock").unlink(missing_ok=True)
+        src = build_dir / "src"
+        src.mkdir(exist_ok=True)
+        for name in SOURCES + HEADERS:
+            shutil.copyfile(CSRC / name, src / name)
+        cpp_extension.load(
+            name="hearth_kernels",
+            sources=[str(src / s) for s in SOURCES],
+            extra_cflags=list(CFLAGS),  # (copies: load() appends to the lists it is given)
+            extra_ldflags=list(LDFLAGS),
+            extra_include_paths=[str(src)],
+            build_directory=str(build_dir),
+            is_python_module=False,
+            verbose=False,
+        )
+        # NOTE: written last: a process that finds the marker loads the .so without running ninja at all.
+        (build_dir / BUILT_MARKER).touch()
 
 
 @functools.cache

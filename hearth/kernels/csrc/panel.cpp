@@ -36,7 +36,7 @@ enum DType { kF32 = 0, kBF16 = 1, kF16 = 2 };
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl")
 
-// acc (+)= xt . panel over kc steps, stored to out (row stride ldo; nvalid of the 32 columns). xt: the tile's x
+// out = xt . panel over kc steps (+ bias; row stride ldo; nvalid of the 32 columns). xt: the tile's x
 // values k-major, each k's MR values twice ([k][2][MR]) so the two FMAs of a row read different addresses and the
 // compiler keeps both as broadcast memory operands instead of loading the value once into a register.
 template <int MR>
