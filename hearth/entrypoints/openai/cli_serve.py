@@ -12,8 +12,9 @@ import time
 
 logger = logging.getLogger("hearth")
 
-# A client's next request reaches the engine ~5-30 ms after its last one's final token here (2 busy cores);
-# waiting that long after a step that freed slots costs well under 1% of a step.
+# Long enough for a local client's next request to arrive (Qwen2.5-0.5B, concurrency 8, staggered: TTFT p50 2.26 s
+# without the wait, 1.73 s with 30 ms, one run each); it costs at most 30 ms after a step that finished requests,
+# against ~110 ms decode steps and ~1 s prompt steps here.
 DEFAULT_REFILL_WAIT_MS = 30.0
 
 

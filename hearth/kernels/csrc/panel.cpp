@@ -348,7 +348,10 @@ int hk_linear_panels(const void* x, int x_dtype, int64_t M, int64_t K, int64_t l
     col[i + 1] = col[i] + n[i];
   }
   const int64_t N = col[nparts], total = first[nparts];
-  if (M >= kTiledMinM) return linear_tiled(x, x_dtype, M, K, ldx, nparts, w, n, bias, out, N, nthreads), 0;
+  if (M >= kTiledMinM) {
+    linear_tiled(x, x_dtype, M, K, ldx, nparts, w, n, bias, out, N, nthreads);
+    return 0;
+  }
   // Fewer rows: one tile over the whole K, x packed k-major with each value twice (see micro). Memory-bound:
   // panels are handed out in chunks as threads free up (a thread that got less memory bandwidth does not hold the
   // other at the end; same results whichever thread runs a panel).
