@@ -36,6 +36,12 @@ enum DType { kF32 = 0, kBF16 = 1, kF16 = 2 };
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl")
 
+// Lanes of one fp32 half (0: panel rows 0-15, 1: rows 16-31) that hold real rows, for a panel with nvalid of 32.
+inline __mmask16 half_mask(int nvalid, int half) {
+  const int n = nvalid - 16 * half;
+  return n >= 16 ? 0xFFFF : n <= 0 ? 0 : __mmask16((1u << n) - 1);
+}
+
 // out = xt . panel over kc steps (+ bias; row stride ldo; nvalid of the 32 columns). xt: the tile's x
 // values k-major, each k's MR values twice ([k][2][MR]) so the two FMAs of a row read different addresses and the
 // compiler keeps both as broadcast memory operands instead of loading the value once into a register.
@@ -55,8 +61,7 @@ inline void micro(const float* __restrict xt, const uint16_t* __restrict wp, int
       a1[m] = _mm512_fmadd_ps(_mm512_set1_ps(xt[k * 2 * MR + MR + m]), hi, a1[m]);
     }
   }
-  const __mmask16 m0 = nvalid >= 16 ? 0xFFFF : __mmask16((1u << nvalid) - 1);
-  const __mmask16 m1 = nvalid >= 32 ? 0xFFFF : nvalid <= 16 ? 0 : __mmask16((1u << (nvalid - 16)) - 1);
+  const __mmask16 m0 = half_mask(nvalid, 0), m1 = half_mask(nvalid, 1);
   for (int m = 0; m < MR; ++m) {
     float* o = out + m * ldo;
     if (bias) {
@@ -86,8 +91,7 @@ inline void micro_streams(const float* __restrict xt, const uint16_t* const* wp,
     }
   }
   for (int s = 0; s < S; ++s) {
-    const __mmask16 m0 = nvalid[s] >= 16 ? 0xFFFF : __mmask16((1u << nvalid[s]) - 1);
-    const __mmask16 m1 = nvalid[s] >= 32 ? 0xFFFF : nvalid[s] <= 16 ? 0 : __mmask16((1u << (nvalid[s] - 16)) - 1);
+    const __mmask16 m0 = half_mask(nvalid[s], 0), m1 = half_mask(nvalid[s], 1);
     if (bias[s]) {
       a0[s] = _mm512_add_ps(a0[s], _mm512_maskz_loadu_ps(m0, bias[s]));
       a1[s] = _mm512_add_ps(a1[s], _mm512_maskz_loadu_ps(m1, bias[s] + 16));
@@ -136,8 +140,8 @@ inline void tile(const float* __restrict xt, const uint16_t* __restrict w0, cons
   }
   __mmask16 mask[2 * C];
   for (int c = 0; c < C; ++c) {
-    mask[2 * c] = nv[c] >= 16 ? 0xFFFF : __mmask16((1u << nv[c]) - 1);
-    mask[2 * c + 1] = nv[c] >= 32 ? 0xFFFF : nv[c] <= 16 ? 0 : __mmask16((1u << (nv[c] - 16)) - 1);
+    mask[2 * c] = half_mask(nv[c], 0);
+    mask[2 * c + 1] = half_mask(nv[c], 1);
   }
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < 2 * C; ++c) {
@@ -167,8 +171,7 @@ void widen_panels(const uint16_t* wp, int64_t n, int64_t K, float* dst, int64_t 
     const int64_t k1 = std::min(K, k0 + KB);
     for (int64_t p = p0; p < p1; ++p) {
       const int nvalid = (int)std::min<int64_t>(kNP, n - p * kNP);
-      const __mmask16 m0 = nvalid >= 16 ? 0xFFFF : __mmask16((1u << nvalid) - 1);
-      const __mmask16 m1 = nvalid >= 32 ? 0xFFFF : nvalid <= 16 ? 0 : __mmask16((1u << (nvalid - 16)) - 1);
+      const __mmask16 m0 = half_mask(nvalid, 0), m1 = half_mask(nvalid, 1);
       const uint16_t* src = wp + p * K * kNP;
       float* d = dst + p * kNP;
       for (int64_t k = k0; k < k1; ++k) {
