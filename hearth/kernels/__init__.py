@@ -102,17 +102,26 @@ def linear_parts(x: torch.Tensor, parts: list[torch.Tensor], bias: torch.Tensor 
             or not _kernel_ok(x, parts[0], None)):
         biases = [None] * len(parts) if bias is None else list(bias.split([p.shape[0] for p in parts]))
         return torch.cat([linear(x, p, b) for p, b in zip(parts, biases)], dim=-1)
-    x2 = x.reshape(m, x.shape[-1])
-    if x2.stride(1) != 1 or (m > 1 and x2.stride(0) < x2.shape[1]):
+    return run_linear_parts(x, [p.data_ptr() for p in parts], [p.shape[0] for p in parts],
+                            _DTYPE_CODE[parts[0].dtype], parts[0].shape[1], bias)
+
+
+def run_linear_parts(x: torch.Tensor, pointers: list[int], rows: list[int], w_dtype_code: int, ldw: int,
+                     bias: torch.Tensor | None) -> torch.Tensor:
+    """The hk_linear_parts call behind linear_parts and panels.linear: x [..., K] against the weight parts at
+    `pointers` (part i: rows[i] outputs, in w_dtype_code's layout, row stride ldw) plus bias, fp32 accumulate;
+    returns [..., sum(rows)] in x's dtype."""
+    k, n = x.shape[-1], sum(rows)
+    m = x.numel() // k
+    x2 = x.reshape(m, k)
+    if x2.stride(1) != 1 or (m > 1 and x2.stride(0) < k):
         x2 = x2.contiguous()
-    if bias is not None:
-        bias = bias.to(torch.float32).contiguous()
+    b = bias.to(torch.float32).contiguous() if bias is not None else None
     out = torch.empty(m, n, dtype=torch.float32)
-    ptrs = (ctypes.c_void_p * len(parts))(*[p.data_ptr() for p in parts])
-    rows = (ctypes.c_int64 * len(parts))(*[p.shape[0] for p in parts])
-    rc = _build.load().hk_linear_parts(x2.data_ptr(), _DTYPE_CODE[x2.dtype], m, x2.shape[1], x2.stride(0), len(parts),
-                                       ptrs, rows, _DTYPE_CODE[parts[0].dtype], parts[0].shape[1],
-                                       bias.data_ptr() if bias is not None else None, out.data_ptr(), isa(), 0,
+    rc = _build.load().hk_linear_parts(x2.data_ptr(), _DTYPE_CODE[x2.dtype], m, k, x2.stride(0), len(rows),
+                                       (ctypes.c_void_p * len(pointers))(*pointers),
+                                       (ctypes.c_int64 * len(rows))(*rows), w_dtype_code, ldw,
+                                       b.data_ptr() if b is not None else None, out.data_ptr(), isa(), 0,
                                        torch.get_num_threads())
     if rc != 0:
         raise RuntimeError(f"hk_linear_parts failed with code {rc}")

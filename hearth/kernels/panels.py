@@ -97,22 +97,9 @@ def linear(x: torch.Tensor, panels: list[torch.Tensor], rows: list[int],
     """x [..., K] . cat(weights)^T (+ bias), the weights as panels (part i: rows[i] outputs); x's dtype out."""
     k, n = panels[0].shape[1], sum(rows)
     m = x.numel() // k
-    x2 = x.reshape(m, k)
     if m > TILED_MAX_M:  # long prefill: one fp32 GEMM on the widened weights
-        y = torch.mm(x2.float(), widen(panels, rows))
+        y = torch.mm(x.reshape(m, k).float(), widen(panels, rows))
         if bias is not None:
             y += bias.float()
         return y.to(x.dtype).reshape(*x.shape[:-1], n)
-    if x2.stride(1) != 1 or (m > 1 and x2.stride(0) < k):
-        x2 = x2.contiguous()
-    b = bias.to(torch.float32).contiguous() if bias is not None else None
-    out = torch.empty(m, n, dtype=torch.float32)
-    ptrs, ns = _pointers(panels, rows)
-    rc = _build.load().hk_linear_parts(x2.data_ptr(), kernels._DTYPE_CODE[x2.dtype], m, k, x2.stride(0),
-                                       len(panels), ptrs, ns, DTYPE_CODE, k,
-                                       b.data_ptr() if b is not None else None, out.data_ptr(), kernels.isa(), 0,
-                                       torch.get_num_threads())
-    if rc != 0:
-        raise RuntimeError(f"hk_linear_parts (panels) failed with code {rc}")
-    out = out if x.dtype == torch.float32 else out.to(x.dtype)
-    return out.reshape(*x.shape[:-1], n)
+    return kernels.run_linear_parts(x, [p.data_ptr() for p in panels], rows, DTYPE_CODE, k, bias)
