@@ -62,6 +62,20 @@ def panel_cache_dir() -> str | None:
     return _cache_dir("HEARTH_PANEL_CACHE", "panels")
 
 
+def panel_cache_max_bytes() -> int:
+    """Cap on the panel cache's size on disk (HEARTH_PANEL_CACHE_MAX_GIB, default 32): packing a new checkpoint
+    first evicts the least recently used entries beyond it, and a checkpoint whose panels alone exceed it is packed
+    in memory instead."""
+    value = _first("HEARTH_PANEL_CACHE_MAX_GIB")
+    if value is None:
+        return 32 << 30
+    try:
+        gib = float(value)
+    except ValueError:
+        raise ValueError(f"HEARTH_PANEL_CACHE_MAX_GIB must be a number of GiB, got {value!r}") from None
+    return int(max(gib, 0.0) * (1 << 30))
+
+
 def _cache_dir(variable: str, name: str) -> str | None:
     """The directory in `variable` (None if it says 0/off), else $XDG_CACHE_HOME/hearth/<name>."""
     value = _first(variable)

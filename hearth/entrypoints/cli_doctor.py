@@ -54,4 +54,7 @@ def _panels_row() -> str:
         return "no (HEARTH_PANELS=0)"
     if not panels.supported():
         return "no (needs AVX-512 without native bf16 GEMMs, and the kernels)"
-    return f"yes, cached in {envs.panel_cache_dir() or 'memory only (HEARTH_PANEL_CACHE=0)'}"
+    root = envs.panel_cache_dir()
+    if root is None:
+        return "yes, packed in memory at every start (HEARTH_PANEL_CACHE=0)"
+    return f"yes, cached in {root} (at most {envs.panel_cache_max_bytes() / (1 << 30):g} GiB)"

@@ -6,7 +6,9 @@ the model's layout and the panel format. Why a file: a copy of the weights needs
 first-touched memory costs ~1.3 s per GB (0.3-1.0 GB/s, huge pages or not: the host backs guest pages lazily),
 so packing TinyLlama's 2 GB in memory at every start would add ~2.6 s to a ~3.5 s start. A mapped file's pages are
 page cache: a later start maps them (read-only, private) at no cost. HEARTH_PANEL_CACHE=0 (or an unwritable cache,
-or too little disk) packs into anonymous memory instead.
+or too little disk) packs into anonymous memory instead. The cache is capped (HEARTH_PANEL_CACHE_MAX_GIB, default
+32): a new entry evicts the least recently used ones beyond it, as each model would otherwise leave a second copy of
+its weights on disk for good.
 
 The row-major weights the panels replace are dropped: heap copies are freed (and trimmed), and the pages of a
 safetensors file mapping that packing read are handed back (MADV_DONTNEED on a private file mapping only drops
@@ -100,6 +102,51 @@ def _cache_path(source: str, layout: list[str]) -> str | None:
     return os.path.join(root, f"{where}-{h.hexdigest()[:20]}.bin")
 
 
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # (EPERM: it exists, as another user)
+        return True
+    return True
+
+
+def _make_room(root: str, nbytes: int) -> bool:
+    """Evict the least recently used entries of the cache in root (oldest mtime first; a start that maps an entry
+    touches it) until they and a new entry of nbytes fit envs.panel_cache_max_bytes(); also removes the partial
+    files of packs whose process died. False if nbytes alone is over the cap. (A running server that maps an
+    evicted entry keeps it: the file lives on, unnamed, until unmapped.)"""
+    cap = envs.panel_cache_max_bytes()
+    if nbytes > cap:
+        return False
+    entries, total = [], 0
+    for name in os.listdir(root):
+        full = os.path.join(root, name)
+        try:
+            st = os.stat(full)
+            if name.endswith(".tmp"):  # <entry>.<pid>.tmp: a pack under way, or one whose process died
+                pid = name.rsplit(".", 2)[-2]
+                if pid.isdigit() and not _pid_alive(int(pid)):
+                    os.remove(full)
+                    continue
+                total += st.st_size
+            elif name.endswith(".bin"):
+                entries.append((st.st_mtime_ns, st.st_size, full))
+                total += st.st_size
+        except OSError:
+            continue  # gone meanwhile (another process evicting), or not ours to remove
+    for _, size, full in sorted(entries):
+        if total + nbytes <= cap:
+            break
+        with contextlib.suppress(OSError):
+            os.remove(full)
+            total -= size
+            logger.info("panel cache: evicted %s (%.2f GB, least recently used) to stay under %.1f GiB "
+                        "(HEARTH_PANEL_CACHE_MAX_GIB)", full, size / 1e9, cap / (1 << 30))
+    return total + nbytes <= cap
+
+
 def _map(path: str, nbytes: int, create: bool) -> tuple[torch.Tensor, mmap.mmap] | None:
     """The cache file as a bf16 tensor (and its mapping): an existing one mapped private (read, never written), or
     a new one of nbytes mapped shared for packing (written under a temporary name, renamed once complete and
@@ -110,14 +157,20 @@ def _map(path: str, nbytes: int, create: bool) -> tuple[torch.Tensor, mmap.mmap]
                 return None
             with open(path, "rb") as f:
                 mm = mmap.mmap(f.fileno(), nbytes, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+            with contextlib.suppress(OSError):
+                os.utime(path)  # recently used: the last to be evicted (_make_room)
         else:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            if shutil.disk_usage(os.path.dirname(path)).free < nbytes + _DISK_MARGIN:
-                logger.info("panel cache: too little disk in %s; packing into memory", os.path.dirname(path))
-                return None
-            for old in glob.glob(os.path.join(glob.escape(os.path.dirname(path)),
-                                              os.path.basename(path).split("-")[0] + "-*.bin")):
+            root = os.path.dirname(path)
+            os.makedirs(root, exist_ok=True)
+            for old in glob.glob(os.path.join(glob.escape(root), os.path.basename(path).split("-")[0] + "-*.bin")):
                 os.remove(old)  # this checkpoint's entries for other file versions or layouts
+            if not _make_room(root, nbytes):
+                logger.info("panel cache: %.2f GB of panels exceed HEARTH_PANEL_CACHE_MAX_GIB; packing into memory",
+                            nbytes / 1e9)
+                return None
+            if shutil.disk_usage(root).free < nbytes + _DISK_MARGIN:
+                logger.info("panel cache: too little disk in %s; packing into memory", root)
+                return None
             tmp = f"{path}.{os.getpid()}.tmp"
             with open(tmp, "w+b") as f:
                 f.truncate(nbytes)
