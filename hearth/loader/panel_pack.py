@@ -112,12 +112,11 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def _make_room(root: str, nbytes: int) -> bool:
+def _make_room(root: str, nbytes: int, cap: int) -> bool:
     """Evict the least recently used entries of the cache in root (oldest mtime first; a start that maps an entry
-    touches it) until they and a new entry of nbytes fit envs.panel_cache_max_bytes(); also removes the partial
-    files of packs whose process died. False if nbytes alone is over the cap. (A running server that maps an
-    evicted entry keeps it: the file lives on, unnamed, until unmapped.)"""
-    cap = envs.panel_cache_max_bytes()
+    touches it) until they and a new entry of nbytes fit in cap bytes; also removes the partial files of packs whose
+    process died. False if nbytes alone is over the cap. (A running server that maps an evicted entry keeps it: the
+    file lives on, unnamed, until unmapped.)"""
     if nbytes > cap:
         return False
     entries, total = [], 0
@@ -147,10 +146,10 @@ def _make_room(root: str, nbytes: int) -> bool:
     return total + nbytes <= cap
 
 
-def _map(path: str, nbytes: int, create: bool) -> tuple[torch.Tensor, mmap.mmap] | None:
+def _map(path: str, nbytes: int, create: bool, cap: int = 0) -> tuple[torch.Tensor, mmap.mmap] | None:
     """The cache file as a bf16 tensor (and its mapping): an existing one mapped private (read, never written), or
     a new one of nbytes mapped shared for packing (written under a temporary name, renamed once complete and
-    flushed to disk). None on failure."""
+    flushed to disk; the cache kept within cap bytes). None on failure."""
     try:
         if not create:
             if os.path.getsize(path) != nbytes:
@@ -164,7 +163,7 @@ def _map(path: str, nbytes: int, create: bool) -> tuple[torch.Tensor, mmap.mmap]
             os.makedirs(root, exist_ok=True)
             for old in glob.glob(os.path.join(glob.escape(root), os.path.basename(path).split("-")[0] + "-*.bin")):
                 os.remove(old)  # this checkpoint's entries for other file versions or layouts
-            if not _make_room(root, nbytes):
+            if not _make_room(root, nbytes, cap):
                 logger.info("panel cache: %.2f GB of panels exceed HEARTH_PANEL_CACHE_MAX_GIB; packing into memory",
                             nbytes / 1e9)
                 return None
@@ -187,6 +186,7 @@ def pack_dense_weights(model: nn.Module, source: str | None = None) -> int:
     bytes of panels."""
     if not panels.supported():
         return 0
+    cap = envs.panel_cache_max_bytes()  # (read first: a bad value stops every start, cache hit or not)
     t0 = time.perf_counter()
     named = [(name, m) for name, m in model.named_modules() if type(m) is Linear and m.can_use_panels()]
     embed = getattr(getattr(model, "model", None), "embed_tokens", None)
@@ -203,7 +203,7 @@ def pack_dense_weights(model: nn.Module, source: str | None = None) -> int:
         mapped = _map(path, 2 * total, create=False)
         cached = mapped is not None
     if mapped is None and path is not None:
-        mapped = _map(path, 2 * total, create=True)
+        mapped = _map(path, 2 * total, create=True, cap=cap)
         tmp = f"{path}.{os.getpid()}.tmp" if mapped is not None else None
     buf = mapped[0] if mapped is not None else None
     if buf is None:
