@@ -146,7 +146,12 @@ def _make_room(root: str, nbytes: int, cap: int) -> bool:
     return total + nbytes <= cap
 
 
-def _map(path: str, nbytes: int, create: bool, cap: int = 0) -> tuple[torch.Tensor, mmap.mmap] | None:
+def _tmp_path(path: str) -> str:
+    """Where this process packs the cache entry `path` until it is complete (_make_room parses the pid back)."""
+    return f"{path}.{os.getpid()}.tmp"
+
+
+def _map(path: str, nbytes: int, create: bool, cap: int) -> tuple[torch.Tensor, mmap.mmap] | None:
     """The cache file as a bf16 tensor (and its mapping): an existing one mapped private (read, never written), or
     a new one of nbytes mapped shared for packing (written under a temporary name, renamed once complete and
     flushed to disk; the cache kept within cap bytes). None on failure."""
@@ -170,7 +175,7 @@ def _map(path: str, nbytes: int, create: bool, cap: int = 0) -> tuple[torch.Tens
             if shutil.disk_usage(root).free < nbytes + _DISK_MARGIN:
                 logger.info("panel cache: too little disk in %s; packing into memory", root)
                 return None
-            tmp = f"{path}.{os.getpid()}.tmp"
+            tmp = _tmp_path(path)
             with open(tmp, "w+b") as f:
                 f.truncate(nbytes)
                 mm = mmap.mmap(f.fileno(), nbytes, flags=mmap.MAP_SHARED)
@@ -200,11 +205,11 @@ def pack_dense_weights(model: nn.Module, source: str | None = None) -> int:
     path = _cache_path(source, layout) if source is not None else None
     mapped, cached, tmp = None, False, None
     if path is not None and os.path.exists(path):
-        mapped = _map(path, 2 * total, create=False)
+        mapped = _map(path, 2 * total, create=False, cap=cap)
         cached = mapped is not None
     if mapped is None and path is not None:
         mapped = _map(path, 2 * total, create=True, cap=cap)
-        tmp = f"{path}.{os.getpid()}.tmp" if mapped is not None else None
+        tmp = _tmp_path(path) if mapped is not None else None
     buf = mapped[0] if mapped is not None else None
     if buf is None:
         found = hugepages.arena(2 * total) if hugepages.enabled() else None

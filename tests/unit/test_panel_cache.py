@@ -43,7 +43,7 @@ def test_make_room_removes_dead_partial_packs_and_counts_live_ones(tmp_path) -> 
 
 def test_a_mapped_entry_counts_as_recently_used(tmp_path) -> None:
     path = _entry(tmp_path, "aaa-1.bin", 1 * MB, 1_000)
-    mapped = panel_pack._map(path, 1 * MB, create=False)
+    mapped = panel_pack._map(path, 1 * MB, create=False, cap=CAP)
     assert mapped is not None
     assert os.stat(path).st_mtime > 1_000
 
