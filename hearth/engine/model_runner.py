@@ -15,6 +15,7 @@ from hearth.engine.block_manager import BlockManager
 from hearth.engine.input_batch import DecodeBatch, SeqInput, prepare_inputs
 from hearth.engine.request import Request
 from hearth.engine.scheduler import ScheduledRequest, SchedulerOutput
+from hearth.kernels import quant
 from hearth.layers.attention import Attention
 from hearth.layers.sampler import Sampler, SamplerOutput, TokenLogprobs, logprobs_of
 from hearth.spec_decode.rejection_sampler import RejectionSampler
@@ -90,7 +91,8 @@ class ModelRunner:
         order = sorted(range(len(seqs)), key=lambda i: not seqs[i].is_decode)  # decodes first (stable)
         ordered = [scheduled[i] for i in order]
         input_ids, positions, meta = prepare_inputs([seqs[i] for i in order], self.block_size)
-        hidden = self.model(input_ids, positions, meta)  # [T, hidden]
+        with quant.prompt_rows():  # (quantized weights: a prompt's rows get the same numbers however many run)
+            hidden = self.model(input_ids, positions, meta)  # [T, hidden]
         return self._sample(hidden, ordered)
 
     def _sample(self, hidden: torch.Tensor, ordered: list[ScheduledRequest]) -> StepResult:

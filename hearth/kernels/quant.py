@@ -31,6 +31,13 @@ Decode kernels (M <= MAX_KERNEL_M), three variants (ACTIVATIONS; HEARTH_QUANT_AC
                     each output moves by at most sum_k |w_k| * amax(block of k) / 254.
   "float"           x stays fp32 and weights are dequantized in registers: the dequantized float model's results up
                     to summation order, but compute-bound at ~4 vector ops per weight.
+Several rows on AVX-512 CPUs without VNNI (gemm_min_rows; HEARTH_QUANT_GEMM=0|1|auto): hq_linear_gemm keeps x in fp32
+and dequantizes each weight vector in registers once per tile of up to 8 x rows, then plain fp32 FMAs (the dequantized
+float model's results, like "float"). Without VNNI an integer dot costs about what an fp32 FMA does, so the int8
+kernels pay that per weight per row; this pays it once per 8 rows. Qwen2.5-0.5B gate_up / down, 2 threads, vs
+"int8x2" (paired, same process, time ratios): 8 rows int8 1.7-2.0x, Q8_0 1.9-2.0x, Q4_0 tiles 0.9-1.3x, int4-g128
+0.85-1.2x; 16 rows 1.9-2.3x, 2.0x, 1.1-1.6x, 1.4-1.5x. On VNNI CPUs (vpdpbusd: 64 multiply-adds per instruction) the
+integer kernels stay (unmeasured here: no CI machine so far had VNNI; HEARTH_QUANT_GEMM=1 forces this path to compare).
 Measured on the 2-core AVX2 Zen 3 VM with a CI run sharing it (1 thread, M = 1, alternated in one process, medians;
 p10-p90 spread ~10-30%), per linear, float / int8 / int8x2: 2048x2048 (in cache) int4-g32 711 / 316 / 393 us, int8
 360 / 156 / 251 us; 32000x2048 (DRAM) int4-g32 16.6 / 5.2 / 5.1 ms, int8 17.7 / 7.3 / 6.9 ms (int8x2 is as
@@ -47,9 +54,11 @@ rounds activations to bf16) and ~350-450 ms at M=8.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import os
+import threading
 from dataclasses import dataclass
 
 import torch
@@ -57,6 +66,7 @@ import torch.nn.functional as F
 
 from hearth import kernels
 from hearth.kernels import _build
+from hearth.platform import cpu_info
 
 # Above this many tokens (prefill) the weight is dequantized in row tiles and multiplied by torch's fp32 GEMM.
 # Measured on the 2-core AVX2 EPYC (shared, noisy; medians), W 2048x5632, 2 threads, kernel vs tiles+GEMM:
@@ -69,6 +79,13 @@ MAX_KERNEL_M = 128
 _ACT_ENV = os.environ.get("HEARTH_QUANT_ACT", "").strip().lower()
 ACTIVATIONS = {"int8": "int8", "i8": "int8", "q8": "int8", "int8x2": "int8x2", "x2": "int8x2",
                "float": "float", "fp32": "float"}.get(_ACT_ENV, "int8x2")
+# hq_linear_gemm for several rows: "auto" on AVX-512 CPUs without VNNI, "1" wherever AVX-512 runs, "0" never.
+_GEMM_ENV = os.environ.get("HEARTH_QUANT_GEMM", "auto").strip().lower()
+# Where the GEMM runs, more rows take dequantized tiles + torch's fp32 GEMM (_tiled). Qwen2.5-0.5B gate_up / down,
+# 2 threads: at 64 rows on a par (int8 24.1 vs 27.2 ms, Q4_0 26.1 vs 25.3), at 128 torch ahead (46 vs 42, 45 vs 31).
+GEMM_MAX_M = 64
+# Set while a step that carries prompt tokens runs (prompt_rows): see linear.
+_prompt = threading.local()
 # fp32 elements per dequantized tile in the prefill path (16 MiB).
 _TILE_ELEMS = 4 << 20
 
@@ -153,6 +170,8 @@ def _lib() -> ctypes.CDLL | None:
     lib.hq_linear_dot.restype = i32
     lib.hq_linear_dot2.argtypes = lib.hq_linear.argtypes
     lib.hq_linear_dot2.restype = i32
+    lib.hq_linear_gemm.argtypes = lib.hq_linear.argtypes
+    lib.hq_linear_gemm.restype = i32
     lib.hq_dequant.argtypes = [ptr, i32, i64, i64, ptr, ptr, i64, i64, i64, i64, ptr, i32, i32, i32]
     lib.hq_dequant.restype = i32
     lib.hq_dequant_gather.argtypes = [ptr, i32, i64, i64, ptr, ptr, i64, i64, i64, ptr, i64, ptr, i32, i32, i32]
@@ -323,16 +342,29 @@ def _isa(isa_code: int | None) -> int:
     return isa_code or kernels.isa()
 
 
+def gemm_min_rows(qw: QWeight) -> int:
+    """Rows of x from which this weight's kernel is hq_linear_gemm (0: never; see the module doc). Paired with the
+    int8x2 kernels on the 2-vCPU Skylake-SP: int8 weights ahead from 4 rows, int4 from 8 (0.8-0.9x at 4, ~1.0x at 6).
+    Not for the 6-bit tiles or int8 with 16-weight groups (GGUF Q6_K's layouts)."""
+    off = _GEMM_ENV in ("0", "off", "no", "false") or (_GEMM_ENV not in ("1", "on", "yes", "true")
+                                                        and cpu_info().has_vnni)
+    if off or qw.bits == 6 or qw.group == 16 or kernels.isa() != kernels.ISA_AVX512:
+        return 0
+    return 4 if qw.bits == 8 else 8
+
+
 def _run(x: torch.Tensor, qw: QWeight, bias: torch.Tensor | None, isa_code: int | None = None,
          act: str | None = None) -> torch.Tensor:
-    """The C++ kernel on x [M, K] -> fp32 [M, N]; act "float", "int8" or "int8x2" (default: ACTIVATIONS), see the
-    module doc."""
+    """The C++ kernel on x [M, K] -> fp32 [M, N]; act "float", "int8", "int8x2" or "gemm" (default: ACTIVATIONS), see
+    the module doc."""
     m, k = x.shape
     n = qw.data.shape[0]
     if x.stride(1) != 1 or (m > 1 and x.stride(0) < k):
         x = x.contiguous()
     out = torch.empty(m, n, dtype=torch.float32)
-    fn = {"int8": _lib().hq_linear_dot, "int8x2": _lib().hq_linear_dot2, "float": _lib().hq_linear}[act or ACTIVATIONS]
+    act = act or ACTIVATIONS
+    fn = {"int8": _lib().hq_linear_dot, "int8x2": _lib().hq_linear_dot2, "float": _lib().hq_linear,
+          "gemm": _lib().hq_linear_gemm}[act]
     rc = fn(x.data_ptr(), _DTYPE_CODE[x.dtype], m, k, x.stride(0), qw.data.data_ptr(),
                           qw.kernel_code, n, qw.data.stride(0), qw.scales.data_ptr(), _ptr(qw.mins),
                           qw.scales.stride(0), qw.group, _ptr(bias), out.data_ptr(), _isa(isa_code),
@@ -416,17 +448,35 @@ def _tiled(x: torch.Tensor, qw: QWeight, bias: torch.Tensor | None) -> torch.Ten
     return out
 
 
+@contextlib.contextmanager
+def prompt_rows():
+    """Mark a forward pass that carries prompt tokens: where the GEMM runs (gemm_min_rows > 0), its rows take it
+    whatever their count (up to GEMM_MAX_M). A prompt's last token recomputed alone after a prefix-cache hit then gets
+    exactly the numbers it had inside its full prefill (the GEMM's per-row sums do not depend on the other rows), so a
+    repeated seeded request samples the same tokens."""
+    prev = getattr(_prompt, "on", False)
+    _prompt.on = True
+    try:
+        yield
+    finally:
+        _prompt.on = prev
+
+
 def linear(x: torch.Tensor, qw: QWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
     """y = x deq(W)^T + b (x [..., K]); output in x's dtype, fp32 accumulate.
 
-    M <= MAX_KERNEL_M tokens: the C++ kernel (weights read once, dequantized in registers). More tokens: row tiles
-    dequantized to fp32 and torch's GEMM. Without the kernels: the torch reference (dequantize, F.linear).
+    Few tokens: the C++ kernels; from gemm_min_rows(qw) rows (or in prompt_rows) up to GEMM_MAX_M the fp32-x GEMM,
+    below that the integer-dot kernels (ACTIVATIONS; up to MAX_KERNEL_M where the GEMM does not run). More tokens:
+    row tiles dequantized to fp32 and torch's GEMM. Without the kernels: the torch reference (dequantize, F.linear).
     """
     k = x.shape[-1]
     m = x.numel() // k if k else 0
     b = None if bias is None else bias.float().contiguous()
     x2 = x.reshape(m, k)
-    if available() and x.dtype in _DTYPE_CODE and 0 < m <= MAX_KERNEL_M:
+    rows = gemm_min_rows(qw) if available() and x.dtype in _DTYPE_CODE else 0
+    if rows and 0 < m <= GEMM_MAX_M and (m >= rows or getattr(_prompt, "on", False)):
+        y = _run(x2, qw, b, act="gemm")
+    elif available() and x.dtype in _DTYPE_CODE and 0 < m <= (rows and GEMM_MAX_M or MAX_KERNEL_M):
         y = _run(x2, qw, b)
     elif available() and m > 0:
         y = _tiled(x2, qw, b)

@@ -264,6 +264,7 @@ struct T {
   }
 };
 #include "quant_impl.h"
+#include "quant_gemm_impl.h"
 }  // namespace avx512
 #pragma GCC pop_options
 
@@ -504,6 +505,24 @@ int hq_linear_dot2(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx
                    float* out, int isa, int nthreads, int scale_f16) {
   return hq::linear_dot(x, x_dtype, M, K, ldx, w, int4, N, ldw, scales, mins, ldg, group, bias, out, isa, nthreads,
                         true, scale_f16 != 0);
+}
+
+// Same arguments and result layout as hq_linear, for several rows on AVX-512 (quant_gemm_impl.h): each weight
+// dequantized in registers once per tile of up to 8 rows. Returns 0, or -6 where it does not apply (AVX2, 6-bit tiles,
+// int8 with 16-weight groups: use hq_linear / hq_linear_dot).
+int hq_linear_gemm(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, const void* w, int int4, int64_t N,
+                   int64_t ldw, const void* scales, const void* mins, int64_t ldg, int64_t group, const float* bias,
+                   float* out, int isa, int nthreads, int scale_f16) {
+  using namespace hq;
+  if (isa != kISA_AVX512 || int4 == 4 || group == 16) return -6;
+  if (x_dtype < 0 || x_dtype > 2) return -2;
+  if (bad_group(K, group, int4)) return -3;
+  if (M <= 0 || N <= 0) return 0;
+  if (int4 >= 2 && N % 4) return -5;
+  std::vector<float> buf;
+  const float* xp = pack_x(x, x_dtype, M, K, ldx, buf);
+  avx512::gemm(make_problem(xp, w, ldw, scales, mins, ldg, group, bias, out, M, N, K, int4, scale_f16), nthreads);
+  return 0;
 }
 
 // Rows [n0, n1) of the dequantized weight -> out [n1 - n0][K] fp32 (same layout arguments as hq_linear).
