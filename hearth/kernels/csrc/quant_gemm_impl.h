@@ -11,7 +11,7 @@
 // int8 q - 8; scales / mins as fp32 per 32 weights, or one scale per row applied to the sums), K runs in blocks of <= kKC so an 8-row x tile stays in L1, the partial sums wait unreduced in
 // a per-thread scratch between K blocks and are reduced once per block, 16 at a time by a transpose-add network.
 //
-// Measured (2-vCPU Skylake-SP, no VNNI, Qwen2.5-0.5B shapes, 2 threads): see hq_linear_gemm in quant.cpp.
+// Measured (2-vCPU Skylake-SP, no VNNI, Qwen2.5-0.5B shapes, 2 threads): see hearth/kernels/quant.py's module doc.
 
 constexpr int64_t kNB = 24;   // weight rows per block: divisible by every tile width C below
 constexpr int64_t kKC = 512;  // k per block (x tile: 8 rows x 2 KiB)
