@@ -36,6 +36,7 @@ def run(ns: argparse.Namespace) -> int:
         ("HEARTH_KVCACHE_SPACE", str(envs.kv_cache_space_gib() or "auto")),
         ("keep freed memory (glibc heap)", "yes" if envs.keep_freed_memory() else "no (HEARTH_KEEP_FREED_MEMORY=0)"),
         ("bf16 weights in panels", _panels_row()),
+        ("quantized weights, several rows", _quant_gemm_row()),
         ("allowed cores", ",".join(map(str, sorted(os.sched_getaffinity(0))))),
     ]
     width = max(len(k) for k, _ in rows)
@@ -44,6 +45,14 @@ def run(ns: argparse.Namespace) -> int:
     if not info.has_avx2:
         print("warning: this CPU lacks AVX2/FMA; hearth runs on PyTorch's generic kernels only (slow)")
     return 0
+
+
+def _quant_gemm_row() -> str:
+    from hearth.kernels import quant
+
+    if quant.gemm_enabled():
+        return "fp32 GEMM from 4 (int8) / 8 (int4) rows and in prompt steps (HEARTH_QUANT_GEMM=0: integer dots)"
+    return "integer-dot kernels (HEARTH_QUANT_GEMM=1: the fp32 GEMM, AVX-512 only)"
 
 
 def _panels_row() -> str:

@@ -342,13 +342,18 @@ def _isa(isa_code: int | None) -> int:
     return isa_code or kernels.isa()
 
 
+def gemm_enabled() -> bool:
+    """Whether hq_linear_gemm runs for several rows here: AVX-512, and no VNNI unless HEARTH_QUANT_GEMM=1."""
+    if _GEMM_ENV in ("0", "off", "no", "false") or kernels.isa() != kernels.ISA_AVX512:
+        return False
+    return _GEMM_ENV in ("1", "on", "yes", "true") or not cpu_info().has_vnni
+
+
 def gemm_min_rows(qw: QWeight) -> int:
     """Rows of x from which this weight's kernel is hq_linear_gemm (0: never; see the module doc). Paired with the
     int8x2 kernels on the 2-vCPU Skylake-SP: int8 weights ahead from 4 rows, int4 from 8 (0.8-0.9x at 4, ~1.0x at 6).
     Not for the 6-bit tiles or int8 with 16-weight groups (GGUF Q6_K's layouts)."""
-    off = _GEMM_ENV in ("0", "off", "no", "false") or (_GEMM_ENV not in ("1", "on", "yes", "true")
-                                                        and cpu_info().has_vnni)
-    if off or qw.bits == 6 or qw.group == 16 or kernels.isa() != kernels.ISA_AVX512:
+    if not gemm_enabled() or qw.bits == 6 or qw.group == 16:
         return 0
     return 4 if qw.bits == 8 else 8
 

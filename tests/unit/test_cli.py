@@ -44,6 +44,10 @@ def test_chat_reads_turns_until_empty_line(tiny):
 def test_doctor_reports_isa():
     r = hearth("doctor")
     assert r.returncode == 0 and "isa" in r.stdout and "physical cores" in r.stdout
+    from hearth.kernels import quant
+
+    gemm_row = next(line for line in r.stdout.splitlines() if line.startswith("quantized weights, several rows"))
+    assert ("fp32 GEMM" in gemm_row) == quant.gemm_enabled()
 
 
 def test_server_staggers_prompts_by_default_offline_runs_do_not():
