@@ -48,13 +48,6 @@ static inline void unpack_nibbles(const uint8_t* src, int8_t* dst, int bias) {
   _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + 16), _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(b, 4), mask), d));
 }
 
-// n (<= 8) consecutive scales from src (fp16 or fp32) -> fp32 dst.
-static inline void scales_to_f32(const uint8_t* src, bool f16, int64_t n, float* dst) {
-  const __mmask8 m = __mmask8((1u << n) - 1);
-  const __m256 v = f16 ? _mm256_cvtph_ps(_mm_maskz_loadu_epi16(m, src)) : _mm256_maskz_loadu_ps(m, src);
-  _mm256_mask_storeu_ps(dst, m, v);
-}
-
 // A row's ng group scales (fp16 or fp32) -> fp32 per sub-block of 32 (spg sub-blocks per group): 16 at a time, each
 // group's value repeated by a lane permutation where spg divides 16 (groups of 32 / 64 / 128 / 256 / 512 weights).
 static inline void expand_scales(const void* src, bool f16, int64_t ng, int64_t spg, float* dst) {
@@ -97,8 +90,8 @@ static Staged stage(const Problem& a, int64_t n0, int64_t nr, std::vector<int8_t
         const int64_t sb = 2 * np * g.S;  // one row's scales in this record
         for (int64_t r = 0; r < 4; ++r) {
           const int64_t row = 4 * t - n0 + r;
-          scales_to_f32(rec + r * sb, g.S == 2, 2 * np, sc + row * ns + 8 * q);
-          if (has_min) scales_to_f32(rec + 4 * sb + r * sb, g.S == 2, 2 * np, mn + row * ns + 8 * q);
+          expand_scales(rec + r * sb, g.S == 2, 2 * np, 1, sc + row * ns + 8 * q);
+          if (has_min) expand_scales(rec + 4 * sb + r * sb, g.S == 2, 2 * np, 1, mn + row * ns + 8 * q);
           const uint8_t* qs = rec + 4 * sb * g.c + r * 32 * np;
           for (int64_t i = 0; i < 2 * np; ++i) unpack_nibbles(qs + 16 * i, qbuf.data() + row * K + 256 * q + 32 * i,
                                                               has_min ? 0 : 8);
