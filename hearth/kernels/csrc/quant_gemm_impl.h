@@ -29,7 +29,7 @@ static inline float scale_of(const void* base, bool f16, int64_t i) {
 enum Deq { kScaled = 0, kRowScale = 1, kMin = 2 };
 
 // A block's weights as the tiles read them: row r's k-th value q[r * ldq + k] (int8; 0..15 for kMin), per sub-block
-// of 32 fp32 scales sc[r * lds + k / 32] (kMin: and mins mn, same layout; kRowScale: sc[r * lds] for the whole row).
+// of 32 fp32 scales sc[r * lds + k / 32] (kMin: and mins mn, same layout; kRowScale: sc[r] for the whole row).
 struct Staged {
   const int8_t* q;
   int64_t ldq;
@@ -103,7 +103,7 @@ static Staged stage(const Problem& a, int64_t n0, int64_t nr, std::vector<int8_t
   }
   const int64_t spg = a.sb_per_group;
   if (!a.int4 && spg == ns) {  // one scale per row: applied to the sums
-    for (int64_t r = 0; r < nr; ++r) sc[r * ns] = scale_of(a.scales, a.sf16, (n0 + r) * a.ldg);
+    for (int64_t r = 0; r < nr; ++r) sc[r] = scale_of(a.scales, a.sf16, (n0 + r) * a.ldg);
     st.deq = kRowScale;
   } else {
     const int64_t es = a.sf16 ? 2 : 4;
@@ -232,11 +232,9 @@ static void gemm(const Problem& a, int nthreads) {
       const __mmask16 m_lo = nr >= 16 ? 0xFFFF : __mmask16((1u << nr) - 1);
       const __mmask16 m_hi = nr <= 16 ? 0 : __mmask16((1u << (nr - 16)) - 1);
       __m512 s_lo = _mm512_set1_ps(1.0f), s_hi = s_lo;
-      if (st.deq == kRowScale) {  // the rows' scales (sc[r * lds]) as two vectors
-        const __m512i idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                               _mm512_set1_epi32((int)st.lds));
-        s_lo = _mm512_mask_i32gather_ps(s_lo, m_lo, idx, st.sc, 4);
-        s_hi = _mm512_mask_i32gather_ps(s_hi, m_hi, idx, st.sc + 16 * st.lds, 4);
+      if (st.deq == kRowScale) {  // the rows' scales, sc[0 .. nr)
+        s_lo = _mm512_maskz_loadu_ps(m_lo, st.sc);
+        s_hi = _mm512_maskz_loadu_ps(m_hi, st.sc + 16);
       }
       for (int64_t m = 0; m < M; ++m) {
         float* o = a.out + m * ldo + n0;
