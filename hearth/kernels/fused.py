@@ -1,5 +1,6 @@
 """The element-wise steps of a decoder layer as single C calls (csrc/fused.cpp): RMSNorm (+ residual add),
-rotary embedding in place, gated activations, the paged KV-cache write; and drawing tokens from logits.
+rotary embedding in place, gated activations, the paged KV-cache write; and drawing tokens from logits (random
+and greedy).
 
 Each function returns None when the kernel cannot take the input (kernels unavailable, unusual strides or
 dtypes); the caller then runs its torch code. Results equal the torch code's up to fp32 summation order.
@@ -29,7 +30,8 @@ def _lib() -> ctypes.CDLL | None:
     lib.hk_act_and_mul.argtypes = [ptr, i64, ptr, i64, i64, i32, i32, i32]
     lib.hk_kv_write.argtypes = [ptr, i64, ptr, i64, ptr, ptr, ptr, i64, i64, i64]
     lib.hk_sample.argtypes = [ptr, i64, i64, i64, ptr, ptr, ptr, i32]
-    for f in (lib.hk_rms_norm, lib.hk_rope_neox, lib.hk_act_and_mul, lib.hk_kv_write, lib.hk_sample):
+    lib.hk_argmax.argtypes = [ptr, i64, i64, i64, ptr, i32]
+    for f in (lib.hk_rms_norm, lib.hk_rope_neox, lib.hk_act_and_mul, lib.hk_kv_write, lib.hk_sample, lib.hk_argmax):
         f.restype = i32
     return lib
 
@@ -144,4 +146,20 @@ def sample(logits: torch.Tensor, u: torch.Tensor, inv_t: torch.Tensor) -> torch.
     if n:
         lib.hk_sample(logits.data_ptr(), logits.stride(0), n, v, inv_t.data_ptr(), u.data_ptr(), out.data_ptr(),
                       torch.get_num_threads())
+    return out
+
+
+def argmax(logits: torch.Tensor) -> torch.Tensor | None:
+    """Each row's greedy token of fp32 logits [n, V], exactly as logits.argmax(dim=-1) (first maximal index; a NaN
+    counts as the maximum), over every thread: torch's runs one thread per row at ~0.26 ms per 152k-entry row here,
+    ~8 ms of a 32-sequence decode step. None: no kernel here, or logits it cannot take."""
+    lib = _lib()
+    if lib is None or logits.dtype != torch.float32 or logits.dim() != 2 or logits.stride(1) != 1:
+        return None
+    if logits.shape[1] == 0:
+        return None
+    n, v = logits.shape
+    out = torch.empty(n, dtype=torch.int64)
+    if n:
+        lib.hk_argmax(logits.data_ptr(), logits.stride(0), n, v, out.data_ptr(), torch.get_num_threads())
     return out

@@ -50,6 +50,12 @@ def _has_processors(r: Request) -> bool:
     return bool(p.logit_bias) or r.num_output_tokens < p.min_tokens or p.needs_penalties
 
 
+def _argmax(logits: torch.Tensor) -> torch.Tensor:
+    """Greedy tokens of [n, V] logits: the C kernel over every thread where it takes them, else torch (same ids)."""
+    out = fused.argmax(logits)
+    return logits.argmax(dim=-1) if out is None else out
+
+
 def _plain_greedy(r: Request) -> bool:
     """Greedy with nothing that changes the logits or asks for logprobs: the token is the row's argmax."""
     return (r.params.sampling_type == SamplingType.GREEDY and r.params.logprobs is None and r.grammar is None
@@ -71,7 +77,7 @@ class Sampler:
         """logits: [len(reqs), V] float32 (the model's raw output for each request's last token)."""
         logits = logits[:, : self.vocab_size]
         if all(map(_plain_greedy, reqs)):  # one argmax, no copies (every torch op costs ~10-50 us per step)
-            token_ids = logits.argmax(dim=-1)
+            token_ids = _argmax(logits)
             return SamplerOutput(token_ids.tolist(), [None] * len(reqs), token_ids)
         want_lp = [r.params.logprobs is not None for r in reqs]
         raw_logprobs = torch.log_softmax(logits, dim=-1) if any(want_lp) else None
@@ -85,7 +91,7 @@ class Sampler:
         greedy = [i for i, r in enumerate(reqs) if r.params.sampling_type == SamplingType.GREEDY]
         rand = [i for i, r in enumerate(reqs) if r.params.sampling_type != SamplingType.GREEDY]
         if greedy:
-            token_ids[greedy] = logits[greedy].argmax(dim=-1)
+            token_ids[greedy] = _argmax(logits if len(greedy) == len(reqs) else logits[greedy])
         if len(rand) == len(reqs):
             token_ids = self._sample(logits, reqs)
         elif rand:

@@ -126,3 +126,29 @@ def test_sample_never_draws_a_token_without_mass_and_refuses_rows_without_any():
     assert out[:3].tolist() == [1000, 1002, 7] and out[3] == -1  # row 3: no finite maximum
     assert fused.sample(logits[1:2], torch.tensor([0.2]), torch.ones(1)).tolist() == [5]
     assert fused.sample(logits.double(), u, torch.ones(4)) is None  # fp32 only
+
+
+@pytest.mark.parametrize("rows", [1, 3, 32])
+@pytest.mark.parametrize("vocab", [1, 7, 17, 1003, 151936])
+def test_argmax_picks_what_torch_picks(rows, vocab):
+    """First maximal index, ties included (values drawn from a few levels, so maxima repeat inside one vector, across
+    the vector / tail boundary and across the chunks a single row is split into), -inf rows, NaN as the maximum, and
+    a padded row stride: equal to torch.argmax everywhere."""
+    g = torch.Generator().manual_seed(rows * 100003 + vocab)
+    logits = torch.randint(0, 5, (rows, vocab + 5), generator=g).float()[:, :vocab]
+    assert torch.equal(fused.argmax(logits), logits.argmax(dim=-1))
+    logits = torch.randn(rows, vocab, generator=g)
+    logits[0] = float("-inf")
+    if vocab > 2:
+        logits[-1, vocab // 2] = float("nan")
+        logits[-1, vocab - 1] = float("nan")
+    assert torch.equal(fused.argmax(logits), logits.argmax(dim=-1))
+    assert fused.argmax(logits.double()) is None
+
+
+def test_greedy_sampler_matches_torch_argmax():
+    from hearth.layers.sampler import _argmax
+    logits = torch.randn(5, 2000)
+    logits[2, 1999] = logits[2].max() + 1  # the last entry, in the scalar tail
+    assert torch.equal(_argmax(logits), logits.argmax(dim=-1))
+    assert torch.equal(_argmax(logits[:, :1500]), logits[:, :1500].argmax(dim=-1))  # a strided view

@@ -6,11 +6,13 @@
 //   hk_act_and_mul   act(gate) * up for x = [gate | up] (silu, gelu-tanh)
 //   hk_kv_write      this step's K/V rows into their paged-cache slots (both caches in one call)
 //   hk_sample        one token per row drawn from softmax(logits / T) by inverting its cumulative distribution
+//   hk_argmax        each row's greedy token, as torch.argmax picks it
 // Math is fp32 like the torch code it replaces (same rounding points: the residual sum is rounded to the model
 // dtype before it is normalized, outputs once at the end).
 #include <immintrin.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -265,6 +267,62 @@ int64_t sample_row(const float* l, int64_t V, float inv_t, float u, std::vector<
   return -1;
 }
 
+// argmax of x[j0, j1) as torch.argmax picks it: the first maximal index, and a NaN counts as the maximum (the first
+// NaN's index). Returns the index; *nan: a NaN was found. Memory-bound: 8 lanes, each keeping its first maximum
+// (strict >), then the smallest index among the lanes holding the largest value.
+int64_t argmax_range(const float* x, int64_t j0, int64_t j1, float* best, bool* nan) {
+  int64_t j = j0, bi = j0;
+  float bv = x[j0];
+  *nan = false;
+  if (j1 - j0 >= 16) {
+    __m256 vmax = _mm256_loadu_ps(x + j0), unord = _mm256_cmp_ps(vmax, vmax, _CMP_UNORD_Q);
+    __m256i vidx = _mm256_add_epi32(_mm256_set1_epi32((int)j0), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    __m256i cur = vidx;
+    const __m256i step = _mm256_set1_epi32(8);
+    for (j = j0 + 8; j + 8 <= j1; j += 8) {
+      cur = _mm256_add_epi32(cur, step);
+      const __m256 v = _mm256_loadu_ps(x + j);
+      const __m256 gt = _mm256_cmp_ps(v, vmax, _CMP_GT_OQ);
+      unord = _mm256_or_ps(unord, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+      vmax = _mm256_blendv_ps(vmax, v, gt);
+      vidx = _mm256_blendv_epi8(vidx, cur, _mm256_castps_si256(gt));
+    }
+    if (_mm256_movemask_ps(unord)) {
+      for (int64_t i = j0; i < j1; ++i)
+        if (std::isnan(x[i])) {
+          *nan = true;
+          *best = x[i];
+          return i;
+        }
+    }
+    alignas(32) float mv[8];
+    alignas(32) int32_t mi[8];
+    _mm256_store_ps(mv, vmax);
+    _mm256_store_si256(reinterpret_cast<__m256i*>(mi), vidx);
+    bv = mv[0];
+    bi = mi[0];
+    for (int l = 1; l < 8; ++l)
+      if (mv[l] > bv || (mv[l] == bv && mi[l] < bi)) bv = mv[l], bi = mi[l];
+  } else {
+    j = j0 + 1;
+    if (std::isnan(bv)) {
+      *nan = true;
+      *best = bv;
+      return j0;
+    }
+  }
+  for (; j < j1; ++j) {  // the tail (indices above every lane's)
+    if (std::isnan(x[j])) {
+      *nan = true;
+      *best = x[j];
+      return j;
+    }
+    if (x[j] > bv) bv = x[j], bi = j;
+  }
+  *best = bv;
+  return bi;
+}
+
 }  // namespace
 
 #define HK_DISPATCH_DTYPE(dtype, CALL)        \
@@ -305,6 +363,41 @@ int hk_sample(const float* logits, int64_t ld, int64_t n, int64_t V, const float
   for (int64_t r = 0; r < n; ++r) {
     thread_local std::vector<float> e, bs;
     out[r] = sample_row(logits + r * ld, V, inv_t[r], u[r], e, bs);
+  }
+  return 0;
+}
+
+// out[r] = argmax of logits row r (fp32 [n][V], row stride ld), as torch.argmax(dim=-1). Rows are split into chunks
+// so that a batch of one uses every thread too; each chunk's result is combined in index order. Returns 0.
+int hk_argmax(const float* logits, int64_t ld, int64_t n, int64_t V, int64_t* out, int threads) {
+  if (n <= 0 || V <= 0) return 0;
+  const int nt = team(n * V, threads);
+  const int64_t chunks = n >= nt ? 1 : (nt + n - 1) / n;  // per row
+  const int64_t len = (V + chunks - 1) / chunks;
+  std::vector<int64_t> idx(n * chunks);
+  std::vector<float> val(n * chunks);
+  std::vector<char> nan(n * chunks);
+#pragma omp parallel for num_threads(nt) schedule(static)
+  for (int64_t i = 0; i < n * chunks; ++i) {
+    const int64_t r = i / chunks, j0 = (i % chunks) * len, j1 = std::min(V, j0 + len);
+    bool isnan = false;
+    if (j0 < j1) idx[i] = argmax_range(logits + r * ld, j0, j1, &val[i], &isnan);
+    else idx[i] = -1;
+    nan[i] = isnan;
+  }
+  for (int64_t r = 0; r < n; ++r) {
+    int64_t bi = -1;
+    float bv = 0.f;
+    for (int64_t c = 0; c < chunks; ++c) {
+      const int64_t i = r * chunks + c;
+      if (idx[i] < 0) continue;
+      if (nan[i]) {
+        bi = idx[i];
+        break;
+      }
+      if (bi < 0 || val[i] > bv) bi = idx[i], bv = val[i];
+    }
+    out[r] = bi;
   }
   return 0;
 }
