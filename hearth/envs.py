@@ -13,6 +13,21 @@ def _first(*names: str) -> str | None:
     return None
 
 
+_ON, _OFF = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+def _flag(name: str, default: bool) -> bool:
+    """A yes/no variable: 1/true/yes/on or 0/false/no/off (unset or empty: default); anything else is an error
+    naming the variable, so a typo does not silently mean the default."""
+    value = _first(name)
+    if value is None:
+        return default
+    v = value.strip().lower()
+    if v in _ON or v in _OFF:
+        return v in _ON
+    raise ValueError(f"{name} must be 1 or 0 (on / off), got {value!r}")
+
+
 def kv_cache_space_gib() -> float | None:
     """KV-cache space in GiB (HEARTH_KVCACHE_SPACE, alias VLLM_CPU_KVCACHE_SPACE); None = size automatically."""
     value = _first("HEARTH_KVCACHE_SPACE", "VLLM_CPU_KVCACHE_SPACE")
@@ -32,8 +47,7 @@ def omp_threads_bind() -> str:
 
 def keep_freed_memory() -> bool:
     """HEARTH_KEEP_FREED_MEMORY (default on): glibc keeps freed memory for reuse (platform.keep_freed_memory)."""
-    value = _first("HEARTH_KEEP_FREED_MEMORY")
-    return value is None or value.strip().lower() not in ("0", "false", "no", "off")
+    return _flag("HEARTH_KEEP_FREED_MEMORY", True)
 
 
 def api_key() -> str | None:
@@ -52,8 +66,44 @@ def tokenizer_cache_dir() -> str | None:
 
 def panels_enabled() -> bool:
     """HEARTH_PANELS (default on): dense bf16 weights repacked into panels where that pays (kernels/panels.py)."""
-    value = _first("HEARTH_PANELS")
-    return value is None or value.strip().lower() not in ("0", "false", "no", "off")
+    return _flag("HEARTH_PANELS", True)
+
+
+_QUANT_ACT = {"int8x2": "int8x2", "x2": "int8x2", "int8": "int8", "i8": "int8", "q8": "int8", "float": "float",
+              "fp32": "float"}
+
+
+def quant_activations() -> str:
+    """HEARTH_QUANT_ACT: how quantized decode kernels take x (kernels/quant.py): int8x2 (default), int8, float."""
+    value = _first("HEARTH_QUANT_ACT")
+    if value is None:
+        return "int8x2"
+    try:
+        return _QUANT_ACT[value.strip().lower()]
+    except KeyError:
+        raise ValueError(f"HEARTH_QUANT_ACT must be int8x2, int8 or float, got {value!r}") from None
+
+
+def quant_gemm() -> str:
+    """HEARTH_QUANT_GEMM: where quantized weights with several rows take the fp32-x GEMM (kernels/quant.py):
+    auto (default: AVX-512 CPUs without VNNI), on (1: wherever AVX-512 runs), off (0: never)."""
+    value = _first("HEARTH_QUANT_GEMM")
+    if value is None or value.strip().lower() == "auto":
+        return "auto"
+    v = value.strip().lower()
+    if v in _ON or v in _OFF:
+        return "on" if v in _ON else "off"
+    raise ValueError(f"HEARTH_QUANT_GEMM must be auto, 1 or 0, got {value!r}")
+
+
+def int4_tiles() -> bool:
+    """HEARTH_INT4_TILES (default on): int4 group-32 weights re-laid into 4-row tiles at load (kernels/quant.py)."""
+    return _flag("HEARTH_INT4_TILES", True)
+
+
+def q6_tiles() -> bool:
+    """HEARTH_Q6_TILES (default on): a GGUF Q6_K LM head kept in 6-bit tiles (else int8, group 16)."""
+    return _flag("HEARTH_Q6_TILES", True)
 
 
 def panel_cache_dir() -> str | None:

@@ -96,14 +96,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(asctime)s %(message)s", datefmt="%H:%M:%S")
-    parser = build_parser()
-    ns = parser.parse_args(argv)
     from hearth.loader.errors import LoadError
 
+    command = "hearth"
     try:
+        parser = build_parser()  # (imports kernel modules, which read their environment variables)
+        ns = parser.parse_args(argv)
+        command = f"hearth {ns.command}"
         return int(ns.func(ns) or 0)
     except (ValueError, LoadError, FileNotFoundError) as e:
-        print(f"hearth {ns.command}: error: {e}", file=sys.stderr)
+        print(f"{command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

@@ -57,14 +57,13 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
-import os
 import threading
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-from hearth import kernels
+from hearth import envs, kernels
 from hearth.kernels import _build
 from hearth.platform import cpu_info
 
@@ -76,11 +75,9 @@ MAX_KERNEL_M = 128
 # and uses integer dot products; "int8" one term (llama.cpp's scheme, can flip near ties); "float" keeps x in fp32
 # and dequantizes the weights in registers (exactly the dequantized float model up to summation order, ~2-3x slower).
 # HEARTH_QUANT_ACT=float|int8|int8x2 selects one process-wide, see the module doc.
-_ACT_ENV = os.environ.get("HEARTH_QUANT_ACT", "").strip().lower()
-ACTIVATIONS = {"int8": "int8", "i8": "int8", "q8": "int8", "int8x2": "int8x2", "x2": "int8x2",
-               "float": "float", "fp32": "float"}.get(_ACT_ENV, "int8x2")
+ACTIVATIONS = envs.quant_activations()
 # hq_linear_gemm for several rows: "auto" on AVX-512 CPUs without VNNI, "1" wherever AVX-512 runs, "0" never.
-_GEMM_ENV = os.environ.get("HEARTH_QUANT_GEMM", "auto").strip().lower()
+_GEMM_MODE = envs.quant_gemm()
 # Where the GEMM runs, more rows take dequantized tiles + torch's fp32 GEMM (_tiled). Qwen2.5-0.5B gate_up / down,
 # 2 threads: at 64 rows on a par (int8 24.1 vs 27.2 ms, Q4_0 26.1 vs 25.3), at 128 torch ahead (46 vs 42, 45 vs 31).
 GEMM_MAX_M = 64
@@ -232,9 +229,9 @@ def unpack_u4(data: torch.Tensor) -> torch.Tensor:
 # ---------------------------------------------------------------- 4-row tiles (the decode layout of int4-g32)
 
 # int4 weights with 32-weight groups are re-laid at load into 4-row tiles (HEARTH_INT4_TILES=0: keep the plain rows).
-TILES = os.environ.get("HEARTH_INT4_TILES", "1").strip().lower() not in ("0", "false", "no", "off")
+TILES = envs.int4_tiles()
 # A GGUF Q6_K LM head is kept in 6-bit tiles (quant_gguf.repack_q6_tiles; HEARTH_Q6_TILES=0: int8, group 16).
-Q6_TILES = os.environ.get("HEARTH_Q6_TILES", "1").strip().lower() not in ("0", "false", "no", "off")
+Q6_TILES = envs.q6_tiles()
 
 
 def can_tile(qw: QWeight) -> bool:
@@ -344,9 +341,9 @@ def _isa(isa_code: int | None) -> int:
 
 def gemm_enabled() -> bool:
     """Whether hq_linear_gemm runs for several rows here: AVX-512, and no VNNI unless HEARTH_QUANT_GEMM=1."""
-    if _GEMM_ENV in ("0", "off", "no", "false") or kernels.isa() != kernels.ISA_AVX512:
+    if _GEMM_MODE == "off" or kernels.isa() != kernels.ISA_AVX512:
         return False
-    return _GEMM_ENV in ("1", "on", "yes", "true") or not cpu_info().has_vnni
+    return _GEMM_MODE == "on" or not cpu_info().has_vnni
 
 
 def gemm_min_rows(qw: QWeight) -> int:

@@ -29,6 +29,20 @@ def test_bad_flag_value_is_one_line():
     assert r.returncode == 2 and "temperature" in r.stderr and "Traceback" not in r.stderr
 
 
+@pytest.mark.parametrize("variable, value, accepted", [("HEARTH_QUANT_ACT", "int4", "int8x2, int8 or float"),
+                                                      ("HEARTH_QUANT_GEMM", "maybe", "auto, 1 or 0"),
+                                                      ("HEARTH_PANELS", "of", "1 or 0")])
+def test_bad_environment_value_is_one_line_naming_the_accepted_values(variable, value, accepted):
+    """Read when the kernel modules load (before the command runs): still one line, not the default in silence."""
+    import os
+
+    r = subprocess.run([sys.executable, "-m", "hearth.entrypoints.cli", "doctor"], capture_output=True, text=True,
+                       timeout=240, env={**os.environ, variable: value})
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+    assert variable in lines[0] and accepted in lines[0] and repr(value) in lines[0]
+
+
 def test_generate_prints_text(tiny):
     r = hearth("generate", tiny, "The quick brown fox", "--max-tokens", "8", "--kv-cache-space", "0.05")
     assert r.returncode == 0, r.stderr
