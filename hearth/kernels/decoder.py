@@ -47,7 +47,8 @@ class _Linear(ctypes.Structure):
     # are the parts' weights [part_n][K] in row order, and w is unused.
     _fields_ = [("kind", i32), ("w_dtype", i32), ("w", ptr), ("N", i64), ("K", i64), ("ldw", i64), ("bias", ptr),
                 ("scales", ptr), ("mins", ptr), ("ldg", i64), ("group", i64), ("nparts", i64),
-                ("part_w", ptr * _MAX_PARTS), ("part_n", i64 * _MAX_PARTS), ("scale_f16", i32), ("gemm_min_m", i32)]
+                ("part_w", ptr * _MAX_PARTS), ("part_n", i64 * _MAX_PARTS), ("scale_f16", i32), ("gemm_min_m", i32),
+                ("bcast_min_m", i32)]
 
 
 class _Layer(ctypes.Structure):
@@ -95,7 +96,8 @@ def _linear_desc(lin, keep: list) -> _Linear | None:
         return _Linear(_QUANT_KIND[quant.ACTIVATIONS], qw.kernel_code, qw.data.data_ptr(), n, k,
                        qw.data.stride(0), bias.data_ptr() if bias is not None else None, qw.scales.data_ptr(),
                        qw.mins.data_ptr() if qw.mins is not None else None, qw.scales.stride(0), qw.group,
-                       scale_f16=int(qw.scale_f16), gemm_min_m=quant.gemm_min_rows(qw))
+                       scale_f16=int(qw.scale_f16), gemm_min_m=quant.gemm_min_rows(qw),
+                       bcast_min_m=quant.BCAST_MIN_M)
     if type(lin) is Linear and lin.panels is not None:
         if len(lin.panels) > _MAX_PARTS:
             return None

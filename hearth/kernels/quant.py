@@ -81,6 +81,10 @@ _GEMM_MODE = envs.quant_gemm()
 # Where the GEMM runs, more rows take dequantized tiles + torch's fp32 GEMM (_tiled). Qwen2.5-0.5B gate_up / down,
 # 2 threads: at 64 rows on a par (int8 24.1 vs 27.2 ms, Q4_0 26.1 vs 25.3), at 128 torch ahead (46 vs 42, 45 vs 31).
 GEMM_MAX_M = 64
+# Rows from which a step without prompt tokens takes the GEMM's broadcast form (hq_linear_gemm_bcast: weights
+# dequantized once into fp32 panels per block, 6 x 64 broadcast tiles). Qwen2.5-0.5B gate_up, int8, 2 threads, vs the
+# dot form: 16 rows 0.97x, 32 rows 1.2-1.3x, 64 rows 1.5x. Not in prompt steps (see prompt_rows).
+BCAST_MIN_M = 32
 # Set while a step that carries prompt tokens runs (prompt_rows): see linear.
 _prompt = threading.local()
 # fp32 elements per dequantized tile in the prefill path (16 MiB).
@@ -169,6 +173,8 @@ def _lib() -> ctypes.CDLL | None:
     lib.hq_linear_dot2.restype = i32
     lib.hq_linear_gemm.argtypes = lib.hq_linear.argtypes
     lib.hq_linear_gemm.restype = i32
+    lib.hq_linear_gemm_bcast.argtypes = lib.hq_linear.argtypes
+    lib.hq_linear_gemm_bcast.restype = i32
     lib.hq_dequant.argtypes = [ptr, i32, i64, i64, ptr, ptr, i64, i64, i64, i64, ptr, i32, i32, i32]
     lib.hq_dequant.restype = i32
     lib.hq_dequant_gather.argtypes = [ptr, i32, i64, i64, ptr, ptr, i64, i64, i64, ptr, i64, ptr, i32, i32, i32]
@@ -357,8 +363,8 @@ def gemm_min_rows(qw: QWeight) -> int:
 
 def _run(x: torch.Tensor, qw: QWeight, bias: torch.Tensor | None, isa_code: int | None = None,
          act: str | None = None) -> torch.Tensor:
-    """The C++ kernel on x [M, K] -> fp32 [M, N]; act "float", "int8", "int8x2" or "gemm" (default: ACTIVATIONS), see
-    the module doc."""
+    """The C++ kernel on x [M, K] -> fp32 [M, N]; act "float", "int8", "int8x2", "gemm" or "bcast" (the GEMM's
+    broadcast form) (default: ACTIVATIONS), see the module doc."""
     m, k = x.shape
     n = qw.data.shape[0]
     if x.stride(1) != 1 or (m > 1 and x.stride(0) < k):
@@ -366,7 +372,7 @@ def _run(x: torch.Tensor, qw: QWeight, bias: torch.Tensor | None, isa_code: int 
     out = torch.empty(m, n, dtype=torch.float32)
     act = act or ACTIVATIONS
     fn = {"int8": _lib().hq_linear_dot, "int8x2": _lib().hq_linear_dot2, "float": _lib().hq_linear,
-          "gemm": _lib().hq_linear_gemm}[act]
+          "gemm": _lib().hq_linear_gemm, "bcast": _lib().hq_linear_gemm_bcast}[act]
     rc = fn(x.data_ptr(), _DTYPE_CODE[x.dtype], m, k, x.stride(0), qw.data.data_ptr(),
                           qw.kernel_code, n, qw.data.stride(0), qw.scales.data_ptr(), _ptr(qw.mins),
                           qw.scales.stride(0), qw.group, _ptr(bias), out.data_ptr(), _isa(isa_code),
@@ -467,17 +473,19 @@ def prompt_rows():
 def linear(x: torch.Tensor, qw: QWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
     """y = x deq(W)^T + b (x [..., K]); output in x's dtype, fp32 accumulate.
 
-    Few tokens: the C++ kernels; from gemm_min_rows(qw) rows (or in prompt_rows) up to GEMM_MAX_M the fp32-x GEMM,
-    below that the integer-dot kernels (ACTIVATIONS; up to MAX_KERNEL_M where the GEMM does not run). More tokens:
-    row tiles dequantized to fp32 and torch's GEMM. Without the kernels: the torch reference (dequantize, F.linear).
+    Few tokens: the C++ kernels; from gemm_min_rows(qw) rows (or in prompt_rows) up to GEMM_MAX_M the fp32-x GEMM
+    (from BCAST_MIN_M rows outside prompt_rows in broadcast form), below that the integer-dot kernels (ACTIVATIONS;
+    up to MAX_KERNEL_M where the GEMM does not run). More tokens: row tiles dequantized to fp32 and torch's GEMM.
+    Without the kernels: the torch reference (dequantize, F.linear).
     """
     k = x.shape[-1]
     m = x.numel() // k if k else 0
     b = None if bias is None else bias.float().contiguous()
     x2 = x.reshape(m, k)
     rows = gemm_min_rows(qw) if available() and x.dtype in _DTYPE_CODE else 0
-    if rows and 0 < m <= GEMM_MAX_M and (m >= rows or getattr(_prompt, "on", False)):
-        y = _run(x2, qw, b, act="gemm")
+    prompt = getattr(_prompt, "on", False)
+    if rows and 0 < m <= GEMM_MAX_M and (m >= rows or prompt):
+        y = _run(x2, qw, b, act="bcast" if m >= BCAST_MIN_M and not prompt else "gemm")
     elif available() and x.dtype in _DTYPE_CODE and 0 < m <= (rows and GEMM_MAX_M or MAX_KERNEL_M):
         y = _run(x2, qw, b)
     elif available() and m > 0:

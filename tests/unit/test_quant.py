@@ -90,6 +90,7 @@ def test_kernel_matches_dequantized_reference(N: int, K: int) -> None:
                     _close(quant._run(x, qw, b, isa_code=isa, act="int8x2"), _x2_reference(x, wd, b))
                     if isa == kernels.ISA_AVX512 and qw.group != 16:  # fp32 x (any M runs; see gemm_min_rows)
                         _close(quant._run(x, qw, b, isa_code=isa, act="gemm"), _reference(x, wd, b))
+                        _close(quant._run(x, qw, b, isa_code=isa, act="bcast"), _reference(x, wd, b))
 
 
 @needs_kernels
@@ -156,9 +157,10 @@ def test_int8x2_activations_error_bound(N: int, K: int) -> None:
 @needs_kernels
 def test_several_rows_take_the_gemm_where_it_is_ahead() -> None:
     """quant.linear's kernel choice by rows: from gemm_min_rows (AVX-512 without VNNI: 4 for int8, 8 for int4) up to
-    GEMM_MAX_M the fp32-x GEMM (the dequantized float model's results), below it the int8x2 kernels, above it
-    dequantized tiles + torch; inside prompt_rows any count up to GEMM_MAX_M takes the GEMM, whose rows do not depend
-    on each other (a prompt's last row alone = that row inside the whole prompt); the 6-bit tiles never take it."""
+    GEMM_MAX_M the fp32-x GEMM (the dequantized float model's results; from BCAST_MIN_M rows in broadcast form), below
+    it the int8x2 kernels, above it dequantized tiles + torch; inside prompt_rows any count up to GEMM_MAX_M takes the
+    GEMM's dot form, whose rows do not depend on each other (a prompt's last row alone = that row inside the whole
+    prompt); the 6-bit tiles never take it."""
     g = torch.Generator().manual_seed(3)
     w = torch.randn(64, 512, generator=g) / 16
     for qw in (quant.quantize_int8(w), quant.tile_rows4(quant.quantize_int4(w, 32))):
@@ -171,7 +173,8 @@ def test_several_rows_take_the_gemm_where_it_is_ahead() -> None:
         assert rows == (4 if qw.bits == 8 else 8)
         for m in (1, rows - 1, rows, 33, quant.GEMM_MAX_M):
             x = torch.randn(m, 512, generator=g)
-            want = quant._run(x, qw, None, act="gemm" if m >= rows else quant.ACTIVATIONS)
+            act = "bcast" if m >= quant.BCAST_MIN_M else "gemm" if m >= rows else quant.ACTIVATIONS
+            want = quant._run(x, qw, None, act=act)
             assert torch.equal(quant.linear(x, qw), want), m
             with quant.prompt_rows():
                 got = quant.linear(x, qw)
@@ -339,7 +342,8 @@ def _assert_same_results(t: quant.QWeight, plain: quant.QWeight, g: torch.Genera
     for isa in _isas():
         for m in (1, 3, 40):
             x = torch.randn(m, k, generator=g)
-            for act in ("int8", "int8x2", "float") + (("gemm",) if isa == kernels.ISA_AVX512 and t.bits == 4 else ()):
+            for act in ("int8", "int8x2", "float") + (("gemm", "bcast") if isa == kernels.ISA_AVX512 and t.bits == 4
+                                                      else ()):
                 got, want = quant._run(x, t, bias, isa, act), quant._run(x, plain, bias, isa, act)
                 if zmm_order and isa == kernels.ISA_AVX512 and act != "float":
                     _close(got, want, tol=1e-6)

@@ -36,6 +36,9 @@ int hq_linear_dot2(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx
 int hq_linear_gemm(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, const void* w, int int4, int64_t N,
                    int64_t ldw, const void* scales, const void* mins, int64_t ldg, int64_t group, const float* bias,
                    float* out, int isa, int nthreads, int scale_f16);
+int hq_linear_gemm_bcast(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, const void* w, int int4, int64_t N,
+                   int64_t ldw, const void* scales, const void* mins, int64_t ldg, int64_t group, const float* bias,
+                   float* out, int isa, int nthreads, int scale_f16);
 int hk_rms_norm(const void* x, int64_t ldx, const void* residual, int64_t ldr, const float* weight, float offset,
                 float eps, void* out, void* sum_out, int64_t T, int64_t H, int dtype, int threads);
 int hk_rope_neox(void* q, int64_t ldq, int64_t Hq, void* k, int64_t ldk, int64_t Hk, int64_t head_dim, int64_t rot,
@@ -76,6 +79,7 @@ struct HkLinearDesc {
   int64_t part_n[kMaxParts];
   int32_t scale_f16;
   int32_t gemm_min_m;  // quantized: from this many rows hq_linear_gemm (0: never; hearth.kernels.quant.gemm_min_rows)
+  int32_t bcast_min_m;  // quantized: from this many rows (and gemm_min_m) hq_linear_gemm_bcast (quant.BCAST_MIN_M)
 };
 
 struct HkLayerDesc {
@@ -159,9 +163,10 @@ int project(const HkLinearDesc& l, const void* x, int64_t T, int dtype, std::vec
                          isa, 0, threads);
   } else if (l.kind == kFloat) {
     rc = hk_linear(x, dtype, T, l.K, l.K, l.w, l.w_dtype, l.N, l.ldw, l.bias, f32.data(), isa, 0, threads);
-  } else if (l.gemm_min_m > 0 && T >= l.gemm_min_m) {
-    rc = hq_linear_gemm(x, dtype, T, l.K, l.K, l.w, l.w_dtype, l.N, l.ldw, l.scales, l.mins, l.ldg, l.group, l.bias,
-                        f32.data(), isa, threads, l.scale_f16);
+  } else if (l.gemm_min_m > 0 && T >= l.gemm_min_m) {  // (a decode step: many rows take the broadcast form)
+    auto fn = T >= l.bcast_min_m ? hq_linear_gemm_bcast : hq_linear_gemm;
+    rc = fn(x, dtype, T, l.K, l.K, l.w, l.w_dtype, l.N, l.ldw, l.scales, l.mins, l.ldg, l.group, l.bias, f32.data(),
+            isa, threads, l.scale_f16);
   } else {
     auto fn = l.kind == kQuantFloat ? hq_linear : l.kind == kQuantInt8 ? hq_linear_dot : hq_linear_dot2;
     rc = fn(x, dtype, T, l.K, l.K, l.w, l.w_dtype, l.N, l.ldw, l.scales, l.mins, l.ldg, l.group, l.bias, f32.data(),

@@ -525,6 +525,24 @@ int hq_linear_gemm(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx
   return 0;
 }
 
+// The same product in broadcast form (quant_gemm_impl.h, gemm_bcast): for 32+ rows of a decode step. Same arguments
+// and return codes as hq_linear_gemm.
+int hq_linear_gemm_bcast(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, const void* w, int int4,
+                         int64_t N, int64_t ldw, const void* scales, const void* mins, int64_t ldg, int64_t group,
+                         const float* bias, float* out, int isa, int nthreads, int scale_f16) {
+  using namespace hq;
+  if (isa != kISA_AVX512 || int4 == 4 || group == 16) return -6;
+  if (x_dtype < 0 || x_dtype > 2) return -2;
+  if (bad_group(K, group, int4)) return -3;
+  if (M <= 0 || N <= 0) return 0;
+  if (int4 >= 2 && N % 4) return -5;
+  std::vector<float> buf;
+  const float* xp = pack_x(x, x_dtype, M, K, ldx, buf);
+  avx512::gemm_bcast(make_problem(xp, w, ldw, scales, mins, ldg, group, bias, out, M, N, K, int4, scale_f16),
+                     nthreads);
+  return 0;
+}
+
 // Rows [n0, n1) of the dequantized weight -> out [n1 - n0][K] fp32 (same layout arguments as hq_linear).
 int hq_dequant(const void* w, int int4, int64_t K, int64_t ldw, const void* scales, const void* mins, int64_t ldg,
                int64_t group, int64_t n0, int64_t n1, float* out, int isa, int nthreads, int scale_f16) {

@@ -70,16 +70,17 @@ static inline void expand_scales(const void* src, bool f16, int64_t ng, int64_t 
   }
 }
 
-// Rows [n0, n0 + nr) of a staged into qbuf / sbuf (resized here). Not for int8 with 16-weight groups.
+// Rows [n0, n0 + nr) of a staged into qbuf / sbuf (resized here; nr a multiple of 4 for int4 tiles). Not for int8
+// with 16-weight groups.
 static Staged stage(const Problem& a, int64_t n0, int64_t nr, std::vector<int8_t>& qbuf, std::vector<float>& sbuf) {
-  const int64_t K = a.K, ns = K / 32;
-  sbuf.resize(2 * kNB * ns);
+  const int64_t K = a.K, ns = K / 32, cap = std::max(kNB, nr);
+  sbuf.resize(2 * cap * ns);
   float* sc = sbuf.data();
-  float* mn = sc + kNB * ns;
+  float* mn = sc + cap * ns;
   const bool has_min = a.int4 && (a.tiled ? a.tmins : a.mins != nullptr);
   Staged st{nullptr, K, sc, mn, ns, has_min ? kMin : kScaled};
   if (a.tiled) {  // int4 in 4-row tiles (TileGeo): records of up to 4 sub-block pairs per row
-    qbuf.resize(kNB * K);
+    qbuf.resize(cap * K);
     const TileGeo g(a);
     for (int64_t t = n0 / 4; t < (n0 + nr) / 4; ++t) {
       const uint8_t* tile = g.tile(a, t);
@@ -118,7 +119,7 @@ static Staged stage(const Problem& a, int64_t n0, int64_t nr, std::vector<int8_t
     st.ldq = a.ldw;
     return st;
   }
-  qbuf.resize(kNB * K);
+  qbuf.resize(cap * K);
   for (int64_t r = 0; r < nr; ++r)
     for (int64_t s = 0; s < ns; ++s)
       unpack_nibbles(static_cast<const uint8_t*>(a.w) + (n0 + r) * a.ldw + 16 * s, qbuf.data() + r * K + 32 * s,
@@ -247,6 +248,157 @@ static void gemm(const Problem& a, int nthreads) {
         _mm512_mask_storeu_ps(o, m_lo, lo);
         _mm512_mask_storeu_ps(o + 16, m_hi, hi);
       }
+    }
+  });
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Broadcast form, for 32+ rows (decode steps with many sequences). The dot-form tiles above reach ~60% of what the
+// bf16 panels' broadcast-form tiles (panel.cpp) do on the same shapes, so with enough rows to share the cost, each
+// block of kBN weight rows x kBKC k is dequantized once into fp32 panels [kc][64] (16 x 16 transposes) and every
+// 6-row x micro-panel runs 6 x 64 broadcast tiles against it. Per row, the results differ from the dot form only
+// in summation order, but they do depend on the form: prompt steps keep the dot form at every row count (a prompt's
+// last row recomputed alone after a prefix-cache hit must match its full prefill; see quant.prompt_rows).
+// Measured (2-vCPU Skylake-SP, Qwen2.5-0.5B gate_up 9728 x 896, 12 weight copies cycled, 2 threads, alternated):
+// int8 per-channel M = 32 52 -> 68 GF/s (1.31x), M = 64 53 -> 83 (1.52x); group-32 int8 M = 32 1.20-1.26x; M = 16
+// 0.97x (not used there).
+
+constexpr int64_t kBN = 64;     // weight rows per block: the tile's 64 columns
+constexpr int64_t kBKC = 256;   // k per block (the fp32 panel block: 64 KiB, in L2)
+constexpr int kBMR = 6;         // x rows per tile
+
+static inline void transpose16(__m512* v) {
+  __m512 t[16];
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]);
+  }
+  for (int i = 0; i < 4; ++i) {
+    v[4 * i] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
+    v[4 * i + 1] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0xEE);
+    v[4 * i + 2] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
+    v[4 * i + 3] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xEE);
+  }
+  for (int i = 0; i < 4; ++i) {  // 128-bit lanes
+    t[i] = _mm512_shuffle_f32x4(v[i], v[4 + i], 0x88);
+    t[4 + i] = _mm512_shuffle_f32x4(v[i], v[4 + i], 0xDD);
+    t[8 + i] = _mm512_shuffle_f32x4(v[8 + i], v[12 + i], 0x88);
+    t[12 + i] = _mm512_shuffle_f32x4(v[8 + i], v[12 + i], 0xDD);
+  }
+  for (int i = 0; i < 4; ++i) {
+    v[i] = _mm512_shuffle_f32x4(t[i], t[8 + i], 0x88);
+    v[8 + i] = _mm512_shuffle_f32x4(t[i], t[8 + i], 0xDD);
+    v[4 + i] = _mm512_shuffle_f32x4(t[4 + i], t[12 + i], 0x88);
+    v[12 + i] = _mm512_shuffle_f32x4(t[4 + i], t[12 + i], 0xDD);
+  }
+}
+
+// Staged rows [r0, r0 + nr) (nr <= 16; the rest zero), k [k, k + 16), dequantized as the tiles above do, transposed
+// into dst[j][0 .. 16) for j < 16 (row stride ld).
+template <Deq D>
+static inline void dequant_t16(const Staged& st, int64_t r0, int64_t nr, int64_t k, float* dst, int64_t ld) {
+  __m512 v[16];
+  const int64_t j = k / 32;
+  for (int i = 0; i < 16; ++i) {
+    if (i >= nr) {
+      v[i] = _mm512_setzero_ps();
+      continue;
+    }
+    const int64_t r = r0 + i;
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(st.q + r * st.ldq + k));
+    if constexpr (D == kMin)
+      v[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(b)), _mm512_set1_ps(st.sc[r * st.lds + j]),
+                             _mm512_set1_ps(st.mn[r * st.lds + j]));
+    else if constexpr (D == kScaled)
+      v[i] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)), _mm512_set1_ps(st.sc[r * st.lds + j]));
+    else
+      v[i] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)), _mm512_set1_ps(st.sc[r]));
+  }
+  transpose16(v);
+  for (int i = 0; i < 16; ++i) _mm512_storeu_ps(dst + i * ld, v[i]);
+}
+
+// out [R][64 masked] (row stride ldo) (+)= xt [kc][R] . wb [kc][64]: 24 accumulators, 4 loads + R broadcasts per k.
+// accumulate: add to out (a later K block), else add bias (null: none).
+template <int R>
+static inline void btile(const float* __restrict xt, const float* __restrict wb, int64_t kc, float* __restrict out,
+                         int64_t ldo, bool accumulate, const float* bias, const __mmask16* mask) {
+  __m512 a[R][4];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < 4; ++c) a[r][c] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < kc; ++k) {
+    __m512 b[4];
+    for (int c = 0; c < 4; ++c) b[c] = _mm512_loadu_ps(wb + k * kBN + 16 * c);
+    for (int r = 0; r < R; ++r) {
+      const __m512 xv = _mm512_set1_ps(xt[k * R + r]);
+      for (int c = 0; c < 4; ++c) a[r][c] = _mm512_fmadd_ps(xv, b[c], a[r][c]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < 4; ++c) {
+      float* o = out + r * ldo + 16 * c;
+      const float* add = accumulate ? o : bias ? bias + 16 * c : nullptr;
+      if (add) a[r][c] = _mm512_add_ps(a[r][c], _mm512_maskz_loadu_ps(mask[c], add));
+      _mm512_mask_storeu_ps(o, mask[c], a[r][c]);
+    }
+}
+
+template <int R>
+static inline void btile_rows(int r, const float* xt, const float* wb, int64_t kc, float* out, int64_t ldo, bool acc,
+                              const float* bias, const __mmask16* mask) {
+  if constexpr (R >= 1) {
+    if (r < R) return btile_rows<R - 1>(r, xt, wb, kc, out, ldo, acc, bias, mask);
+    btile<R>(xt, wb, kc, out, ldo, acc, bias, mask);
+  }
+}
+
+// One block of nr (<= kBN) weight rows from n0 against every row of x (xp: 6-row micro-panels, [K][r] each).
+template <Deq D>
+static void bcast_block(const Problem& a, const Staged& st, int64_t n0, int64_t nr, const float* xp, float* wb) {
+  const int64_t M = a.M, K = a.K, ldo = ldo_of(a), ntiles = (M + kBMR - 1) / kBMR;
+  const int64_t nk = (K + kBKC - 1) / kBKC, kc_max = ((K + nk - 1) / nk + 31) / 32 * 32;
+  __mmask16 mask[4];
+  for (int c = 0; c < 4; ++c) {
+    const int64_t v = nr - 16 * c;
+    mask[c] = v >= 16 ? 0xFFFF : v <= 0 ? 0 : __mmask16((1u << v) - 1);
+  }
+  for (int64_t k0 = 0; k0 < K; k0 += kc_max) {
+    const int64_t kc = std::min(kc_max, K - k0);
+    for (int64_t g = 0; g < kBN / 16; ++g)
+      for (int64_t k = 0; k < kc; k += 16)
+        dequant_t16<D>(st, 16 * g, std::min<int64_t>(16, nr - 16 * g), k0 + k, wb + k * kBN + 16 * g, kBN);
+    for (int64_t t = 0; t < ntiles; ++t) {
+      const int64_t m0 = t * kBMR, r = std::min<int64_t>(kBMR, M - m0);
+      btile_rows<kBMR>((int)r, xp + m0 * K + k0 * r, wb, kc, a.out + m0 * ldo + n0, ldo, k0 > 0,
+                       a.bias ? a.bias + n0 : nullptr, mask);
+    }
+  }
+}
+
+// out [M][ldo] = x . deq(w)^T (+ bias) in broadcast form; same formats as gemm().
+static void gemm_bcast(const Problem& a, int nthreads) {
+  const int64_t M = a.M, N = a.N, K = a.K;
+  const int64_t ntiles = (M + kBMR - 1) / kBMR, nblocks = (N + kBN - 1) / kBN;
+  std::vector<float> xbuf(M * K);
+  float* xp = xbuf.data();
+  for (int64_t t = 0; t < ntiles; ++t) {  // x rows packed k-major per 6-row tile
+    const int64_t m0 = t * kBMR, r = std::min<int64_t>(kBMR, M - m0);
+    for (int64_t m = 0; m < r; ++m)
+      for (int64_t k = 0; k < K; ++k) xp[m0 * K + k * r + m] = a.x[(m0 + m) * K + k];
+  }
+  hk_par::parallel(nblocks, nthreads, [&](int64_t b0, int64_t b1) {
+    thread_local std::vector<int8_t> qbuf;
+    thread_local std::vector<float> sbuf, wb;
+    wb.resize(kBKC * kBN);
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t n0 = b * kBN, nr = std::min(kBN, N - n0);
+      const Staged st = stage(a, n0, nr, qbuf, sbuf);
+      if (st.deq == kMin)
+        bcast_block<kMin>(a, st, n0, nr, xp, wb.data());
+      else if (st.deq == kScaled)
+        bcast_block<kScaled>(a, st, n0, nr, xp, wb.data());
+      else
+        bcast_block<kRowScale>(a, st, n0, nr, xp, wb.data());
     }
   });
 }
