@@ -51,7 +51,8 @@ def _quant_gemm_row() -> str:
     from hearth.kernels import quant
 
     if quant.gemm_enabled():
-        return "fp32 GEMM from 4 (int8) / 8 (int4) rows and in prompt steps (HEARTH_QUANT_GEMM=0: integer dots)"
+        return (f"fp32 GEMM from 4 (int8) / 8 (int4) rows and in prompt steps, broadcast form in decode steps from "
+                f"{quant.BCAST_MIN_M} rows (HEARTH_QUANT_GEMM=0: integer dots)")
     return "integer-dot kernels (HEARTH_QUANT_GEMM=1: the fp32 GEMM, AVX-512 only)"
 
 

@@ -36,7 +36,9 @@ and dequantizes each weight vector in registers once per tile of up to 8 x rows,
 float model's results, like "float"). Without VNNI an integer dot costs about what an fp32 FMA does, so the int8
 kernels pay that per weight per row; this pays it once per 8 rows. Qwen2.5-0.5B gate_up / down, 2 threads, vs
 "int8x2" (paired, same process, time ratios): 8 rows int8 1.7-2.0x, Q8_0 1.9-2.0x, Q4_0 tiles 0.9-1.3x, int4-g128
-0.85-1.2x; 16 rows 1.9-2.3x, 2.0x, 1.1-1.6x, 1.4-1.5x. On VNNI CPUs (vpdpbusd: 64 multiply-adds per instruction) the
+0.85-1.2x; 16 rows 1.9-2.3x, 2.0x, 1.1-1.6x, 1.4-1.5x. Decode steps of BCAST_MIN_M+ rows take its broadcast form
+(hq_linear_gemm_bcast: blocks dequantized once into fp32 panels, the bf16 panels' 6 x 64 tiles), 1.2-1.5x the dot
+form's tiles at 32-64 rows. On VNNI CPUs (vpdpbusd: 64 multiply-adds per instruction) the
 integer kernels stay (unmeasured here: no CI machine so far had VNNI; HEARTH_QUANT_GEMM=1 forces this path to compare).
 Measured on the 2-core AVX2 Zen 3 VM with a CI run sharing it (1 thread, M = 1, alternated in one process, medians;
 p10-p90 spread ~10-30%), per linear, float / int8 / int8x2: 2048x2048 (in cache) int4-g32 711 / 316 / 393 us, int8
