@@ -486,6 +486,22 @@ static int linear_dot(const void* x, int x_dtype, int64_t M, int64_t K, int64_t 
   }
   return 0;
 }
+
+// hq_linear_gemm / hq_linear_gemm_bcast: the argument checks, x as fp32, then form(problem, nthreads) (AVX-512 only).
+template <class Form>
+static int gemm_call(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, const void* w, int int4, int64_t N,
+                     int64_t ldw, const void* scales, const void* mins, int64_t ldg, int64_t group, const float* bias,
+                     float* out, int isa, int nthreads, int scale_f16, Form form) {
+  if (isa != kISA_AVX512 || int4 == 4 || group == 16) return -6;
+  if (x_dtype < 0 || x_dtype > 2) return -2;
+  if (bad_group(K, group, int4)) return -3;
+  if (M <= 0 || N <= 0) return 0;
+  if (int4 >= 2 && N % 4) return -5;
+  std::vector<float> buf;
+  const float* xp = pack_x(x, x_dtype, M, K, ldx, buf);
+  form(make_problem(xp, w, ldw, scales, mins, ldg, group, bias, out, M, N, K, int4, scale_f16), nthreads);
+  return 0;
+}
 }  // namespace hq
 
 extern "C" {
@@ -513,16 +529,8 @@ int hq_linear_dot2(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx
 int hq_linear_gemm(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, const void* w, int int4, int64_t N,
                    int64_t ldw, const void* scales, const void* mins, int64_t ldg, int64_t group, const float* bias,
                    float* out, int isa, int nthreads, int scale_f16) {
-  using namespace hq;
-  if (isa != kISA_AVX512 || int4 == 4 || group == 16) return -6;
-  if (x_dtype < 0 || x_dtype > 2) return -2;
-  if (bad_group(K, group, int4)) return -3;
-  if (M <= 0 || N <= 0) return 0;
-  if (int4 >= 2 && N % 4) return -5;
-  std::vector<float> buf;
-  const float* xp = pack_x(x, x_dtype, M, K, ldx, buf);
-  avx512::gemm(make_problem(xp, w, ldw, scales, mins, ldg, group, bias, out, M, N, K, int4, scale_f16), nthreads);
-  return 0;
+  return hq::gemm_call(x, x_dtype, M, K, ldx, w, int4, N, ldw, scales, mins, ldg, group, bias, out, isa, nthreads,
+                       scale_f16, hq::avx512::gemm);
 }
 
 // The same product in broadcast form (quant_gemm_impl.h, gemm_bcast): for 32+ rows of a decode step. Same arguments
@@ -530,17 +538,8 @@ int hq_linear_gemm(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx
 int hq_linear_gemm_bcast(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, const void* w, int int4,
                          int64_t N, int64_t ldw, const void* scales, const void* mins, int64_t ldg, int64_t group,
                          const float* bias, float* out, int isa, int nthreads, int scale_f16) {
-  using namespace hq;
-  if (isa != kISA_AVX512 || int4 == 4 || group == 16) return -6;
-  if (x_dtype < 0 || x_dtype > 2) return -2;
-  if (bad_group(K, group, int4)) return -3;
-  if (M <= 0 || N <= 0) return 0;
-  if (int4 >= 2 && N % 4) return -5;
-  std::vector<float> buf;
-  const float* xp = pack_x(x, x_dtype, M, K, ldx, buf);
-  avx512::gemm_bcast(make_problem(xp, w, ldw, scales, mins, ldg, group, bias, out, M, N, K, int4, scale_f16),
-                     nthreads);
-  return 0;
+  return hq::gemm_call(x, x_dtype, M, K, ldx, w, int4, N, ldw, scales, mins, ldg, group, bias, out, isa, nthreads,
+                       scale_f16, hq::avx512::gemm_bcast);
 }
 
 // Rows [n0, n1) of the dequantized weight -> out [n1 - n0][K] fp32 (same layout arguments as hq_linear).
