@@ -269,11 +269,12 @@ int64_t sample_row(const float* l, int64_t V, float inv_t, float u, std::vector<
 
 // argmax of x[j0, j1) as torch.argmax picks it: the first maximal index, and a NaN counts as the maximum (the first
 // NaN's index). Returns the index; *nan: a NaN was found. Memory-bound: 8 lanes, each keeping its first maximum
-// (strict >), then the smallest index among the lanes holding the largest value.
+// (strict >), then the smallest index among the lanes holding the largest value; a NaN anywhere (rare) means a
+// second pass for the first one.
 int64_t argmax_range(const float* x, int64_t j0, int64_t j1, float* best, bool* nan) {
-  int64_t j = j0, bi = j0;
+  int64_t j = j0 + 1, bi = j0;
   float bv = x[j0];
-  *nan = false;
+  bool any_nan = std::isnan(bv);
   if (j1 - j0 >= 16) {
     __m256 vmax = _mm256_loadu_ps(x + j0), unord = _mm256_cmp_ps(vmax, vmax, _CMP_UNORD_Q);
     __m256i vidx = _mm256_add_epi32(_mm256_set1_epi32((int)j0), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
@@ -287,14 +288,7 @@ int64_t argmax_range(const float* x, int64_t j0, int64_t j1, float* best, bool* 
       vmax = _mm256_blendv_ps(vmax, v, gt);
       vidx = _mm256_blendv_epi8(vidx, cur, _mm256_castps_si256(gt));
     }
-    if (_mm256_movemask_ps(unord)) {
-      for (int64_t i = j0; i < j1; ++i)
-        if (std::isnan(x[i])) {
-          *nan = true;
-          *best = x[i];
-          return i;
-        }
-    }
+    any_nan = _mm256_movemask_ps(unord) != 0;
     alignas(32) float mv[8];
     alignas(32) int32_t mi[8];
     _mm256_store_ps(mv, vmax);
@@ -303,23 +297,17 @@ int64_t argmax_range(const float* x, int64_t j0, int64_t j1, float* best, bool* 
     bi = mi[0];
     for (int l = 1; l < 8; ++l)
       if (mv[l] > bv || (mv[l] == bv && mi[l] < bi)) bv = mv[l], bi = mi[l];
-  } else {
-    j = j0 + 1;
-    if (std::isnan(bv)) {
-      *nan = true;
-      *best = bv;
-      return j0;
-    }
   }
   for (; j < j1; ++j) {  // the tail (indices above every lane's)
-    if (std::isnan(x[j])) {
-      *nan = true;
-      *best = x[j];
-      return j;
-    }
+    any_nan |= std::isnan(x[j]);
     if (x[j] > bv) bv = x[j], bi = j;
   }
-  *best = bv;
+  *nan = any_nan;
+  if (any_nan) {
+    bi = j0;
+    while (!std::isnan(x[bi])) ++bi;
+  }
+  *best = x[bi];
   return bi;
 }
 
