@@ -39,6 +39,14 @@ struct Staged {
   Deq deq;
 };
 
+// f(std::integral_constant<Deq, D>{}) for a staged block's kind: the tiles are instantiated once per kind.
+template <class F>
+static inline void with_deq(Deq d, F&& f) {
+  if (d == kMin) return f(std::integral_constant<Deq, kMin>{});
+  if (d == kScaled) return f(std::integral_constant<Deq, kScaled>{});
+  f(std::integral_constant<Deq, kRowScale>{});
+}
+
 // 16 bytes of 32 nibbles (GGUF order: low nibbles = weights 0..15, high = 16..31) -> 32 bytes, one per weight, minus
 // `bias` (8 for symmetric int4: then q - 8 as int8, and q * s == fma(q + 8, s, -8 s) exactly).
 static inline void unpack_nibbles(const uint8_t* src, int8_t* dst, int bias) {
@@ -222,12 +230,8 @@ static void gemm(const Problem& a, int nthreads) {
           const int64_t m0 = M * t / ntiles, r = M * (t + 1) / ntiles - m0;
           const float* x = a.x + m0 * K + k0;
           float* acc = scratch.data() + m0 * kLd;
-          if (st.deq == kMin)
-            tile_rows<kMaxR, kMin>((int)r, x, K, st, nr, k0, kc, acc, kLd);
-          else if (st.deq == kScaled)
-            tile_rows<kMaxR, kScaled>((int)r, x, K, st, nr, k0, kc, acc, kLd);
-          else
-            tile_rows<kMaxR, kRowScale>((int)r, x, K, st, nr, k0, kc, acc, kLd);
+          with_deq(st.deq,
+                   [&](auto d) { tile_rows<kMaxR, decltype(d)::value>((int)r, x, K, st, nr, k0, kc, acc, kLd); });
         }
       }
       const __mmask16 m_lo = nr >= 16 ? 0xFFFF : __mmask16((1u << nr) - 1);
@@ -393,12 +397,7 @@ static void gemm_bcast(const Problem& a, int nthreads) {
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t n0 = b * kBN, nr = std::min(kBN, N - n0);
       const Staged st = stage(a, n0, nr, qbuf, sbuf);
-      if (st.deq == kMin)
-        bcast_block<kMin>(a, st, n0, nr, xp, wb.data());
-      else if (st.deq == kScaled)
-        bcast_block<kScaled>(a, st, n0, nr, xp, wb.data());
-      else
-        bcast_block<kRowScale>(a, st, n0, nr, xp, wb.data());
+      with_deq(st.deq, [&](auto d) { bcast_block<decltype(d)::value>(a, st, n0, nr, xp, wb.data()); });
     }
   });
 }
