@@ -16,16 +16,22 @@ def _first(*names: str) -> str | None:
 _ON, _OFF = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
 
+def _yes_no(value: str) -> bool | None:
+    """1/true/yes/on -> True, 0/false/no/off -> False (any case, spaces around), anything else None."""
+    v = value.strip().lower()
+    return True if v in _ON else False if v in _OFF else None
+
+
 def _flag(name: str, default: bool) -> bool:
-    """A yes/no variable: 1/true/yes/on or 0/false/no/off (unset or empty: default); anything else is an error
-    naming the variable, so a typo does not silently mean the default."""
+    """A yes/no variable (unset or empty: default); anything _yes_no does not read is an error naming the
+    variable, so a typo does not silently mean the default."""
     value = _first(name)
     if value is None:
         return default
-    v = value.strip().lower()
-    if v in _ON or v in _OFF:
-        return v in _ON
-    raise ValueError(f"{name} must be 1 or 0 (on / off), got {value!r}")
+    on = _yes_no(value)
+    if on is None:
+        raise ValueError(f"{name} must be 1 or 0 (on / off), got {value!r}")
+    return on
 
 
 def kv_cache_space_gib() -> float | None:
@@ -90,10 +96,10 @@ def quant_gemm() -> str:
     value = _first("HEARTH_QUANT_GEMM")
     if value is None or value.strip().lower() == "auto":
         return "auto"
-    v = value.strip().lower()
-    if v in _ON or v in _OFF:
-        return "on" if v in _ON else "off"
-    raise ValueError(f"HEARTH_QUANT_GEMM must be auto, 1 or 0, got {value!r}")
+    on = _yes_no(value)
+    if on is None:
+        raise ValueError(f"HEARTH_QUANT_GEMM must be auto, 1 or 0, got {value!r}")
+    return "on" if on else "off"
 
 
 def int4_tiles() -> bool:

@@ -154,9 +154,8 @@ def argmax(logits: torch.Tensor) -> torch.Tensor | None:
     counts as the maximum), over every thread: torch's runs one thread per row at ~0.26 ms per 152k-entry row here,
     ~8 ms of a 32-sequence decode step. None: no kernel here, or logits it cannot take."""
     lib = _lib()
-    if lib is None or logits.dtype != torch.float32 or logits.dim() != 2 or logits.stride(1) != 1:
-        return None
-    if logits.shape[1] == 0:
+    if (lib is None or logits.dtype != torch.float32 or logits.dim() != 2 or logits.stride(1) != 1
+            or logits.shape[1] == 0):
         return None
     n, v = logits.shape
     out = torch.empty(n, dtype=torch.int64)
