@@ -70,6 +70,12 @@ def tokenizer_cache_dir() -> str | None:
     return _cache_dir("HEARTH_TOKENIZER_CACHE", "tokenizers")
 
 
+def bf16_dot() -> bool:
+    """HEARTH_BF16_DOT (default on): bf16 activations against bf16 weights in AVX512-BF16 dot products (vdpbf16ps)
+    where the CPU has them; 0 keeps the fp32-FMA kernel (same products, summed in another order)."""
+    return _flag("HEARTH_BF16_DOT", True)
+
+
 def panels_enabled() -> bool:
     """HEARTH_PANELS (default on): dense bf16 weights repacked into panels where that pays (kernels/panels.py)."""
     return _flag("HEARTH_PANELS", True)

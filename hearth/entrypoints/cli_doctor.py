@@ -63,8 +63,12 @@ def _panels_row() -> str:
     if not envs.panels_enabled():
         return "no (HEARTH_PANELS=0)"
     if not panels.supported():
-        return "no (needs AVX-512 without native bf16 GEMMs, and the kernels)"
+        return ("no (needs AVX-512 and the kernels; with native bf16 GEMMs, AVX512-BF16 and HEARTH_BF16_DOT on, "
+                "and a bf16 model)")
     root = envs.panel_cache_dir()
+    if panels.layout() == "dot":
+        where = "in memory" if root is None else f"cached in {root}"
+        return f"yes for bf16 models, in vdpbf16ps pair panels, {where}"
     if root is None:
         return "yes, packed in memory at every start (HEARTH_PANEL_CACHE=0)"
     return f"yes, cached in {root} (at most {envs.panel_cache_max_bytes() / (1 << 30):g} GiB)"

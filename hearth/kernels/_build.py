@@ -17,6 +17,8 @@ from pathlib import Path
 
 import torch
 
+from hearth import envs
+
 logger = logging.getLogger("hearth")
 
 CSRC = Path(__file__).parent / "csrc"
@@ -90,6 +92,7 @@ def load() -> ctypes.CDLL | None:
     if os.environ.get("HEARTH_KERNELS", "1").strip().lower() in ("0", "false", "no", "off"):
         logger.info("hearth kernels disabled by HEARTH_KERNELS=0; using torch F.linear")
         return None
+    bf16_dot = envs.bf16_dot()  # read first: a bad value is an error naming the variable, not a silent fallback
     try:
         # torch looks for `ninja` on PATH; the pip-installed one sits beside this interpreter, which a venv
         # used without activation does not put on PATH.
@@ -114,6 +117,9 @@ def load() -> ctypes.CDLL | None:
         lib.hk_bind_threads.restype = i32
         lib.hk_widen.argtypes = [ptr, i32, i64, ptr, i32]
         lib.hk_widen.restype = i32
+        lib.hk_linear_set_bf16_dot.argtypes = [i32]
+        lib.hk_linear_set_bf16_dot.restype = i32
+        lib.hk_linear_set_bf16_dot(int(bf16_dot))
         if build_seconds > 2.0:
             logger.info("compiled hearth kernels in %.1f s (cached in %s)", build_seconds, build_dir)
         return lib

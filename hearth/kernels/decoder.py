@@ -102,7 +102,7 @@ def _linear_desc(lin, keep: list) -> _Linear | None:
         if len(lin.panels) > _MAX_PARTS:
             return None
         keep += lin.panels
-        desc = _Linear(0, panels.DTYPE_CODE, lin.panels[0].data_ptr(), sum(lin.panel_rows), lin.in_features,
+        desc = _Linear(0, panels.dtype_code(), lin.panels[0].data_ptr(), sum(lin.panel_rows), lin.in_features,
                        lin.in_features, bias.data_ptr() if bias is not None else None, None, None, 0, 0)
         desc.nparts = len(lin.panels)
         for i, (p, n) in enumerate(zip(lin.panels, lin.panel_rows)):

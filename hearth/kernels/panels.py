@@ -1,4 +1,5 @@
-"""bf16 weights in 32-row panels (csrc/panel.cpp), for AVX-512 machines without native bf16 GEMMs.
+"""bf16 weights in 32-row panels, read by hearth's own GEMMs: csrc/panel.cpp (fp32 FMAs, AVX-512 CPUs without
+native bf16) or csrc/panel_dot.cpp (vdpbf16ps dot products, AVX512-BF16 CPUs: the "dot" layout).
 
     if panels.supported():
         w_panel = panels.pack(w, out)                 # w [N, K] bf16 -> [ceil(N/32), K, 32] bf16 (a view of out)
@@ -12,6 +13,13 @@ Measured against the row kernel (Qwen2.5-0.5B gate_up 4864 x 896, 2 threads, 2-v
 kernel runs as a blocked GEMM (csrc/panel.cpp, linear_tiled) that also beats widening the panels to fp32 for
 torch.mm up to TILED_MAX_M rows (M = 128: ~1.4x); longer prefills widen the panels into an fp32 [K, N] scratch and
 run torch's GEMM, ahead there by 5-15%. HEARTH_PANELS=0 keeps row-major weights.
+
+The dot layout (AVX512-BF16 CPUs, bf16 models: x must be bf16 already, as the kernel rounds it to bf16) holds the
+same bytes in another order: at each k pair, 32-bit lane j holds row j's (w[2kp], w[2kp + 1]), so one vdpbf16ps
+multiplies a broadcast x pair into 16 outputs. Measured (2-vCPU Zen 5, Qwen2.5-0.5B shapes, 2 threads, bf16 x):
+gate_up M = 16 / 32 / 64: 393 / 467 / 672 GF/s against 316 / 373 / 412 for the row kernel's vdpbf16ps and
+282 / 369 / 485 for torch's bf16 F.linear (oneDNN); M = 512 on a par with it (705 vs 690); M = 1 at bandwidth like
+the row kernel. So every M runs it: no widening path for this layout.
 """
 from __future__ import annotations
 
@@ -24,8 +32,7 @@ from hearth import envs, kernels
 from hearth.kernels import _build
 
 ROWS = 32  # outputs per panel
-TILED_MAX_M = 512  # rows up to which the panel GEMM runs; more: widened weights + torch.mm
-DTYPE_CODE = 3  # the w_dtype hk_linear_parts takes for panel weights
+TILED_MAX_M = 512  # rows up to which the panel GEMM runs; more: widened weights + torch.mm (fma layout only)
 
 
 @functools.cache
@@ -38,21 +45,64 @@ def _lib() -> ctypes.CDLL | None:
     lib.hk_pack_panels.restype = i32
     lib.hk_widen_panels.argtypes = [i64, ptr, ptr, i64, ptr, i64, i32]
     lib.hk_widen_panels.restype = i32
+    lib.hk_pack_dot_panels.argtypes = [ptr, i64, i64, i64, ptr, i32]
+    lib.hk_pack_dot_panels.restype = i32
     return lib
 
 
-def supported() -> bool:
-    """True where packing pays and the kernels run: AVX-512, no native bf16 GEMM, kernels built, not disabled."""
+@functools.cache
+def _cpu_layout() -> str | None:
+    """The layout this CPU's panel kernels read (what pack() writes): "dot" (AVX512-BF16), "fma" (AVX-512 without
+    native bf16 GEMMs), None (no AVX-512 or no kernels)."""
     from hearth.platform import cpu_info
 
-    if not envs.panels_enabled():
-        return False
-    return kernels.isa() == kernels.ISA_AVX512 and not cpu_info().has_native_bf16 and _lib() is not None
+    if kernels.isa() != kernels.ISA_AVX512 or _lib() is None:
+        return None
+    if cpu_info().has_avx512_bf16:
+        return "dot"
+    return None if cpu_info().has_native_bf16 else "fma"
+
+
+def layout() -> str | None:
+    """The panel layout a model loaded now gets: the CPU's (see _cpu_layout), or None when HEARTH_PANELS=0, or for
+    the dot layout when HEARTH_BF16_DOT=0 (no vdpbf16ps anywhere: row-major weights, fp32-FMA kernel)."""
+    found = _cpu_layout()
+    if not envs.panels_enabled() or (found == "dot" and not envs.bf16_dot()):
+        return None
+    return found
+
+
+def supported(compute_dtype: torch.dtype = torch.bfloat16) -> bool:
+    """True where packing pays and the kernels run for a model computing in compute_dtype (see layout()); the dot
+    layout rounds x to bf16, so it takes bf16 models only."""
+    found = layout()
+    return found == "fma" or (found == "dot" and compute_dtype == torch.bfloat16)
+
+
+def dtype_code() -> int:
+    """The w_dtype hk_linear_parts takes for this machine's panel weights."""
+    return 4 if _cpu_layout() == "dot" else 3
+
+
+def packable(n: int, k: int) -> bool:
+    """Whether an [n, k] weight fits this machine's layout (the dot layout pairs k values: k even)."""
+    return n > 0 and k > 0 and (_cpu_layout() != "dot" or k % 2 == 0)
 
 
 def lane(i: torch.Tensor) -> torch.Tensor:
-    """Where row i (0..31) of a panel sits among the 32 values of one k: rows i and 16 + i share a 32-bit lane."""
+    """fma layout: where row i (0..31) of a panel sits among the 32 values of one k (rows i and 16 + i share a
+    32-bit lane)."""
     return (i % 16) * 2 + i // 16
+
+
+def gather_rows(p: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """Rows ids (1-D) of the weight whose panels are p ([ceil(N/32), K, 32], as pack() returns them): [len, K]."""
+    if _cpu_layout() != "dot":
+        return p[ids // ROWS, :, lane(ids % ROWS)]
+    k = p.shape[1]
+    pairs = p.view(p.shape[0], k // 2, 2, 16, 2)  # [panel][k pair][half][lane][2]
+    i = ids % ROWS
+    return pairs[ids // ROWS, :, i // 16, i % 16, :].reshape(len(ids), k)
 
 
 def numel(n: int, k: int) -> int:
@@ -69,7 +119,11 @@ def pack(w: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     size = numel(n, k)
     if out.numel() < size:
         raise ValueError(f"panels.pack: out has {out.numel()} elements, needs {size}")
-    _lib().hk_pack_panels(w.data_ptr(), n, k, w.stride(0), out.data_ptr(), torch.get_num_threads())
+    if _cpu_layout() == "dot":
+        if _lib().hk_pack_dot_panels(w.data_ptr(), n, k, w.stride(0), out.data_ptr(), torch.get_num_threads()):
+            raise ValueError(f"panels.pack: the dot layout needs AVX512-BF16 and an even K (got {k})")
+    else:
+        _lib().hk_pack_panels(w.data_ptr(), n, k, w.stride(0), out.data_ptr(), torch.get_num_threads())
     return out[:size].view(-1, k, ROWS)
 
 
@@ -84,7 +138,10 @@ def _pointers(panels: list[torch.Tensor], rows: list[int]) -> tuple[ctypes.Array
 
 
 def widen(panels: list[torch.Tensor], rows: list[int]) -> torch.Tensor:
-    """cat(weights)^T as float32 [K, sum(rows)] in this thread's scratch buffer (kernels._scratch_buffer)."""
+    """cat(weights)^T as float32 [K, sum(rows)] in this thread's scratch buffer (kernels._scratch_buffer); fma
+    layout only."""
+    if _cpu_layout() != "fma":
+        raise ValueError("panels.widen reads the fma layout only")
     k, n = panels[0].shape[1], sum(rows)
     out = kernels._scratch_buffer(k * n).view(k, n)
     ptrs, ns = _pointers(panels, rows)
@@ -97,9 +154,9 @@ def linear(x: torch.Tensor, panels: list[torch.Tensor], rows: list[int],
     """x [..., K] . cat(weights)^T (+ bias), the weights as panels (part i: rows[i] outputs); x's dtype out."""
     k, n = panels[0].shape[1], sum(rows)
     m = x.numel() // k
-    if m > TILED_MAX_M:  # long prefill: one fp32 GEMM on the widened weights
+    if m > TILED_MAX_M and _cpu_layout() == "fma":  # long prefill: one fp32 GEMM on the widened weights
         y = torch.mm(x.reshape(m, k).float(), widen(panels, rows))
         if bias is not None:
             y += bias.float()
         return y.to(x.dtype).reshape(*x.shape[:-1], n)
-    return kernels.run_linear_parts(x, [p.data_ptr() for p in panels], rows, DTYPE_CODE, k, bias)
+    return kernels.run_linear_parts(x, [p.data_ptr() for p in panels], rows, dtype_code(), k, bias)

@@ -25,7 +25,7 @@ class Embedding(nn.Module):
         self.out_dtype = self.weight.dtype
         self.qweight = None  # hearth.kernels.quant.QWeight, or None: the dense weight
         # The table in bf16 panels (hearth.kernels.panels) when it is also a tied LM head: the head's product reads
-        # them, and a lookup gathers a row from its panel (row n: panel n // 32, lane panels.lane(n % 32)).
+        # them, and a lookup gathers a row from its panel (panels.gather_rows).
         self.panels: torch.Tensor | None = None
 
     def load(self, tensor: torch.Tensor | GGUFBlocks) -> None:
@@ -51,7 +51,7 @@ class Embedding(nn.Module):
 
     def can_use_panels(self) -> bool:
         return (self.panels is None and self.qweight is None and self.weight.dtype == torch.bfloat16
-                and self.weight.dim() == 2 and self.weight.shape[0] > 0 and self.weight.stride(1) == 1)
+                and self.weight.dim() == 2 and panels.packable(*self.weight.shape) and self.weight.stride(1) == 1)
 
     def row_blocks(self) -> list[torch.Tensor]:
         return [self.weight]
@@ -66,7 +66,7 @@ class Embedding(nn.Module):
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         if self.panels is not None:
             ids = input_ids.reshape(-1)
-            rows = self.panels[ids // panels.ROWS, :, panels.lane(ids % panels.ROWS)]
+            rows = panels.gather_rows(self.panels, ids)
             return rows.reshape(*input_ids.shape, rows.shape[1]).to(self.out_dtype)
         if self.qweight is not None:
             rows = quant.dequantize_gather(self.qweight, input_ids.reshape(-1))

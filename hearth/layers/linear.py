@@ -97,7 +97,7 @@ class Linear(nn.Module):
 
     def can_use_panels(self) -> bool:
         blocks = self.row_blocks()
-        return (self.panels is None and all(b.dtype == torch.bfloat16 and b.dim() == 2 and b.shape[0] > 0
+        return (self.panels is None and all(b.dtype == torch.bfloat16 and b.dim() == 2 and panels.packable(*b.shape)
                                             and b.shape[1] == self.in_features and b.stride(1) == 1 for b in blocks))
 
     def use_panels(self, alloc: Callable[[int], torch.Tensor], pack: bool = True) -> list[torch.Tensor]:

@@ -135,7 +135,7 @@ def load_model(args: EngineArgs) -> LoadedModel:
         loaded = _load_hf_folder(path, args)
     if hugepages.enabled():
         hugepages.move_to_hugepages(loaded.model)
-    panel_pack.pack_dense_weights(loaded.model, path)
+    panel_pack.pack_dense_weights(loaded.model, path, loaded.model_config.dtype)
     logger.info("loaded %s (%s, %s) in %.1f s", path, loaded.model_config.architecture,
                 str(loaded.model_config.dtype).removeprefix("torch."), time.perf_counter() - t0)
     return loaded

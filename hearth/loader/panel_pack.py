@@ -185,11 +185,11 @@ def _map(path: str, nbytes: int, create: bool, cap: int) -> tuple[torch.Tensor, 
         return None
 
 
-def pack_dense_weights(model: nn.Module, source: str | None = None) -> int:
+def pack_dense_weights(model: nn.Module, source: str | None = None, compute_dtype: torch.dtype = torch.bfloat16) -> int:
     """Put the model's dense bf16 Linear weights in panels when panels.supported(): mapped from the cache file of
     `source` (the checkpoint path) if one exists, else packed (into a new cache file when possible). Returns the
-    bytes of panels."""
-    if not panels.supported():
+    bytes of panels. compute_dtype: the model's activations' dtype (the dot layout takes bf16 ones only)."""
+    if not panels.supported(compute_dtype):
         return 0
     cap = envs.panel_cache_max_bytes()  # (read first: a bad value stops every start, cache hit or not)
     t0 = time.perf_counter()
@@ -201,7 +201,7 @@ def pack_dense_weights(model: nn.Module, source: str | None = None) -> int:
         return 0
     sizes = [[-(-panels.numel(*b.shape) // _ALIGN) * _ALIGN for b in m.row_blocks()] for _, m in named]
     total = sum(sum(s) for s in sizes)
-    layout = [f"{name}:{[tuple(b.shape) for b in m.row_blocks()]}" for name, m in named]
+    layout = [f"layout {panels.layout()}"] + [f"{name}:{[tuple(b.shape) for b in m.row_blocks()]}" for name, m in named]
     path = _cache_path(source, layout) if source is not None else None
     mapped, cached, tmp = None, False, None
     if path is not None and os.path.exists(path):

@@ -8,7 +8,8 @@ from hearth import envs
                                          ("off", False), (" no ", False)])
 def test_flags_accept_the_usual_spellings(monkeypatch, value, want):
     for name, reader in (("HEARTH_PANELS", envs.panels_enabled), ("HEARTH_INT4_TILES", envs.int4_tiles),
-                         ("HEARTH_Q6_TILES", envs.q6_tiles), ("HEARTH_KEEP_FREED_MEMORY", envs.keep_freed_memory)):
+                         ("HEARTH_Q6_TILES", envs.q6_tiles), ("HEARTH_KEEP_FREED_MEMORY", envs.keep_freed_memory),
+                         ("HEARTH_BF16_DOT", envs.bf16_dot)):
         monkeypatch.setenv(name, value)
         assert reader() is want, name
 

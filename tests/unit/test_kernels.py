@@ -1,4 +1,6 @@
 """hearth.kernels: the C++ decode linear kernels agree with F.linear (skipped where they cannot run)."""
+import ctypes
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -106,3 +108,47 @@ def test_widen_is_exact(dtype: torch.dtype, n: int) -> None:
     # the scratch buffer is reused: a second, smaller call reads its own values
     small = t[: max(1, n // 2)].reshape(1, -1)
     assert torch.equal(kernels.widen(small, scratch=True), small.float())
+
+
+def _bf16_dot_here() -> bool:
+    from hearth.kernels import _build
+
+    lib = _build.load()
+    return lib is not None and kernels.isa() == kernels.ISA_AVX512 and lib.hk_linear_set_bf16_dot(1) == 1
+
+
+@needs_kernels
+@pytest.mark.skipif(not _bf16_dot_here(), reason="no AVX512-BF16 here: the vdpbf16ps kernel cannot run")
+@pytest.mark.parametrize("K", [64, 100, 896, 4864])  # 100: a 4-value fp32 tail after three 32-value chunks
+def test_bf16_dot_kernel_matches_float64(K):
+    """bf16 x . bf16 w in vdpbf16ps (the default where the CPU has AVX512-BF16): every product is exact, so the fp32
+    result is within fp32 summation error of float64, like the fp32-FMA kernel's, on every path (row streams for
+    up to 4 rows, register tiles above, K blocks, several parts)."""
+    from hearth.kernels import _build
+
+    lib = _build.load()
+    g = torch.Generator().manual_seed(K)
+    parts = [(torch.randn(n, K, generator=g) / K**0.5).bfloat16() for n in (37, 130)]
+    w = torch.cat(parts)
+    bias = torch.randn(w.shape[0], generator=g)
+    ptrs = (ctypes.c_void_p * 2)(*[p.data_ptr() for p in parts])
+    rows = (ctypes.c_int64 * 2)(*[p.shape[0] for p in parts])
+
+    def run(x, kblock, dot):
+        lib.hk_linear_set_bf16_dot(int(dot))
+        out = torch.empty(x.shape[0], w.shape[0])
+        rc = lib.hk_linear_parts(x.data_ptr(), 1, x.shape[0], K, K, 2, ptrs, rows, 1, K, bias.data_ptr(),
+                                 out.data_ptr(), kernels.ISA_AVX512, kblock, 2)
+        assert rc == 0
+        return out
+
+    try:
+        for M in (1, 2, 3, 4, 5, 8, 17, 64):
+            x = torch.randn(M, K, generator=g).bfloat16()
+            want = (x.double() @ w.double().t() + bias.double()).float()
+            for kblock in (0, 64):
+                fma, dot = run(x, kblock, False), run(x, kblock, True)
+                _close(dot, want, tol=1e-5)
+                _close(fma, want, tol=1e-5)
+    finally:
+        lib.hk_linear_set_bf16_dot(1)

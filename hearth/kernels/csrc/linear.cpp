@@ -15,9 +15,9 @@
 #include "bf16.h"
 #include "parallel.h"
 
-enum class WKind { kBF16, kF16, kF32 };
+enum class WKind { kBF16, kF16, kF32, kBF16Dot };
 
-enum DType { kF32 = 0, kBF16 = 1, kF16 = 2, kBF16Panels = 3 };
+enum DType { kF32 = 0, kBF16 = 1, kF16 = 2, kBF16Panels = 3, kBF16DotPanels = 4 };
 
 struct Problem {
   const float* x;  // packed: [M][K] fp32, full chunks deinterleaved (bf16 weights), tail in natural order
@@ -129,9 +129,30 @@ struct T {
 }  // namespace hk_avx512
 #pragma GCC pop_options
 
+// AVX-512 with AVX512-BF16 (Zen 4+, Cooper Lake, Sapphire Rapids+): hk_avx512's body plus the WBF16Dot kind, for
+// bf16 x against bf16 weights (vdpbf16ps). Chosen in hk_linear_parts by __builtin_cpu_supports.
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512bf16")
+namespace hk_avx512bf16 {
+struct T : hk_avx512::T {
+  static inline V dot_bf16(V acc, V x, V w) { return _mm512_dpbf16_ps(acc, (__m512bh)x, (__m512bh)w); }
+};
+#define HK_LINEAR_BF16_DOT 1
+#include "linear_impl.h"
+#undef HK_LINEAR_BF16_DOT
+}  // namespace hk_avx512bf16
+#pragma GCC pop_options
+
 
 namespace {
 constexpr int kISA_AVX2 = 1, kISA_AVX512 = 2;
+
+// bf16 x . bf16 weights in vdpbf16ps where the CPU has it (hk_linear_set_bf16_dot(0): the fp32 FMA kernel instead).
+bool g_bf16_dot = true;
+bool bf16_dot_here() {
+  static const bool has = __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw");
+  return has && g_bf16_dot;
+}
 
 using hk_par::parallel;
 using hk_par::parallel_dynamic;
@@ -139,11 +160,21 @@ using hk_par::parallel_dynamic;
 
 extern "C" {
 
+// Whether bf16 x . bf16 weights run in vdpbf16ps where the CPU has AVX512-BF16 (1, default) or in fp32 FMAs (0).
+// Returns 1 if the dot form runs here after the call.
+int hk_linear_set_bf16_dot(int on) {
+  g_bf16_dot = on != 0;
+  return bf16_dot_here() ? 1 : 0;
+}
+
 int hk_linear_panels(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, int64_t nparts,
                      const void* const* w, const int64_t* n, const float* bias, float* out, int nthreads);
+int hk_linear_dot_panels(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, int64_t nparts,
+                         const void* const* w, const int64_t* n, const float* bias, float* out, int nthreads);
 
 // out[M][N] (fp32) = x[M][K] (row stride ldx, dtype x_dtype) . w[N][K]^T (row stride ldw, dtype w_dtype) + bias.
-// w_dtype 3: bf16 weights in panel form (panel.cpp; ldw unused, AVX-512 only).
+// w_dtype 3: bf16 weights in panel form (panel.cpp; ldw unused, AVX-512 only); 4: in pair panels (panel_dot.cpp;
+// AVX512-BF16 only).
 // isa: 1 = AVX2+FMA+F16C, 2 = AVX-512F/BW. kblock: K block in elements, 0 = auto (fit L1/L2). Returns 0 or a negative error.
 int hk_linear_parts(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, int64_t nparts,
                     const void* const* w, const int64_t* n, int w_dtype, int64_t ldw, const float* bias, float* out,
@@ -165,16 +196,23 @@ int hk_linear_parts(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ld
     if (isa != kISA_AVX512 || x_dtype < 0 || x_dtype > 2 || nparts < 1) return -4;
     return hk_linear_panels(x, x_dtype, M, K, ldx, nparts, w, n, bias, out, nthreads);
   }
+  if (w_dtype == kBF16DotPanels) {  // bf16 in pair panels (panel_dot.cpp): AVX512-BF16 only
+    if (isa != kISA_AVX512 || x_dtype < 0 || x_dtype > 2 || nparts < 1) return -4;
+    return hk_linear_dot_panels(x, x_dtype, M, K, ldx, nparts, w, n, bias, out, nthreads) ? -5 : 0;
+  }
   if (x_dtype < 0 || x_dtype > 2 || w_dtype < 0 || w_dtype > 2) return -2;
   if (nparts < 1 || nparts > 8) return -3;
   int64_t N = 0;
   for (int64_t i = 0; i < nparts; ++i) N += n[i];
   if (M <= 0 || N <= 0) return 0;
-  const WKind wk = w_dtype == kBF16 ? WKind::kBF16 : w_dtype == kF16 ? WKind::kF16 : WKind::kF32;
   const bool avx512 = isa == kISA_AVX512;
+  const bool dot = avx512 && w_dtype == kBF16 && x_dtype == kBF16 && bf16_dot_here();
+  const WKind wk = dot ? WKind::kBF16Dot : w_dtype == kBF16 ? WKind::kBF16 : w_dtype == kF16 ? WKind::kF16 : WKind::kF32;
   const int64_t ch = avx512 ? 32 : 16;
   std::vector<float> xp(M * K);
-  if (avx512)
+  if (dot)
+    hk_avx512bf16::pack_x(x, x_dtype, M, K, ldx, false, xp.data(), true);
+  else if (avx512)
     hk_avx512::pack_x(x, x_dtype, M, K, ldx, wk == WKind::kBF16, xp.data());
   else
     hk_avx2::pack_x(x, x_dtype, M, K, ldx, wk == WKind::kBF16, xp.data());
@@ -190,7 +228,9 @@ int hk_linear_parts(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ld
     for (int64_t i = 0; i < nparts; ++i) {
       const int64_t b = std::max(c0, first_chunk[i]), e = std::min(c1, first_chunk[i + 1]);
       if (b >= e) continue;
-      if (avx512)
+      if (dot)
+        hk_avx512bf16::run(p[i], b - first_chunk[i], e - first_chunk[i]);
+      else if (avx512)
         hk_avx512::run(p[i], b - first_chunk[i], e - first_chunk[i]);
       else
         hk_avx2::run(p[i], b - first_chunk[i], e - first_chunk[i]);

@@ -8,6 +8,12 @@
 // (fp32, per chunk: even elements then odd elements) so the weights never need a repacked copy. f16/f32 weights
 // load in natural order (x chunks not deinterleaved).
 //
+// bf16 dot products (AVX512-BF16, namespace hk_avx512bf16 only; x and weights both bf16): vdpbf16ps multiplies a
+// chunk of 32 bf16 x values by 32 bf16 weights into 16 fp32 lanes in one instruction (products exact, as the FMAs'),
+// so the weights need no widening and a chunk costs one instruction instead of two FMAs and two shifts. For this
+// kind x is packed in bf16: each chunk's 32 x values (natural order) fill the first 64 bytes of the chunk's 32-float
+// slot of the fp32 buffer, so T::load of the slot yields them; the K tail stays fp32.
+//
 // Blocking: a task is a chunk of NC = NR * 16 output rows. For each block of K (kblock chunks) and each tile of MR
 // rows of x, the NR-row microkernel sweeps the chunk: the x tile (MR x kblock floats) stays in L1 and the weight
 // block (NC x kblock) in L2, so weights are read from memory once per call whatever M is. Partial sums stay
@@ -15,24 +21,36 @@
 
 struct WBF16 {
   using E = uint16_t;
-  static constexpr bool kDeinterleave = true;
+  static constexpr bool kDeinterleave = true, kDot = false;
   static inline void load(const E* p, T::V& lo, T::V& hi) { T::load_bf16(p, lo, hi); }
   static inline float scalar(E e) { return hk::bf16_to_f32(e); }
 };
 
 struct WF16 {
   using E = uint16_t;
-  static constexpr bool kDeinterleave = false;
+  static constexpr bool kDeinterleave = false, kDot = false;
   static inline void load(const E* p, T::V& lo, T::V& hi) { T::load_f16(p, lo, hi); }
   static inline float scalar(E e) { return _cvtsh_ss(e); }
 };
 
 struct WF32 {
   using E = float;
-  static constexpr bool kDeinterleave = false;
+  static constexpr bool kDeinterleave = false, kDot = false;
   static inline void load(const E* p, T::V& lo, T::V& hi) { T::load_f32(p, lo, hi); }
   static inline float scalar(E e) { return e; }
 };
+
+#ifdef HK_LINEAR_BF16_DOT
+struct WBF16Dot {  // bf16 weights against bf16 x in vdpbf16ps (see the header comment)
+  using E = uint16_t;
+  static constexpr bool kDeinterleave = false, kDot = true;
+  // acc + the chunk's x (32 bf16, as T::V bits) . the 32 weights at p
+  static inline typename T::V dot(typename T::V acc, typename T::V x, const E* p) { return T::dot_bf16(acc, x, raw(p)); }
+  static inline typename T::V raw(const E* p) { return T::load(reinterpret_cast<const float*>(p)); }
+  static inline typename T::V dot_raw(typename T::V acc, typename T::V x, typename T::V w) { return T::dot_bf16(acc, x, w); }
+  static inline float scalar(E e) { return hk::bf16_to_f32(e); }
+};
+#endif
 
 constexpr int L = T::L;
 constexpr int CH = 2 * L;
@@ -45,17 +63,26 @@ static inline void micro(const float* __restrict x, int64_t ldx, const typename 
   for (int m = 0; m < MR; ++m)
     for (int r = 0; r < NR; ++r) acc[m][r] = T::load(acc_mem + m * acc_ld + r * L);
   for (int64_t c = 0; c < chunks; ++c) {
-    typename T::V xe[MR], xo[MR];  // this chunk of the MR x rows stays in registers for all NR weight rows
-    for (int m = 0; m < MR; ++m) {
-      xe[m] = T::load(x + m * ldx + c * CH);
-      xo[m] = T::load(x + m * ldx + c * CH + L);
-    }
-    for (int r = 0; r < NR; ++r) {
-      typename T::V lo, hi;
-      W::load(w + r * ldw + c * CH, lo, hi);
+    if constexpr (W::kDot) {
+      typename T::V xb[MR];  // this chunk of the MR x rows (32 bf16 each) stays in registers for all NR rows
+      for (int m = 0; m < MR; ++m) xb[m] = T::load(x + m * ldx + c * CH);
+      for (int r = 0; r < NR; ++r) {
+        const typename T::V wv = W::raw(w + r * ldw + c * CH);
+        for (int m = 0; m < MR; ++m) acc[m][r] = W::dot_raw(acc[m][r], xb[m], wv);
+      }
+    } else {
+      typename T::V xe[MR], xo[MR];  // this chunk of the MR x rows stays in registers for all NR weight rows
       for (int m = 0; m < MR; ++m) {
-        acc[m][r] = T::fma(lo, xe[m], acc[m][r]);
-        acc[m][r] = T::fma(hi, xo[m], acc[m][r]);
+        xe[m] = T::load(x + m * ldx + c * CH);
+        xo[m] = T::load(x + m * ldx + c * CH + L);
+      }
+      for (int r = 0; r < NR; ++r) {
+        typename T::V lo, hi;
+        W::load(w + r * ldw + c * CH, lo, hi);
+        for (int m = 0; m < MR; ++m) {
+          acc[m][r] = T::fma(lo, xe[m], acc[m][r]);
+          acc[m][r] = T::fma(hi, xo[m], acc[m][r]);
+        }
       }
     }
   }
@@ -210,12 +237,21 @@ static void run_rows(const Problem& a, int64_t r0, int64_t r1) {
       wr[s] = w + (r0 + s * len + i) * a.ldw;
     }
     for (int64_t c = 0; c < kc; ++c) {
-      typename T::V xe[MR], xo[MR];
-      for (int m = 0; m < MR; ++m) xe[m] = T::load(a.x + m * K + c * CH), xo[m] = T::load(a.x + m * K + c * CH + L);
-      for (int s = 0; s < S; ++s) {
-        typename T::V lo, hi;
-        W::load(wr[s] + c * CH, lo, hi);
-        for (int m = 0; m < MR; ++m) acc[s][m] = T::fma(hi, xo[m], T::fma(lo, xe[m], acc[s][m]));
+      if constexpr (W::kDot) {
+        typename T::V xb[MR];
+        for (int m = 0; m < MR; ++m) xb[m] = T::load(a.x + m * K + c * CH);
+        for (int s = 0; s < S; ++s) {
+          const typename T::V wv = W::raw(wr[s] + c * CH);
+          for (int m = 0; m < MR; ++m) acc[s][m] = W::dot_raw(acc[s][m], xb[m], wv);
+        }
+      } else {
+        typename T::V xe[MR], xo[MR];
+        for (int m = 0; m < MR; ++m) xe[m] = T::load(a.x + m * K + c * CH), xo[m] = T::load(a.x + m * K + c * CH + L);
+        for (int s = 0; s < S; ++s) {
+          typename T::V lo, hi;
+          W::load(wr[s] + c * CH, lo, hi);
+          for (int m = 0; m < MR; ++m) acc[s][m] = T::fma(hi, xo[m], T::fma(lo, xe[m], acc[s][m]));
+        }
       }
     }
     for (int s = 0; s < S; ++s)
@@ -226,10 +262,14 @@ static void run_rows(const Problem& a, int64_t r0, int64_t r1) {
     for (int m = 0; m < MR; ++m) {
       typename T::V acc0 = T::zero(), acc1 = T::zero();
       for (int64_t c = 0; c < kc; ++c) {
-        typename T::V lo, hi;
-        W::load(wr + c * CH, lo, hi);
-        acc0 = T::fma(lo, T::load(a.x + m * K + c * CH), acc0);
-        acc1 = T::fma(hi, T::load(a.x + m * K + c * CH + L), acc1);
+        if constexpr (W::kDot) {
+          acc0 = W::dot(acc0, T::load(a.x + m * K + c * CH), wr + c * CH);
+        } else {
+          typename T::V lo, hi;
+          W::load(wr + c * CH, lo, hi);
+          acc0 = T::fma(lo, T::load(a.x + m * K + c * CH), acc0);
+          acc1 = T::fma(hi, T::load(a.x + m * K + c * CH + L), acc1);
+        }
       }
       finish(r, m, T::add(acc0, acc1));
     }
@@ -262,11 +302,18 @@ static void run(const Problem& a, int64_t c0, int64_t c1) {
     case WKind::kBF16: return run_w<WBF16>(a, c0, c1);
     case WKind::kF16: return run_w<WF16>(a, c0, c1);
     case WKind::kF32: return run_w<WF32>(a, c0, c1);
+#ifdef HK_LINEAR_BF16_DOT
+    case WKind::kBF16Dot: return run_w<WBF16Dot>(a, c0, c1);
+#else
+    case WKind::kBF16Dot: return;  // only hk_avx512bf16 runs this kind (hk_linear_parts)
+#endif
   }
 }
 
-// x (f32 / bf16 / f16, row stride ldx) -> fp32 [M][K]; full chunks deinterleaved (evens, then odds) if asked.
-static void pack_x(const void* x, int dtype, int64_t M, int64_t K, int64_t ldx, bool deinterleave, float* dst) {
+// x (f32 / bf16 / f16, row stride ldx) -> fp32 [M][K]; full chunks deinterleaved (evens, then odds) if asked, or
+// (bf16_chunks, for WBF16Dot) each full chunk's values as bf16 in the first half of its slot.
+static void pack_x(const void* x, int dtype, int64_t M, int64_t K, int64_t ldx, bool deinterleave, float* dst,
+                   bool bf16_chunks = false) {
   const int64_t kc = K / CH;
   std::vector<float> row(K);
   for (int64_t m = 0; m < M; ++m) {
@@ -278,6 +325,14 @@ static void pack_x(const void* x, int dtype, int64_t M, int64_t K, int64_t ldx, 
       for (int64_t k = 0; k < K; ++k) r[k] = dtype == kBF16 ? WBF16::scalar(s[k]) : WF16::scalar(s[k]);
     }
     float* d = dst + m * K;
+    if (bf16_chunks) {  // exact: x is bf16 whenever this kind runs
+      for (int64_t c = 0; c < kc; ++c) {
+        uint16_t* b = reinterpret_cast<uint16_t*>(d + c * CH);
+        for (int i = 0; i < CH; ++i) b[i] = hk::f32_to_bf16(r[c * CH + i]);
+      }
+      for (int64_t k = kc * CH; k < K; ++k) d[k] = r[k];
+      continue;
+    }
     if (!deinterleave) {
       std::memcpy(d, r, K * sizeof(float));
       continue;
