@@ -59,6 +59,56 @@ inline float round_to(float v) {
 // Parallel only when the work pays for waking the team (prefill); decode runs on the calling thread.
 inline int team(int64_t elems, int threads) { return elems >= (1 << 15) ? threads : 1; }
 
+// ---- 8 lanes at a time: the same values as load / store / round_to above ----
+template <int D>
+inline __m256 load8(const void* p, int64_t i) {
+  if constexpr (D == kF32) return _mm256_loadu_ps(static_cast<const float*>(p) + i);
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(p) + i));
+  if constexpr (D == kBF16) return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  return _mm256_cvtph_ps(h);
+}
+
+// bf16 bits of 8 floats in the high halves of the 32-bit lanes, low halves zero: round to nearest even, a NaN
+// stays a quiet NaN (hk::f32_to_bf16's rules).
+inline __m256i bf16_high8(__m256 v) {
+  const __m256i u = _mm256_castps_si256(v);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+  const __m256i rounded = _mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), lsb));
+  const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)),
+                                         _mm256_set1_epi32(0x7f800000));
+  const __m256i quiet = _mm256_or_si256(u, _mm256_set1_epi32(0x00400000));
+  return _mm256_and_si256(_mm256_blendv_epi8(rounded, quiet, nan), _mm256_set1_epi32(int(0xffff0000u)));
+}
+
+template <int D>
+inline __m256 round8(__m256 v) {
+  if constexpr (D == kF32) return v;
+  if constexpr (D == kBF16) return _mm256_castsi256_ps(bf16_high8(v));
+  return _mm256_cvtph_ps(_mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+}
+
+template <int D>
+inline void store8(void* p, int64_t i, __m256 v) {
+  if constexpr (D == kF32) {
+    _mm256_storeu_ps(static_cast<float*>(p) + i, v);
+  } else {
+    __m128i h;
+    if constexpr (D == kBF16) {
+      const __m256i r = _mm256_srli_epi32(bf16_high8(v), 16);
+      h = _mm256_castsi256_si128(_mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0xD8));
+    } else {
+      h = _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT);
+    }
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(static_cast<uint16_t*>(p) + i), h);
+  }
+}
+
+inline float hsum8(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+
 // ---- RMSNorm with optional residual add ----
 // x, residual: [T][H] rows at stride ldx / ldr; out, sum_out: [T][H] contiguous; weight: fp32 [H].
 template <int D>
@@ -68,8 +118,19 @@ void rms_norm(const void* x, int64_t ldx, const void* residual, int64_t ldr, con
   for (int64_t t = 0; t < T; ++t) {
     float buf[8192];
     float* h = H <= 8192 ? buf : new float[H];
-    float ss = 0.f;
-    for (int64_t i = 0; i < H; ++i) {
+    __m256 ss8 = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= H; i += 8) {
+      __m256 v = load8<D>(x, t * ldx + i);
+      if (residual) {
+        v = round8<D>(_mm256_add_ps(v, load8<D>(residual, t * ldr + i)));
+        store8<D>(sum_out, t * H + i, v);
+      }
+      _mm256_storeu_ps(h + i, v);
+      ss8 = _mm256_fmadd_ps(v, v, ss8);
+    }
+    float ss = hsum8(ss8);
+    for (; i < H; ++i) {
       float v = load<D>(x, t * ldx + i);
       if (residual) {
         v = round_to<D>(v + load<D>(residual, t * ldr + i));
@@ -79,7 +140,11 @@ void rms_norm(const void* x, int64_t ldx, const void* residual, int64_t ldr, con
       ss += v * v;
     }
     float inv = 1.0f / std::sqrt(ss / float(H) + eps);
-    for (int64_t i = 0; i < H; ++i) store<D>(out, t * H + i, h[i] * inv * (weight[i] + offset));
+    const __m256 inv8 = _mm256_set1_ps(inv), off8 = _mm256_set1_ps(offset);
+    for (i = 0; i + 8 <= H; i += 8)
+      store8<D>(out, t * H + i,
+                _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(h + i), inv8), _mm256_add_ps(_mm256_loadu_ps(weight + i), off8)));
+    for (; i < H; ++i) store<D>(out, t * H + i, h[i] * inv * (weight[i] + offset));
     if (h != buf) delete[] h;
   }
 }
@@ -128,14 +193,6 @@ inline __m256 exp8(__m256 x) {
   return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
 }
 
-template <int D>
-inline __m256 load8(const void* p, int64_t i) {
-  if constexpr (D == kF32) return _mm256_loadu_ps(static_cast<const float*>(p) + i);
-  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(p) + i));
-  if constexpr (D == kBF16) return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-  return _mm256_cvtph_ps(h);
-}
-
 template <int A>
 inline __m256 act8(__m256 g) {
   const __m256 one = _mm256_set1_ps(1.0f);
@@ -157,12 +214,8 @@ void act_and_mul(const void* x, int64_t ldx, void* out, int64_t T, int64_t d, in
 #pragma omp parallel for num_threads(team(T * d, threads)) schedule(static)
   for (int64_t t = 0; t < T; ++t) {
     int64_t i = 0;
-    for (; i + 8 <= d; i += 8) {
-      alignas(32) float a[8], u[8];
-      _mm256_store_ps(a, act8<A>(load8<D>(x, t * ldx + i)));
-      _mm256_store_ps(u, load8<D>(x, t * ldx + d + i));
-      for (int j = 0; j < 8; ++j) store<D>(out, t * d + i + j, round_to<D>(a[j]) * u[j]);
-    }
+    for (; i + 8 <= d; i += 8)
+      store8<D>(out, t * d + i, _mm256_mul_ps(round8<D>(act8<A>(load8<D>(x, t * ldx + i))), load8<D>(x, t * ldx + d + i)));
     for (; i < d; ++i) {
       // the gate's activation is rounded to the model dtype before the product, as torch's two ops do
       float g = load<D>(x, t * ldx + i), u = load<D>(x, t * ldx + d + i), a;
@@ -193,12 +246,6 @@ void kv_write(const char* k, int64_t ldk, const char* v, int64_t ldv, char* k_ca
 // total) can only leave the target unreached at the end: then the last entry with mass. exp of anything below -87
 // is taken as 0, so a token with no mass is never drawn. Returns the token, or -1 when the row has no finite maximum
 // or no mass (the caller falls back to torch).
-inline float hsum8(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
 
 int64_t sample_row(const float* l, int64_t V, float inv_t, float u, std::vector<float>& e, std::vector<float>& bs) {
   const int64_t nb = (V + 7) / 8;
