@@ -23,6 +23,9 @@ namespace {
 
 constexpr int kNP = 32;  // outputs per panel
 constexpr int kPanelPair = 64;  // bf16 values per (panel, k pair)
+// k pairs ahead that tile() prefetches (4 KiB): 8 -> 32 took M = 8-16 from ~225 to ~250 GF/s (Qwen2.5-0.5B shapes,
+// Zen 5, weights from memory), where loads and dot products otherwise take turns instead of overlapping.
+constexpr int kPrefetchPairs = 32;
 
 enum DType { kF32 = 0, kBF16 = 1, kF16 = 2 };
 
@@ -50,14 +53,14 @@ inline void tile(const uint32_t* __restrict xt, const uint16_t* __restrict w0, c
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < 2 * C; ++c) a[r][c] = _mm512_setzero_ps();
   for (int64_t kp = 0; kp < kpc; ++kp) {
-    _mm_prefetch(reinterpret_cast<const char*>(w0 + (kp + 8) * kPanelPair), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(w0 + (kp + 8) * kPanelPair + 32), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(w0 + (kp + kPrefetchPairs) * kPanelPair), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(w0 + (kp + kPrefetchPairs) * kPanelPair + 32), _MM_HINT_T0);
     __m512i b[2 * C];
     b[0] = _mm512_loadu_si512(w0 + kp * kPanelPair);
     b[1] = _mm512_loadu_si512(w0 + kp * kPanelPair + 32);
     if constexpr (C == 2) {
-      _mm_prefetch(reinterpret_cast<const char*>(w1 + (kp + 8) * kPanelPair), _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(w1 + (kp + 8) * kPanelPair + 32), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(w1 + (kp + kPrefetchPairs) * kPanelPair), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(w1 + (kp + kPrefetchPairs) * kPanelPair + 32), _MM_HINT_T0);
       b[2] = _mm512_loadu_si512(w1 + kp * kPanelPair);
       b[3] = _mm512_loadu_si512(w1 + kp * kPanelPair + 32);
     }
@@ -173,11 +176,17 @@ void linear_dot(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, i
   for (int64_t t = 0; t < ntiles; ++t) {
     const int64_t m0 = t * MR, r = std::min<int64_t>(MR, M - m0);
     uint32_t* d = xp + m0 * KP;
-    for (int64_t m = 0; m < r; ++m)
+    for (int64_t m = 0; m < r; ++m) {
+      if (x_dtype == kBF16) {  // the pairs as they lie (the common case: a bf16 model)
+        const uint16_t* row = static_cast<const uint16_t*>(x) + (m0 + m) * ldx;
+        for (int64_t q = 0; q < KP; ++q) std::memcpy(d + q * r + m, row + 2 * q, 4);
+        continue;
+      }
       for (int64_t q = 0; q < KP; ++q) {
         const int64_t i = (m0 + m) * ldx + 2 * q;
         d[q * r + m] = uint32_t(x_bf16(x, x_dtype, i)) | uint32_t(x_bf16(x, x_dtype, i + 1)) << 16;
       }
+    }
   }
   const int64_t nk = (KP + kMaxKC - 1) / kMaxKC, KC = (KP + nk - 1) / nk;
   const bool split_pairs = G >= 4 * nt;  // else the threads split the row tiles
