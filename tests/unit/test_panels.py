@@ -129,3 +129,26 @@ def test_model_panels_are_cached_then_mapped_and_match_row_major(tmp_path, monke
     assert llm.engine.model.model.layers[0].mlp.gate_up_proj.panels is None
     row_major = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
     assert row_major == first
+
+
+@pytest.mark.skipif(panels._cpu_layout() is None, reason="no AVX-512 panel kernels here")
+def test_fma_layout_kernels_run_on_any_avx512_cpu() -> None:
+    """The fma layout's packer and GEMM (csrc/panel.cpp) are checked wherever AVX-512 runs, even on a CPU whose own
+    layout is the dot one (its kernels then serve no model here, but the shared loop and transpose still must
+    hold): uneven rows and parts, a bias, M from 1 to past the tile height."""
+    from hearth import kernels
+
+    torch.manual_seed(3)
+    k, rows = 83, [37, 70]
+    parts = [torch.randn(n, k).bfloat16() for n in rows]
+    bias = torch.randn(sum(rows))
+    packed = []
+    for p in parts:
+        out = torch.empty(panels.numel(*p.shape), dtype=torch.bfloat16)
+        panels._lib().hk_pack_panels(p.data_ptr(), p.shape[0], k, p.stride(0), out.data_ptr(), 2)
+        packed.append(out)
+    ref_w = torch.cat(parts).float()
+    for m in (1, 3, 4, 7, 13, 64):
+        x = torch.randn(m, k)
+        y = kernels.run_linear_parts(x, [p.data_ptr() for p in packed], rows, 3, k, bias)
+        torch.testing.assert_close(y, F.linear(x, ref_w, bias), rtol=0, atol=1e-4, msg=f"m={m}")

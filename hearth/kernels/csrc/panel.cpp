@@ -36,6 +36,8 @@ enum DType { kF32 = 0, kBF16 = 1, kF16 = 2 };
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl")
 
+#include "panel_common.h"
+
 // Lanes of one fp32 half (0: panel rows 0-15, 1: rows 16-31) that hold real rows, for a panel with nvalid of 32.
 inline __mmask16 half_mask(int nvalid, int half) {
   const int n = nvalid - 16 * half;
@@ -190,7 +192,7 @@ void pack_range(const uint16_t* w, int64_t N, int64_t K, int64_t ldw, uint16_t* 
   for (int64_t p = p0; p < p1; ++p) {
     uint16_t* d = dst + p * K * kNP;
     for (int64_t k0 = 0; k0 < K16; k0 += 16) {
-      __m512i r[16], t[16];
+      __m512i r[16], c[16];
       for (int i = 0; i < 16; ++i) {
         const int64_t n0 = p * kNP + i, n1 = n0 + 16;
         const __m512i a = n0 < N ? _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(w + n0 * ldw + k0)))
@@ -199,25 +201,8 @@ void pack_range(const uint16_t* w, int64_t N, int64_t K, int64_t ldw, uint16_t* 
                                  : _mm512_setzero_si512();
         r[i] = _mm512_or_si512(a, _mm512_slli_epi32(b, 16));  // [k] = row n0's value | row n1's << 16
       }
-      for (int j = 0; j < 8; ++j) {
-        t[2 * j] = _mm512_unpacklo_epi32(r[2 * j], r[2 * j + 1]);
-        t[2 * j + 1] = _mm512_unpackhi_epi32(r[2 * j], r[2 * j + 1]);
-      }
-      for (int j = 0; j < 4; ++j) {  // r[4j + q], 128-bit lane L: column 4L + q of rows 4j .. 4j + 3
-        r[4 * j] = _mm512_unpacklo_epi64(t[4 * j], t[4 * j + 2]);
-        r[4 * j + 1] = _mm512_unpackhi_epi64(t[4 * j], t[4 * j + 2]);
-        r[4 * j + 2] = _mm512_unpacklo_epi64(t[4 * j + 1], t[4 * j + 3]);
-        r[4 * j + 3] = _mm512_unpackhi_epi64(t[4 * j + 1], t[4 * j + 3]);
-      }
-      for (int q = 0; q < 4; ++q) {  // a 4 x 4 transpose of 128-bit lanes
-        const __m512i v0 = _mm512_shuffle_i32x4(r[q], r[4 + q], 0x44), v1 = _mm512_shuffle_i32x4(r[q], r[4 + q], 0xEE);
-        const __m512i v2 = _mm512_shuffle_i32x4(r[8 + q], r[12 + q], 0x44);
-        const __m512i v3 = _mm512_shuffle_i32x4(r[8 + q], r[12 + q], 0xEE);
-        _mm512_storeu_si512(d + (k0 + q) * kNP, _mm512_shuffle_i32x4(v0, v2, 0x88));
-        _mm512_storeu_si512(d + (k0 + 4 + q) * kNP, _mm512_shuffle_i32x4(v0, v2, 0xDD));
-        _mm512_storeu_si512(d + (k0 + 8 + q) * kNP, _mm512_shuffle_i32x4(v1, v3, 0x88));
-        _mm512_storeu_si512(d + (k0 + 12 + q) * kNP, _mm512_shuffle_i32x4(v1, v3, 0xDD));
-      }
+      transpose16_epi32(r, c);
+      for (int q = 0; q < 16; ++q) _mm512_storeu_si512(d + (k0 + q) * kNP, c[q]);
     }
     for (int i = 0; i < kNP; ++i) {  // the K tail
       const int64_t n = p * kNP + i;
@@ -233,14 +218,6 @@ float load_x(const void* x, int dtype, int64_t i) {
   return dtype == kBF16 ? hk::bf16_to_f32(h) : _cvtsh_ss(h);
 }
 
-// A run of one or two panels of one part: the unit the tiled GEMM hands to tile().
-struct PanelPair {
-  const uint16_t* w;   // first panel
-  int64_t col;         // its first output column
-  const float* bias;   // bias at col, or null
-  int nv[2];           // valid columns per panel (nv[1] = 0: one panel)
-};
-
 // out [M][N] = x . cat(parts)^T (+ bias) for many rows (BLIS loop order, weights as the streamed vector operand):
 // x is packed into 6-row micro-panels [K][6]; each thread takes a range of panel pairs (or, with few pairs, of row
 // tiles) and walks it in blocks of kPairsPerBlock pairs x kc k: that weight block (<= 256 KiB) stays in L2 while
@@ -251,16 +228,7 @@ void linear_tiled(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx,
                   const void* const* w, const int64_t* n, const float* bias, float* out, int64_t N, int nthreads) {
   constexpr int MR = 6;
   constexpr int64_t kPairsPerBlock = 4, kMaxKC = 512;
-  std::vector<PanelPair> pairs;
-  for (int64_t i = 0, col = 0; i < nparts; col += n[i], ++i) {
-    const int64_t P = (n[i] + kNP - 1) / kNP;
-    for (int64_t p = 0; p < P; p += 2) {
-      const int64_t c = col + p * kNP;
-      pairs.push_back({static_cast<const uint16_t*>(w[i]) + p * K * kNP, c, bias ? bias + c : nullptr,
-                       {(int)std::min<int64_t>(kNP, n[i] - p * kNP),
-                        p + 1 < P ? (int)std::min<int64_t>(kNP, n[i] - (p + 1) * kNP) : 0}});
-    }
-  }
+  const std::vector<PanelPair> pairs = panel_pairs(nparts, w, n, bias, K * kNP);
   // Row tiles of 6 and the rest (M = 8: 6 + 2 measured no slower than 4 + 4).
   const int64_t G = (int64_t)pairs.size(), ntiles = (M + MR - 1) / MR;
   thread_local std::vector<float> xbuf;
@@ -275,28 +243,13 @@ void linear_tiled(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx,
       for (int64_t k = 0; k < K; ++k) d[k * r + m] = load_x(x, x_dtype, (m0 + m) * ldx + k);
   }
   const int64_t nk = (K + kMaxKC - 1) / kMaxKC, KC = (K + nk - 1) / nk;
-  const bool split_pairs = G >= 4 * nt;  // else the threads split the row tiles
-#pragma omp parallel num_threads(nt)
-  {
-    const int64_t th = omp_get_thread_num(), T = omp_get_num_threads();
-    const int64_t gb = split_pairs ? G * th / T : 0, ge = split_pairs ? G * (th + 1) / T : G;
-    const int64_t tb = split_pairs ? 0 : ntiles * th / T, te = split_pairs ? ntiles : ntiles * (th + 1) / T;
-    for (int64_t g0 = gb; g0 < ge; g0 += kPairsPerBlock) {
-      const int64_t g1 = std::min(ge, g0 + kPairsPerBlock);
-      for (int64_t k0 = 0; k0 < K; k0 += KC) {
-        const int64_t kc = std::min(KC, K - k0);
-        for (int64_t t = tb; t < te; ++t) {
-          const int64_t m0 = t * MR, r = std::min<int64_t>(MR, M - m0);
-          for (int64_t g = g0; g < g1; ++g) {
-            const PanelPair& q = pairs[g];
-            const uint16_t* w0 = q.w + k0 * kNP;
-            tile_rows<MR>((int)r, xp + m0 * K + k0 * r, w0, q.nv[1] ? w0 + K * kNP : nullptr, kc,
-                          out + m0 * N + q.col, N, k0 > 0, q.bias, q.nv);
-          }
-        }
-      }
-    }
-  }
+  blocked_loop(G, ntiles, K, KC, kPairsPerBlock, ntiles, nt, [&](int64_t t, int64_t g, int64_t k0, int64_t kc) {
+    const int64_t m0 = t * MR, r = std::min<int64_t>(MR, M - m0);
+    const PanelPair& q = pairs[g];
+    const uint16_t* w0 = q.w + k0 * kNP;
+    tile_rows<MR>((int)r, xp + m0 * K + k0 * r, w0, q.nv[1] ? w0 + K * kNP : nullptr, kc, out + m0 * N + q.col, N,
+                  k0 > 0, q.bias, q.nv);
+  });
 }
 
 #pragma GCC pop_options

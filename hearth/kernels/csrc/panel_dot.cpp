@@ -32,6 +32,8 @@ enum DType { kF32 = 0, kBF16 = 1, kF16 = 2 };
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512bf16")
 
+#include "panel_common.h"
+
 uint16_t x_bf16(const void* x, int dtype, int64_t i) {
   if (dtype == kBF16) return static_cast<const uint16_t*>(x)[i];
   const float f = dtype == kF32 ? static_cast<const float*>(x)[i] : _cvtsh_ss(static_cast<const uint16_t*>(x)[i]);
@@ -101,30 +103,13 @@ void pack_range(const uint16_t* w, int64_t N, int64_t K, int64_t ldw, uint16_t* 
     uint32_t* d = reinterpret_cast<uint32_t*>(dst + p * K * kNP);  // [KP][32] 32-bit pairs
     for (int half = 0; half < 2; ++half) {
       for (int64_t q0 = 0; q0 < KP16; q0 += 16) {
-        __m512i r[16], t[16];
+        __m512i r[16], c[16];
         for (int i = 0; i < 16; ++i) {
           const int64_t n = p * kNP + 16 * half + i;
           r[i] = n < N ? _mm512_loadu_si512(w + n * ldw + 2 * q0) : _mm512_setzero_si512();
         }
-        for (int j = 0; j < 8; ++j) {
-          t[2 * j] = _mm512_unpacklo_epi32(r[2 * j], r[2 * j + 1]);
-          t[2 * j + 1] = _mm512_unpackhi_epi32(r[2 * j], r[2 * j + 1]);
-        }
-        for (int j = 0; j < 4; ++j) {  // r[4j + q], 128-bit lane L: column 4L + q of rows 4j .. 4j + 3
-          r[4 * j] = _mm512_unpacklo_epi64(t[4 * j], t[4 * j + 2]);
-          r[4 * j + 1] = _mm512_unpackhi_epi64(t[4 * j], t[4 * j + 2]);
-          r[4 * j + 2] = _mm512_unpacklo_epi64(t[4 * j + 1], t[4 * j + 3]);
-          r[4 * j + 3] = _mm512_unpackhi_epi64(t[4 * j + 1], t[4 * j + 3]);
-        }
-        for (int q = 0; q < 4; ++q) {  // a 4 x 4 transpose of 128-bit lanes: column c of the 16 rows
-          const __m512i v0 = _mm512_shuffle_i32x4(r[q], r[4 + q], 0x44), v1 = _mm512_shuffle_i32x4(r[q], r[4 + q], 0xEE);
-          const __m512i v2 = _mm512_shuffle_i32x4(r[8 + q], r[12 + q], 0x44);
-          const __m512i v3 = _mm512_shuffle_i32x4(r[8 + q], r[12 + q], 0xEE);
-          _mm512_storeu_si512(d + (q0 + q) * kNP + 16 * half, _mm512_shuffle_i32x4(v0, v2, 0x88));
-          _mm512_storeu_si512(d + (q0 + 4 + q) * kNP + 16 * half, _mm512_shuffle_i32x4(v0, v2, 0xDD));
-          _mm512_storeu_si512(d + (q0 + 8 + q) * kNP + 16 * half, _mm512_shuffle_i32x4(v1, v3, 0x88));
-          _mm512_storeu_si512(d + (q0 + 12 + q) * kNP + 16 * half, _mm512_shuffle_i32x4(v1, v3, 0xDD));
-        }
+        transpose16_epi32(r, c);
+        for (int q = 0; q < 16; ++q) _mm512_storeu_si512(d + (q0 + q) * kNP + 16 * half, c[q]);
       }
     }
     for (int i = 0; i < kNP; ++i) {  // the K tail (pairs past the last 16)
@@ -138,14 +123,6 @@ void pack_range(const uint16_t* w, int64_t N, int64_t K, int64_t ldw, uint16_t* 
   }
 }
 
-// A run of one or two panels of one part: the unit the GEMM hands to tile().
-struct PanelPair {
-  const uint16_t* w;   // first panel
-  int64_t col;         // its first output column
-  const float* bias;   // bias at col, or null
-  int nv[2];           // valid columns per panel (nv[1] = 0: one panel)
-};
-
 // out [M][N] = x . cat(parts)^T (+ bias): x packed into 6-row micro-panels of bf16 pairs [K/2][6]; each thread takes
 // a range of panel pairs (or, with few pairs, of row tiles) and walks it in blocks of kPairsPerBlock pairs x KC
 // k pairs: that weight block (<= 512 KiB) stays in L2 while each row tile's micro-panel (of kMC) runs against it.
@@ -157,16 +134,7 @@ void linear_dot(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, i
   // down (K = 4864) at M = 2048 492 -> 643 GF/s.
   constexpr int64_t kPairsPerBlock = 2, kMaxKC = 1024, kMC = 86;
   const int64_t KP = K / 2;
-  std::vector<PanelPair> pairs;
-  for (int64_t i = 0, col = 0; i < nparts; col += n[i], ++i) {
-    const int64_t P = (n[i] + kNP - 1) / kNP;
-    for (int64_t p = 0; p < P; p += 2) {
-      const int64_t c = col + p * kNP;
-      pairs.push_back({static_cast<const uint16_t*>(w[i]) + p * K * kNP, c, bias ? bias + c : nullptr,
-                       {(int)std::min<int64_t>(kNP, n[i] - p * kNP),
-                        p + 1 < P ? (int)std::min<int64_t>(kNP, n[i] - (p + 1) * kNP) : 0}});
-    }
-  }
+  const std::vector<PanelPair> pairs = panel_pairs(nparts, w, n, bias, K * kNP);
   const int64_t G = (int64_t)pairs.size(), ntiles = (M + MR - 1) / MR;
   thread_local std::vector<uint32_t> xbuf;
   if ((int64_t)xbuf.size() < M * KP) xbuf.resize(M * KP);
@@ -189,31 +157,13 @@ void linear_dot(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, i
     }
   }
   const int64_t nk = (KP + kMaxKC - 1) / kMaxKC, KC = (KP + nk - 1) / nk;
-  const bool split_pairs = G >= 4 * nt;  // else the threads split the row tiles
-#pragma omp parallel num_threads(nt)
-  {
-    const int64_t th = omp_get_thread_num(), T = omp_get_num_threads();
-    const int64_t gb = split_pairs ? G * th / T : 0, ge = split_pairs ? G * (th + 1) / T : G;
-    const int64_t tb = split_pairs ? 0 : ntiles * th / T, te = split_pairs ? ntiles : ntiles * (th + 1) / T;
-    for (int64_t tb0 = tb; tb0 < te; tb0 += kMC) {
-      const int64_t te0 = std::min(te, tb0 + kMC);
-      for (int64_t g0 = gb; g0 < ge; g0 += kPairsPerBlock) {
-        const int64_t g1 = std::min(ge, g0 + kPairsPerBlock);
-        for (int64_t k0 = 0; k0 < KP; k0 += KC) {
-          const int64_t kc = std::min(KC, KP - k0);
-          for (int64_t t = tb0; t < te0; ++t) {
-            const int64_t m0 = t * MR, r = std::min<int64_t>(MR, M - m0);
-            for (int64_t g = g0; g < g1; ++g) {
-              const PanelPair& q = pairs[g];
-              const uint16_t* w0 = q.w + k0 * kPanelPair;
-              tile_rows<MR>((int)r, xp + m0 * KP + k0 * r, w0, q.nv[1] ? w0 + K * kNP : nullptr, kc,
-                            out + m0 * N + q.col, N, k0 > 0, q.bias, q.nv);
-            }
-          }
-        }
-      }
-    }
-  }
+  blocked_loop(G, ntiles, KP, KC, kPairsPerBlock, kMC, nt, [&](int64_t t, int64_t g, int64_t k0, int64_t kc) {
+    const int64_t m0 = t * MR, r = std::min<int64_t>(MR, M - m0);
+    const PanelPair& q = pairs[g];
+    const uint16_t* w0 = q.w + k0 * kPanelPair;
+    tile_rows<MR>((int)r, xp + m0 * KP + k0 * r, w0, q.nv[1] ? w0 + K * kNP : nullptr, kc, out + m0 * N + q.col, N,
+                  k0 > 0, q.bias, q.nv);
+  });
 }
 
 #pragma GCC pop_options

@@ -1,0 +1,78 @@
+// What panel.cpp (fp32 FMA tiles) and panel_dot.cpp (vdpbf16ps tiles) share: the panel pairs a GEMM walks, the
+// blocked loop order, and the 16 x 16 transpose of 32-bit values their packers use. Included inside each file's
+// anonymous namespace, under its `#pragma GCC target` (AVX-512F at least), so each gets its own copy.
+
+// A run of one or two panels of one part: the unit the tiled GEMM hands to tile().
+struct PanelPair {
+  const uint16_t* w;   // first panel
+  int64_t col;         // its first output column
+  const float* bias;   // bias at col, or null
+  int nv[2];           // valid columns per panel (nv[1] = 0: one panel)
+};
+
+// The pairs of cat(parts) (part i: n[i] rows as 32-row panels of panel_elems bf16 each, consecutive).
+inline std::vector<PanelPair> panel_pairs(int64_t nparts, const void* const* w, const int64_t* n, const float* bias,
+                                          int64_t panel_elems) {
+  constexpr int64_t kRows = 32;
+  std::vector<PanelPair> pairs;
+  for (int64_t i = 0, col = 0; i < nparts; col += n[i], ++i) {
+    const int64_t P = (n[i] + kRows - 1) / kRows;
+    for (int64_t p = 0; p < P; p += 2) {
+      const int64_t c = col + p * kRows;
+      pairs.push_back({static_cast<const uint16_t*>(w[i]) + p * panel_elems, c, bias ? bias + c : nullptr,
+                       {(int)std::min<int64_t>(kRows, n[i] - p * kRows),
+                        p + 1 < P ? (int)std::min<int64_t>(kRows, n[i] - (p + 1) * kRows) : 0}});
+    }
+  }
+  return pairs;
+}
+
+// The blocked GEMM's loop order over G panel pairs, ntiles row tiles and KU k units (k or k pairs): on nt threads,
+// each takes a range of pairs (or, with fewer than 4 pairs per thread, of row tiles) and walks it in blocks of
+// pairs_per_block pairs x kc units, so that weight block stays in L2 while the row tiles (mc at a time: their x
+// stays in L2 too) run against it. tile(t, g, k0, kc): row tile t against pair g over units [k0, k0 + kc).
+template <class F>
+inline void blocked_loop(int64_t G, int64_t ntiles, int64_t KU, int64_t KC, int64_t pairs_per_block, int64_t mc,
+                         int nt, F&& tile) {
+  const bool split_pairs = G >= 4 * nt;  // else the threads split the row tiles
+#pragma omp parallel num_threads(nt)
+  {
+    const int64_t th = omp_get_thread_num(), T = omp_get_num_threads();
+    const int64_t gb = split_pairs ? G * th / T : 0, ge = split_pairs ? G * (th + 1) / T : G;
+    const int64_t tb = split_pairs ? 0 : ntiles * th / T, te = split_pairs ? ntiles : ntiles * (th + 1) / T;
+    for (int64_t tb0 = tb; tb0 < te; tb0 += mc) {
+      const int64_t te0 = std::min(te, tb0 + mc);
+      for (int64_t g0 = gb; g0 < ge; g0 += pairs_per_block) {
+        const int64_t g1 = std::min(ge, g0 + pairs_per_block);
+        for (int64_t k0 = 0; k0 < KU; k0 += KC)
+          for (int64_t t = tb0; t < te0; ++t)
+            for (int64_t g = g0; g < g1; ++g) tile(t, g, k0, std::min(KC, KU - k0));
+      }
+    }
+  }
+}
+
+// c[j] = the 16 values r[0..15][j] (r: 16 rows of 16 32-bit values): unpacks within 128-bit lanes, then a 4 x 4
+// transpose of the lanes.
+inline void transpose16_epi32(__m512i r[16], __m512i c[16]) {
+  __m512i t[16];
+  for (int j = 0; j < 8; ++j) {
+    t[2 * j] = _mm512_unpacklo_epi32(r[2 * j], r[2 * j + 1]);
+    t[2 * j + 1] = _mm512_unpackhi_epi32(r[2 * j], r[2 * j + 1]);
+  }
+  for (int j = 0; j < 4; ++j) {  // r[4j + q], 128-bit lane L: column 4L + q of rows 4j .. 4j + 3
+    r[4 * j] = _mm512_unpacklo_epi64(t[4 * j], t[4 * j + 2]);
+    r[4 * j + 1] = _mm512_unpackhi_epi64(t[4 * j], t[4 * j + 2]);
+    r[4 * j + 2] = _mm512_unpacklo_epi64(t[4 * j + 1], t[4 * j + 3]);
+    r[4 * j + 3] = _mm512_unpackhi_epi64(t[4 * j + 1], t[4 * j + 3]);
+  }
+  for (int q = 0; q < 4; ++q) {
+    const __m512i v0 = _mm512_shuffle_i32x4(r[q], r[4 + q], 0x44), v1 = _mm512_shuffle_i32x4(r[q], r[4 + q], 0xEE);
+    const __m512i v2 = _mm512_shuffle_i32x4(r[8 + q], r[12 + q], 0x44);
+    const __m512i v3 = _mm512_shuffle_i32x4(r[8 + q], r[12 + q], 0xEE);
+    c[q] = _mm512_shuffle_i32x4(v0, v2, 0x88);
+    c[4 + q] = _mm512_shuffle_i32x4(v0, v2, 0xDD);
+    c[8 + q] = _mm512_shuffle_i32x4(v1, v3, 0x88);
+    c[12 + q] = _mm512_shuffle_i32x4(v1, v3, 0xDD);
+  }
+}
