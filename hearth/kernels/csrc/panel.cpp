@@ -38,12 +38,6 @@ enum DType { kF32 = 0, kBF16 = 1, kF16 = 2 };
 
 #include "panel_common.h"
 
-// Lanes of one fp32 half (0: panel rows 0-15, 1: rows 16-31) that hold real rows, for a panel with nvalid of 32.
-inline __mmask16 half_mask(int nvalid, int half) {
-  const int n = nvalid - 16 * half;
-  return n >= 16 ? 0xFFFF : n <= 0 ? 0 : __mmask16((1u << n) - 1);
-}
-
 // out = xt . panel over kc steps (+ bias; row stride ldo; nvalid of the 32 columns). xt: the tile's x
 // values k-major, each k's MR values twice ([k][2][MR]) so the two FMAs of a row read different addresses and the
 // compiler keeps both as broadcast memory operands instead of loading the value once into a register.
@@ -140,18 +134,7 @@ inline void tile(const float* __restrict xt, const uint16_t* __restrict w0, cons
       for (int c = 0; c < 2 * C; ++c) a[r][c] = _mm512_fmadd_ps(xv, b[c], a[r][c]);
     }
   }
-  __mmask16 mask[2 * C];
-  for (int c = 0; c < C; ++c) {
-    mask[2 * c] = half_mask(nv[c], 0);
-    mask[2 * c + 1] = half_mask(nv[c], 1);
-  }
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < 2 * C; ++c) {
-      float* o = out + r * ldo + c * 16;
-      const float* add = accumulate ? o : bias ? bias + c * 16 : nullptr;
-      if (add) a[r][c] = _mm512_add_ps(a[r][c], _mm512_maskz_loadu_ps(mask[c], add));
-      _mm512_mask_storeu_ps(o, mask[c], a[r][c]);
-    }
+  store_tile<R, 2 * C>(a, out, ldo, accumulate, bias, nv);
 }
 
 template <int R>

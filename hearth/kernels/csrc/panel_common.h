@@ -2,6 +2,28 @@
 // blocked loop order, and the 16 x 16 transpose of 32-bit values their packers use. Included inside each file's
 // anonymous namespace, under its `#pragma GCC target` (AVX-512F at least), so each gets its own copy.
 
+// Lanes of one 16-row half (0: panel rows 0-15, 1: rows 16-31) that hold real rows, for a panel with nvalid of 32.
+inline __mmask16 half_mask(int nvalid, int half) {
+  const int n = nvalid - 16 * half;
+  return n >= 16 ? 0xFFFF : n <= 0 ? 0 : __mmask16((1u << n) - 1);
+}
+
+// A tile's R x NV accumulators (NV / 2 panels, two 16-row halves each) into out (row stride ldo), masked to the
+// valid columns nv[panel]: added to out (accumulate: a later K block), else to the bias (first block; null: none).
+template <int R, int NV>
+inline void store_tile(__m512 (&a)[R][NV], float* out, int64_t ldo, bool accumulate, const float* bias,
+                       const int* nv) {
+  __mmask16 mask[NV];
+  for (int c = 0; c < NV; ++c) mask[c] = half_mask(nv[c / 2], c % 2);
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < NV; ++c) {
+      float* o = out + r * ldo + c * 16;
+      const float* add = accumulate ? o : bias ? bias + c * 16 : nullptr;
+      if (add) a[r][c] = _mm512_add_ps(a[r][c], _mm512_maskz_loadu_ps(mask[c], add));
+      _mm512_mask_storeu_ps(o, mask[c], a[r][c]);
+    }
+}
+
 // A run of one or two panels of one part: the unit the tiled GEMM hands to tile().
 struct PanelPair {
   const uint16_t* w;   // first panel

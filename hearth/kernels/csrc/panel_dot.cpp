@@ -40,12 +40,6 @@ uint16_t x_bf16(const void* x, int dtype, int64_t i) {
   return hk::f32_to_bf16(f);
 }
 
-// Lanes of one 16-row half (0: panel rows 0-15, 1: rows 16-31) that hold real rows, for a panel with nvalid of 32.
-inline __mmask16 half_mask(int nvalid, int half) {
-  const int n = nvalid - 16 * half;
-  return n >= 16 ? 0xFFFF : n <= 0 ? 0 : __mmask16((1u << n) - 1);
-}
-
 // R (<= 6) x rows against C (1 or 2) panels over kpc k pairs. xt [kpc][R]: each row's bf16 pair as 32 bits.
 // accumulate: add to out (a later K block), else add bias (first block; null: none). nv[c]: valid columns.
 template <int R, int C>
@@ -71,18 +65,7 @@ inline void tile(const uint32_t* __restrict xt, const uint16_t* __restrict w0, c
       for (int c = 0; c < 2 * C; ++c) a[r][c] = _mm512_dpbf16_ps(a[r][c], (__m512bh)xv, (__m512bh)b[c]);
     }
   }
-  __mmask16 mask[2 * C];
-  for (int c = 0; c < C; ++c) {
-    mask[2 * c] = half_mask(nv[c], 0);
-    mask[2 * c + 1] = half_mask(nv[c], 1);
-  }
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < 2 * C; ++c) {
-      float* o = out + r * ldo + c * 16;
-      const float* add = accumulate ? o : bias ? bias + c * 16 : nullptr;
-      if (add) a[r][c] = _mm512_add_ps(a[r][c], _mm512_maskz_loadu_ps(mask[c], add));
-      _mm512_mask_storeu_ps(o, mask[c], a[r][c]);
-    }
+  store_tile<R, 2 * C>(a, out, ldo, accumulate, bias, nv);
 }
 
 template <int R>
