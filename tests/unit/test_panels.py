@@ -34,7 +34,7 @@ def test_kernel_equals_f_linear_on_uneven_shapes(x_dtype: torch.dtype, k: int, r
     bias = torch.randn(n_out)
     ref_w = torch.cat(parts).float()
     packed = [_packed(p) for p in parts]
-    for m in (1, 2, 3, 4, 5, 7, 13, 64, 150, panels.TILED_MAX_M + 3):
+    for m in (1, 2, 3, 4, 5, 7, 8, 13, 16, 64, 150, panels.TILED_MAX_M + 3):
         x = torch.randn(m, k).to(x_dtype)
         y = panels.linear(x, packed, list(rows), bias)
         assert y.dtype == x_dtype and y.shape == (m, n_out)
