@@ -98,7 +98,8 @@ def quant_activations() -> str:
 
 def quant_gemm() -> str:
     """HEARTH_QUANT_GEMM: where quantized weights with several rows take the fp32-x GEMM (kernels/quant.py):
-    auto (default: AVX-512 CPUs without VNNI), on (1: wherever AVX-512 runs), off (0: never)."""
+    auto (default: AVX-512 CPUs; with VNNI from 32 rows and in prompt steps only), on (1: from a few rows wherever
+    AVX-512 runs), off (0: never)."""
     value = _first("HEARTH_QUANT_GEMM")
     if value is None or value.strip().lower() == "auto":
         return "auto"

@@ -50,6 +50,9 @@ def run(ns: argparse.Namespace) -> int:
 def _quant_gemm_row() -> str:
     from hearth.kernels import quant
 
+    if quant.gemm_enabled() and quant._vnni_keeps_few_rows():
+        return (f"fp32 GEMM in prompt steps and, in broadcast form, in decode steps from {quant.BCAST_MIN_M} rows; "
+                f"VNNI integer dots below (HEARTH_QUANT_GEMM=1: the GEMM from 4 / 8 rows, 0: integer dots only)")
     if quant.gemm_enabled():
         return (f"fp32 GEMM from 4 (int8) / 8 (int4) rows and in prompt steps, broadcast form in decode steps from "
                 f"{quant.BCAST_MIN_M} rows (HEARTH_QUANT_GEMM=0: integer dots)")

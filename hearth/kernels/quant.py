@@ -38,8 +38,10 @@ kernels pay that per weight per row; this pays it once per 8 rows. Qwen2.5-0.5B 
 "int8x2" (paired, same process, time ratios): 8 rows int8 1.7-2.0x, Q8_0 1.9-2.0x, Q4_0 tiles 0.9-1.3x, int4-g128
 0.85-1.2x; 16 rows 1.9-2.3x, 2.0x, 1.1-1.6x, 1.4-1.5x. Decode steps of BCAST_MIN_M+ rows take its broadcast form
 (hq_linear_gemm_bcast: blocks dequantized once into fp32 panels, the bf16 panels' 6 x 64 tiles), 1.2-1.5x the dot
-form's tiles at 32-64 rows. On VNNI CPUs (vpdpbusd: 64 multiply-adds per instruction) the
-integer kernels stay (unmeasured here: no CI machine so far had VNNI; HEARTH_QUANT_GEMM=1 forces this path to compare).
+form's tiles at 32-64 rows. On VNNI CPUs (vpdpbusd: 64 multiply-adds per instruction) the integer kernels keep
+decode steps of fewer than BCAST_MIN_M rows, and only the broadcast form (and prompt steps) take the GEMM: 2-vCPU Zen 5,
+Qwen2.5-0.5B, per decode step, integer dots vs GEMM: 32 rows Q4_0 232 / 255 vs 159 / 159 ms; 8 rows Q4_0 70 / 70 vs
+91 / 73, Q8_0 93 / 96 vs 95 / 83; prompt steps on a par (Q4_0 prefill 198 / 183 vs 191 / 192 tok/s).
 Measured on the 2-core AVX2 Zen 3 VM with a CI run sharing it (1 thread, M = 1, alternated in one process, medians;
 p10-p90 spread ~10-30%), per linear, float / int8 / int8x2: 2048x2048 (in cache) int4-g32 711 / 316 / 393 us, int8
 360 / 156 / 251 us; 32000x2048 (DRAM) int4-g32 16.6 / 5.2 / 5.1 ms, int8 17.7 / 7.3 / 6.9 ms (int8x2 is as
@@ -78,7 +80,8 @@ MAX_KERNEL_M = 128
 # and dequantizes the weights in registers (exactly the dequantized float model up to summation order, ~2-3x slower).
 # HEARTH_QUANT_ACT=float|int8|int8x2 selects one process-wide, see the module doc.
 ACTIVATIONS = envs.quant_activations()
-# hq_linear_gemm for several rows: "auto" on AVX-512 CPUs without VNNI, "1" wherever AVX-512 runs, "0" never.
+# hq_linear_gemm for several rows: "auto" on AVX-512 CPUs (with VNNI from BCAST_MIN_M rows and in prompt steps only),
+# "1" from gemm_min_rows' few rows wherever AVX-512 runs, "0" never.
 _GEMM_MODE = envs.quant_gemm()
 # Where the GEMM runs, more rows take dequantized tiles + torch's fp32 GEMM (_tiled). Qwen2.5-0.5B gate_up / down,
 # 2 threads: at 64 rows on a par (int8 24.1 vs 27.2 ms, Q4_0 26.1 vs 25.3), at 128 torch ahead (46 vs 42, 45 vs 31).
@@ -348,10 +351,13 @@ def _isa(isa_code: int | None) -> int:
 
 
 def gemm_enabled() -> bool:
-    """Whether hq_linear_gemm runs for several rows here: AVX-512, and no VNNI unless HEARTH_QUANT_GEMM=1."""
-    if _GEMM_MODE == "off" or kernels.isa() != kernels.ISA_AVX512:
-        return False
-    return _GEMM_MODE == "on" or not cpu_info().has_vnni
+    """Whether hq_linear_gemm runs for several rows here: AVX-512, unless HEARTH_QUANT_GEMM=0."""
+    return _GEMM_MODE != "off" and kernels.isa() == kernels.ISA_AVX512
+
+
+def _vnni_keeps_few_rows() -> bool:
+    """Whether decode steps of fewer than BCAST_MIN_M rows keep the integer kernels (VNNI, HEARTH_QUANT_GEMM auto)."""
+    return _GEMM_MODE == "auto" and cpu_info().has_vnni
 
 
 def gemm_min_rows(qw: QWeight) -> int:
@@ -360,6 +366,8 @@ def gemm_min_rows(qw: QWeight) -> int:
     Not for the 6-bit tiles or int8 with 16-weight groups (GGUF Q6_K's layouts)."""
     if not gemm_enabled() or qw.bits == 6 or qw.group == 16:
         return 0
+    if _vnni_keeps_few_rows():
+        return BCAST_MIN_M
     return 4 if qw.bits == 8 else 8
 
 

@@ -156,7 +156,7 @@ def test_int8x2_activations_error_bound(N: int, K: int) -> None:
 
 @needs_kernels
 def test_several_rows_take_the_gemm_where_it_is_ahead() -> None:
-    """quant.linear's kernel choice by rows: from gemm_min_rows (AVX-512 without VNNI: 4 for int8, 8 for int4) up to
+    """quant.linear's kernel choice by rows: from gemm_min_rows (AVX-512: 4 for int8, 8 for int4; VNNI: BCAST_MIN_M) to
     GEMM_MAX_M the fp32-x GEMM (the dequantized float model's results; from BCAST_MIN_M rows in broadcast form), below
     it the int8x2 kernels, above it dequantized tiles + torch; inside prompt_rows any count up to GEMM_MAX_M takes the
     GEMM's dot form, whose rows do not depend on each other (a prompt's last row alone = that row inside the whole
@@ -168,9 +168,10 @@ def test_several_rows_take_the_gemm_where_it_is_ahead() -> None:
         if kernels.isa() != kernels.ISA_AVX512:
             assert rows == 0
             continue
-        if rows == 0:  # VNNI CPUs (or HEARTH_QUANT_GEMM=0) keep the integer kernels
+        if rows == 0:  # HEARTH_QUANT_GEMM=0 keeps the integer kernels
             continue
-        assert rows == (4 if qw.bits == 8 else 8)
+        # VNNI (HEARTH_QUANT_GEMM auto): integer dots up to the broadcast form's rows
+        assert rows == (quant.BCAST_MIN_M if quant._vnni_keeps_few_rows() else 4 if qw.bits == 8 else 8)
         for m in (1, rows - 1, rows, 33, quant.GEMM_MAX_M):
             x = torch.randn(m, 512, generator=g)
             act = "bcast" if m >= quant.BCAST_MIN_M else "gemm" if m >= rows else quant.ACTIVATIONS
