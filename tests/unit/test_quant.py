@@ -421,3 +421,31 @@ def test_gguf_q6k_head_is_kept_in_6bit_tiles() -> None:
     assert torch.equal(quant.dequantize(head), gb.dequantize())
     odd = GGUFBlocks(int(Q.Q6_K), (63, 512), gb.data[:63])  # N % 4 != 0: the int8 repack
     assert _head_weight(odd).bits == 8
+
+
+@needs_kernels
+def test_bf16_prompt_tiles_use_bf16_gemms_where_native(monkeypatch) -> None:
+    """Prompt steps past GEMM_MAX_M rows dequantize row tiles: with bf16 activations on a CPU with native bf16 GEMMs the
+    tiles are rounded to bf16 (torch's bf16 GEMM), else kept fp32; both within bf16 output rounding of the dequantized
+    float model, and the bf16 path the bf16-rounded weights' product."""
+    g = torch.Generator().manual_seed(7)
+    w = torch.randn(300, 512, generator=g) / 16
+    monkeypatch.setattr(quant, "_TILE_ELEMS", 100 * 512)  # several tiles, the last one short
+    for qw in (quant.quantize_int8(w), quant.quantize_int4(w, 32)):
+        deq = quant.dequantize(qw)
+        x = (torch.randn(quant.GEMM_MAX_M + 9, 512, generator=g)).bfloat16()
+        bias = torch.randn(300, generator=g)
+        with quant.prompt_rows():
+            got = quant.linear(x, qw, bias)
+        assert got.dtype == torch.bfloat16
+        torch.testing.assert_close(got.float(), F.linear(x.float(), deq, bias), rtol=2e-2, atol=2e-2)
+        if quant._BF16_PREFILL:
+            want = (torch.mm(x, deq.bfloat16().t()).float() + bias).bfloat16()
+            torch.testing.assert_close(got.float(), want.float(), rtol=8e-3, atol=1e-2)  # within a bf16 step
+        for flag in (True, False):  # either path, whatever this CPU has
+            monkeypatch.setattr(quant, "_BF16_PREFILL", flag)
+            y = quant._tiled(x, qw, None)
+            ref = F.linear(x.float(), deq.bfloat16().float() if flag else deq)
+            torch.testing.assert_close(y, ref, rtol=1e-2, atol=1e-2)
+        monkeypatch.undo()
+        monkeypatch.setattr(quant, "_TILE_ELEMS", 100 * 512)
