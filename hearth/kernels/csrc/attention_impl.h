@@ -34,7 +34,8 @@ constexpr int L = T::L;
 
 // Floats of scratch one work item needs (per thread).
 static inline int64_t scratch_floats(int64_t rows, int64_t head_dim, int64_t block_size) {
-  return rows * head_dim + 2 * rows + block_size + 2 * L;  // sc: block_size scores + a vector of padding
+  // sc: per row, block_size scores + a vector of padding
+  return rows * head_dim + 2 * rows + rows * (block_size + L) + 2 * L;
 }
 
 // Blocks sit anywhere in the cache (and one head's rows are strided by Hkv * D), which the hardware prefetcher
@@ -78,6 +79,49 @@ static inline void block_scores(const float* __restrict qr, const typename KV::E
   }
 }
 
+// As block_scores for RG query rows that see the same keys (one query token's GQA group): each key chunk is loaded
+// (and converted) once for the group instead of once per row. Same sums in the same order as block_scores, per row.
+// sc + g * ld: row g's scores.
+template <class KV, int RG>
+static inline void group_scores(const float* const* qr, const typename KV::E* kb, int64_t ts, int64_t D, int64_t j0,
+                                int64_t j1, float* __restrict sc, int64_t ld) {
+  int64_t j = j0;
+  for (; j + 4 <= j1; j += 4) {
+    const typename KV::E* k0 = kb + j * ts;
+    typename T::V a[RG][4];
+    for (int g = 0; g < RG; ++g)
+      for (int u = 0; u < 4; ++u) a[g][u] = T::zero();
+    for (int64_t d = 0; d < D; d += L) {
+      const typename T::V k_0 = KV::load(k0 + d), k_1 = KV::load(k0 + ts + d), k_2 = KV::load(k0 + 2 * ts + d),
+                          k_3 = KV::load(k0 + 3 * ts + d);
+      for (int g = 0; g < RG; ++g) {
+        const typename T::V qv = T::load(qr[g] + d);
+        a[g][0] = T::fma(qv, k_0, a[g][0]);
+        a[g][1] = T::fma(qv, k_1, a[g][1]);
+        a[g][2] = T::fma(qv, k_2, a[g][2]);
+        a[g][3] = T::fma(qv, k_3, a[g][3]);
+      }
+    }
+    for (int g = 0; g < RG; ++g) T::hsum4(a[g][0], a[g][1], a[g][2], a[g][3], sc + g * ld + j);
+  }
+  if (j < j1)
+    for (int g = 0; g < RG; ++g) block_scores<KV>(qr[g], kb, ts, D, j, j1, sc + g * ld);
+}
+
+// Scores of R rows sharing one position, in groups of up to 4 rows.
+template <class KV>
+static inline void shared_scores(const float* const* qr, int64_t R, const typename KV::E* kb, int64_t ts, int64_t D,
+                                 int64_t j0, int64_t j1, float* sc, int64_t ld) {
+  int64_t r = 0;
+  for (; r + 4 <= R; r += 4) group_scores<KV, 4>(qr + r, kb, ts, D, j0, j1, sc + r * ld, ld);
+  switch (R - r) {
+    case 3: return group_scores<KV, 3>(qr + r, kb, ts, D, j0, j1, sc + r * ld, ld);
+    case 2: return group_scores<KV, 2>(qr + r, kb, ts, D, j0, j1, sc + r * ld, ld);
+    case 1: return group_scores<KV, 1>(qr + r, kb, ts, D, j0, j1, sc + r * ld, ld);
+    default: return;
+  }
+}
+
 // acc[0 : U*L] = acc * corr + sum_j p_j v_j[0 : U*L]: U independent accumulators held in registers over the keys.
 template <class KV, int U>
 static inline void accumulate_v(float* __restrict acc, const typename KV::E* vb, int64_t ts,
@@ -103,7 +147,8 @@ static void attend(const AttnParams& p, int64_t s, int64_t h, int64_t t0, int64_
   float* acc = scratch;                // [R][D]
   float* mx = acc + R * D;             // [R] running max
   float* sum = mx + R;                 // [R] running sum of exp
-  float* sc = sum + R;                 // [bs + L] scores, then probabilities, of one block for one row
+  const int64_t ld = bs + L;
+  float* sc_rows = sum + R;            // [R][bs + L] scores, then probabilities, of one block, per row
   for (int64_t i = 0; i < R * D; ++i) acc[i] = 0.f;
   for (int64_t r = 0; r < R; ++r) {
     mx[r] = -INFINITY;
@@ -116,6 +161,11 @@ static void attend(const AttnParams& p, int64_t s, int64_t h, int64_t t0, int64_
   const E* vbase = static_cast<const E*>(p.v) + h * D;
   const int64_t ts = p.kv_tok_stride;
   const int64_t b_end = hi / bs;
+  // One query token (a decode): every row sees the same keys, so their scores are computed together per block.
+  const bool shared = nt == 1 && R <= 32;
+  const float* qrow[32];
+  if (shared)
+    for (int64_t r = 0; r < R; ++r) qrow[r] = p.q + (qs + t0) * p.q_tok_stride + (h * G + r) * D;
   for (int64_t b = lo / bs; b <= b_end; ++b) {
     const int64_t blk = table[b];
     const E* kb = kbase + blk * p.block_stride;
@@ -123,13 +173,21 @@ static void attend(const AttnParams& p, int64_t s, int64_t h, int64_t t0, int64_
     if (b < b_end) prefetch_block(kbase + table[b + 1] * p.block_stride, vbase + table[b + 1] * p.block_stride,
                                   bs, ts, D);
     const int64_t kp0 = b * bs;
+    if (shared) {
+      const int64_t j0 = p.window > 0 ? std::max<int64_t>(0, pos0 - p.window + 1 - kp0) : 0;
+      const int64_t j1 = std::min<int64_t>(bs, pos0 - kp0 + 1);
+      if (j0 < j1) shared_scores<KV>(qrow, R, kb, ts, D, j0, j1, sc_rows, ld);
+    }
     for (int64_t r = 0; r < R; ++r) {
+      float* sc = sc_rows + r * ld;
       const int64_t t = r / G, pos = pos0 + t;
       const int64_t j0 = p.window > 0 ? std::max<int64_t>(0, pos - p.window + 1 - kp0) : 0;
       const int64_t j1 = std::min<int64_t>(bs, pos - kp0 + 1);
       if (j0 >= j1) continue;
-      const float* qr = p.q + (qs + t0 + t) * p.q_tok_stride + (h * G + r % G) * D;
-      block_scores<KV>(qr, kb, ts, D, j0, j1, sc);
+      if (!shared) {
+        const float* qr = p.q + (qs + t0 + t) * p.q_tok_stride + (h * G + r % G) * D;
+        block_scores<KV>(qr, kb, ts, D, j0, j1, sc);
+      }
       if constexpr (KV::kScaled) {
         const float* ks = p.k_scale + (blk * bs) * p.num_kv_heads + h;
         for (int64_t j = j0; j < j1; ++j) sc[j] *= ks[j * p.num_kv_heads];
