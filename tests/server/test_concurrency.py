@@ -41,9 +41,11 @@ def test_16_concurrent_streams(server):
     results, order = asyncio.run(burst())
     assert all(seen == 32 and completion == 32 for seen, completion, _ in results)
     prompt_total = sum(p for _, _, p in results)
-    # tokens of different streams interleave: continuous batching is visible through the API
-    first_done = max(i for i, r in enumerate(order) if r == order[0])
-    assert len(set(order[:first_done])) > 1
+    # tokens of different streams interleave: continuous batching is visible through the API. One after another,
+    # the 16 streams would arrive as 16 runs; any overlap splits some stream's run. (Not "another stream before the
+    # first finishes": on a fast CPU the first request can finish its 32 tiny-model tokens before the next arrives.)
+    runs = 1 + sum(a != b for a, b in zip(order, order[1:]))
+    assert runs > 16, runs
     # settled afterwards
     assert wait_until(lambda: server.metric("vllm:num_requests_running") == 0, 10)
     assert server.metric("vllm:num_requests_waiting") == 0
