@@ -12,6 +12,12 @@ inline float bf16_to_f32(uint16_t h) {
   return f;
 }
 
+// Whether this CPU runs vdpbf16ps (AVX512-BF16 with AVX512BW), the only reader of the bf16 dot-product kernels.
+inline bool cpu_has_bf16_dot() {
+  static const bool has = __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw");
+  return has;
+}
+
 inline uint16_t f32_to_bf16(float f) {
   uint32_t u;
   std::memcpy(&u, &f, 4);

@@ -149,10 +149,7 @@ constexpr int kISA_AVX2 = 1, kISA_AVX512 = 2;
 
 // bf16 x . bf16 weights in vdpbf16ps where the CPU has it (hk_linear_set_bf16_dot(0): the fp32 FMA kernel instead).
 bool g_bf16_dot = true;
-bool bf16_dot_here() {
-  static const bool has = __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw");
-  return has && g_bf16_dot;
-}
+bool bf16_dot_here() { return hk::cpu_has_bf16_dot() && g_bf16_dot; }
 
 using hk_par::parallel;
 using hk_par::parallel_dynamic;

@@ -44,8 +44,7 @@ struct WF32 {
 struct WBF16Dot {  // bf16 weights against bf16 x in vdpbf16ps (see the header comment)
   using E = uint16_t;
   static constexpr bool kDeinterleave = false, kDot = true;
-  // acc + the chunk's x (32 bf16, as T::V bits) . the 32 weights at p
-  static inline typename T::V dot(typename T::V acc, typename T::V x, const E* p) { return T::dot_bf16(acc, x, raw(p)); }
+  // the 32 weights at p as T::V bits; acc + the chunk's x (32 bf16, as T::V bits) . those weights
   static inline typename T::V raw(const E* p) { return T::load(reinterpret_cast<const float*>(p)); }
   static inline typename T::V dot_raw(typename T::V acc, typename T::V x, typename T::V w) { return T::dot_bf16(acc, x, w); }
   static inline float scalar(E e) { return hk::bf16_to_f32(e); }
@@ -263,7 +262,7 @@ static void run_rows(const Problem& a, int64_t r0, int64_t r1) {
       typename T::V acc0 = T::zero(), acc1 = T::zero();
       for (int64_t c = 0; c < kc; ++c) {
         if constexpr (W::kDot) {
-          acc0 = W::dot(acc0, T::load(a.x + m * K + c * CH), wr + c * CH);
+          acc0 = W::dot_raw(acc0, T::load(a.x + m * K + c * CH), W::raw(wr + c * CH));
         } else {
           typename T::V lo, hi;
           W::load(wr + c * CH, lo, hi);

@@ -162,11 +162,6 @@ void linear_dot(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, i
 
 #pragma GCC pop_options
 
-bool dot_here() {
-  static const bool has = __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw");
-  return has;
-}
-
 }  // namespace
 
 extern "C" {
@@ -174,7 +169,7 @@ extern "C" {
 // w [N][K] bf16 (row stride ldw, K even) -> dst (ceil(N / 32) * K * 32 bf16) in pair panels, over nthreads.
 // Returns 0, or -1 if this CPU lacks AVX512-BF16 (the layout's only reader) or K is odd.
 int hk_pack_dot_panels(const uint16_t* w, int64_t N, int64_t K, int64_t ldw, uint16_t* dst, int nthreads) {
-  if (!dot_here() || K % 2) return -1;
+  if (!hk::cpu_has_bf16_dot() || K % 2) return -1;
   const int64_t P = (N + kNP - 1) / kNP;
   const int nt = (int)std::max<int64_t>(1, std::min<int64_t>(nthreads, P));
 #pragma omp parallel num_threads(nt)
@@ -189,7 +184,7 @@ int hk_pack_dot_panels(const uint16_t* w, int64_t N, int64_t K, int64_t ldw, uin
 // (+ bias), each part's weight in pair panels (w[i]: n[i] rows). Returns 0, or -1 as hk_pack_dot_panels.
 int hk_linear_dot_panels(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, int64_t nparts,
                          const void* const* w, const int64_t* n, const float* bias, float* out, int nthreads) {
-  if (!dot_here() || K % 2) return -1;
+  if (!hk::cpu_has_bf16_dot() || K % 2) return -1;
   if (M <= 0) return 0;
   int64_t N = 0;
   for (int64_t i = 0; i < nparts; ++i) N += n[i];
