@@ -60,6 +60,7 @@ def available() -> bool:
 
 
 _DTYPE_CODE = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+_BF16_DOT_PANELS = 4  # hk_linear_parts' w_dtype for bf16 weights in pair panels (panels.dtype_code())
 
 
 def _run(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, kblock: int = 0,
@@ -117,10 +118,18 @@ def run_linear_parts(x: torch.Tensor, pointers: list[int], rows: list[int], w_dt
     if x2.stride(1) != 1 or (m > 1 and x2.stride(0) < k):
         x2 = x2.contiguous()
     b = bias.to(torch.float32).contiguous() if bias is not None else None
+    ptrs, ns = (ctypes.c_void_p * len(pointers))(*pointers), (ctypes.c_int64 * len(rows))(*rows)
+    if w_dtype_code == _BF16_DOT_PANELS and x2.dtype == torch.bfloat16:  # bf16 straight from the tiles
+        out = torch.empty(m, n, dtype=torch.bfloat16)
+        rc = _build.load().hk_linear_dot_panels_bf16(x2.data_ptr(), _DTYPE_CODE[x2.dtype], m, k, x2.stride(0),
+                                                     len(rows), ptrs, ns, b.data_ptr() if b is not None else None,
+                                                     out.data_ptr(), torch.get_num_threads())
+        if rc != 0:
+            raise RuntimeError(f"hk_linear_dot_panels_bf16 failed with code {rc}")
+        return out.reshape(*x.shape[:-1], n)
     out = torch.empty(m, n, dtype=torch.float32)
     rc = _build.load().hk_linear_parts(x2.data_ptr(), _DTYPE_CODE[x2.dtype], m, k, x2.stride(0), len(rows),
-                                       (ctypes.c_void_p * len(pointers))(*pointers),
-                                       (ctypes.c_int64 * len(rows))(*rows), w_dtype_code, ldw,
+                                       ptrs, ns, w_dtype_code, ldw,
                                        b.data_ptr() if b is not None else None, out.data_ptr(), isa(), 0,
                                        torch.get_num_threads())
     if rc != 0:

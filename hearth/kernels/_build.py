@@ -111,6 +111,8 @@ def load() -> ctypes.CDLL | None:
         lib.hk_linear.restype = i32
         lib.hk_linear_parts.argtypes = [ptr, i32, i64, i64, i64, i64, ptr, ptr, i32, i64, ptr, ptr, i32, i64, i32]
         lib.hk_linear_parts.restype = i32
+        lib.hk_linear_dot_panels_bf16.argtypes = [ptr, i32, i64, i64, i64, i64, ptr, ptr, ptr, ptr, i32]
+        lib.hk_linear_dot_panels_bf16.restype = i32
         lib.hk_read_sum.argtypes = [ptr, i64, i32]
         lib.hk_read_sum.restype = ctypes.c_double
         lib.hk_bind_threads.argtypes = [ptr, i32]

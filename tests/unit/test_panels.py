@@ -20,12 +20,13 @@ def _packed(w: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("x_dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("k, rows", [(83, (37, 8, 100, 70)), (82, (37, 8, 100, 70)), (1100, (600,))])
+@pytest.mark.parametrize("k, rows", [(83, (37, 8, 100, 70)), (82, (37, 8, 100, 70)), (1100, (600,)), (2100, (70,))])
 def test_kernel_equals_f_linear_on_uneven_shapes(x_dtype: torch.dtype, k: int, rows: tuple[int, ...]) -> None:
     """Rows not a multiple of 32 (masked tails), parts with an odd panel count (a panel pair and a lone panel),
     K not a multiple of 16 (the packer's scalar tail) or of the GEMM's K block, a bias, and M across the one-tile
     kernel (< 4 rows), the blocked GEMM's row tiles and tails (threads split the row tiles for few panel pairs, the
-    pairs for many), and the long-prefill path (> TILED_MAX_M rows). The dot layout: even K only, and x as bf16."""
+    pairs for many), and the long-prefill path (> TILED_MAX_M rows). The dot layout: even K only, and x as bf16;
+    bf16 x gets bf16 written by the tiles (K = 2100: over two K blocks), exactly the fp32 result rounded."""
     if not panels.packable(1, k):
         pytest.skip("the dot layout pairs k values: even K only")
     torch.manual_seed(0)
@@ -41,6 +42,8 @@ def test_kernel_equals_f_linear_on_uneven_shapes(x_dtype: torch.dtype, k: int, r
         ref = F.linear((x.bfloat16() if DOT else x).float(), ref_w, bias)
         tol = 1e-4 * (k / 83) ** 0.5 if x_dtype == torch.float32 else 3e-2 * ref.abs().max().item()
         torch.testing.assert_close(y.float(), ref, rtol=0, atol=tol, msg=f"m={m}")
+        if DOT and x_dtype == torch.bfloat16:
+            assert torch.equal(y, panels.linear(x.float(), packed, list(rows), bias).bfloat16()), f"m={m}"
 
 
 def test_pack_layout_and_widen_are_exact() -> None:

@@ -26,6 +26,8 @@ constexpr int kPanelPair = 64;  // bf16 values per (panel, k pair)
 // k pairs ahead that tile() prefetches (4 KiB): 8 -> 32 took M = 8-16 from ~225 to ~250 GF/s (Qwen2.5-0.5B shapes,
 // Zen 5, weights from memory), where loads and dot products otherwise take turns instead of overlapping.
 constexpr int kPrefetchPairs = 32;
+// K block in k pairs (2048 values): one block for a 0.5-1.1B model's hidden size, three for its MLP down.
+constexpr int64_t kMaxKC = 1024;
 
 enum DType { kF32 = 0, kBF16 = 1, kF16 = 2 };
 
@@ -42,9 +44,11 @@ uint16_t x_bf16(const void* x, int dtype, int64_t i) {
 
 // R (<= 6) x rows against C (1 or 2) panels over kpc k pairs. xt [kpc][R]: each row's bf16 pair as 32 bits.
 // accumulate: add to out (a later K block), else add bias (first block; null: none). nv[c]: valid columns.
+// out16 (the last K block of a bf16-output GEMM): the sums go there in bf16 instead, out holding the earlier blocks'.
 template <int R, int C>
 inline void tile(const uint32_t* __restrict xt, const uint16_t* __restrict w0, const uint16_t* __restrict w1,
-                 int64_t kpc, float* __restrict out, int64_t ldo, bool accumulate, const float* bias, const int* nv) {
+                 int64_t kpc, float* __restrict out, int64_t ldo, bool accumulate, const float* bias, const int* nv,
+                 uint16_t* out16) {
   __m512 a[R][2 * C];
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < 2 * C; ++c) a[r][c] = _mm512_setzero_ps();
@@ -65,16 +69,17 @@ inline void tile(const uint32_t* __restrict xt, const uint16_t* __restrict w0, c
       for (int c = 0; c < 2 * C; ++c) a[r][c] = _mm512_dpbf16_ps(a[r][c], (__m512bh)xv, (__m512bh)b[c]);
     }
   }
+  if (out16) return store_tile_bf16<R, 2 * C>(a, out16, ldo, accumulate ? out : nullptr, ldo, bias, nv);
   store_tile<R, 2 * C>(a, out, ldo, accumulate, bias, nv);
 }
 
 template <int R>
 inline void tile_rows(int r, const uint32_t* xt, const uint16_t* w0, const uint16_t* w1, int64_t kpc, float* out,
-                      int64_t ldo, bool accumulate, const float* bias, const int* nv) {
+                      int64_t ldo, bool accumulate, const float* bias, const int* nv, uint16_t* out16) {
   if constexpr (R >= 1) {
-    if (r < R) return tile_rows<R - 1>(r, xt, w0, w1, kpc, out, ldo, accumulate, bias, nv);
-    if (w1) return tile<R, 2>(xt, w0, w1, kpc, out, ldo, accumulate, bias, nv);
-    return tile<R, 1>(xt, w0, w0, kpc, out, ldo, accumulate, bias, nv);
+    if (r < R) return tile_rows<R - 1>(r, xt, w0, w1, kpc, out, ldo, accumulate, bias, nv, out16);
+    if (w1) return tile<R, 2>(xt, w0, w1, kpc, out, ldo, accumulate, bias, nv, out16);
+    return tile<R, 1>(xt, w0, w0, kpc, out, ldo, accumulate, bias, nv, out16);
   }
 }
 
@@ -109,8 +114,10 @@ void pack_range(const uint16_t* w, int64_t N, int64_t K, int64_t ldw, uint16_t* 
 // out [M][N] = x . cat(parts)^T (+ bias): x packed into micro-panels of MR rows' bf16 pairs [K/2][MR]; each thread takes
 // a range of panel pairs (or, with few pairs, of row tiles) and walks it in blocks of kPairsPerBlock pairs x KC
 // k pairs: that weight block (<= 512 KiB) stays in L2 while each row tile's micro-panel (of kMC) runs against it.
+// out16 (not null): the result in bf16 there, out then only holding the sums of K blocks before the last (null
+// when K is one block).
 void linear_dot(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, int64_t nparts, const void* const* w,
-                const int64_t* n, const float* bias, float* out, int64_t N, int nthreads) {
+                const int64_t* n, const float* bias, float* out, uint16_t* out16, int64_t N, int nthreads) {
   // Row tiles of 6 against a panel pair (24 accumulators); for 7, 8 or 16 rows tiles of 8 against one panel at a
   // time (16 accumulators): the weights then stream once per 8 rows, not once per 6 plus a thin remainder tile.
   // Zen 5, weights from memory, GF/s, 6 -> 8 rows: M = 7 gate_up 302 -> 336, head 201 -> 243; M = 8 gate_up
@@ -119,7 +126,7 @@ void linear_dot(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, i
   // KC in k pairs; MC in row tiles (516 rows: x of a long prompt stays in L2 per pass over the weights).
   // Measured against 4 pairs x 256 k pairs without MC (Qwen2.5-0.5B shapes, 2 threads, Zen 5): M = 32-64 +0-8%,
   // down (K = 4864) at M = 2048 492 -> 643 GF/s.
-  constexpr int64_t kPairsPerBlock = 2, kMaxKC = 1024, kMC = 86;
+  constexpr int64_t kPairsPerBlock = 2, kMC = 86;
   const int64_t KP = K / 2;
   const std::vector<PanelPair> pairs = panel_pairs(nparts, w, n, bias, K * kNP);
   const int64_t G = (int64_t)pairs.size(), ntiles = (M + MR - 1) / MR;
@@ -149,14 +156,15 @@ void linear_dot(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, i
     const PanelPair& q = pairs[g];
     const uint16_t* w0 = q.w + k0 * kPanelPair;
     const uint32_t* xt = xp + m0 * KP + k0 * r;
+    float* o = out ? out + m0 * N + q.col : nullptr;
+    uint16_t* o16 = out16 && k0 + kc == KP ? out16 + m0 * N + q.col : nullptr;
     if (MR == 6) {
-      tile_rows<6>((int)r, xt, w0, q.nv[1] ? w0 + K * kNP : nullptr, kc, out + m0 * N + q.col, N, k0 > 0, q.bias,
-                   q.nv);
+      tile_rows<6>((int)r, xt, w0, q.nv[1] ? w0 + K * kNP : nullptr, kc, o, N, k0 > 0, q.bias, q.nv, o16);
       return;
     }
     for (int c = 0; c < (q.nv[1] ? 2 : 1); ++c)
-      tile_rows<8>((int)r, xt, w0 + c * K * kNP, nullptr, kc, out + m0 * N + q.col + c * kNP, N, k0 > 0,
-                   q.bias ? q.bias + c * kNP : nullptr, q.nv + c);
+      tile_rows<8>((int)r, xt, w0 + c * K * kNP, nullptr, kc, o ? o + c * kNP : nullptr, N, k0 > 0,
+                   q.bias ? q.bias + c * kNP : nullptr, q.nv + c, o16 ? o16 + c * kNP : nullptr);
   });
 }
 
@@ -188,7 +196,25 @@ int hk_linear_dot_panels(const void* x, int x_dtype, int64_t M, int64_t K, int64
   if (M <= 0) return 0;
   int64_t N = 0;
   for (int64_t i = 0; i < nparts; ++i) N += n[i];
-  linear_dot(x, x_dtype, M, K, ldx, nparts, w, n, bias, out, N, nthreads);
+  linear_dot(x, x_dtype, M, K, ldx, nparts, w, n, bias, out, nullptr, N, nthreads);
+  return 0;
+}
+
+// As hk_linear_dot_panels with out [M][sum n] in bf16 (the fp32 sums rounded once, to nearest even): a bf16 model's
+// GEMM without an fp32 output and a conversion pass over it (3% of a 512-token prefill).
+int hk_linear_dot_panels_bf16(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, int64_t nparts,
+                              const void* const* w, const int64_t* n, const float* bias, uint16_t* out, int nthreads) {
+  if (!hk::cpu_has_bf16_dot() || K % 2 || x_dtype < 0 || x_dtype > 2 || nparts < 1) return -1;
+  if (M <= 0) return 0;
+  int64_t N = 0;
+  for (int64_t i = 0; i < nparts; ++i) N += n[i];
+  float* partial = nullptr;  // the sums of K blocks before the last (K over one block)
+  thread_local std::vector<float> buf;
+  if (K / 2 > kMaxKC) {
+    if ((int64_t)buf.size() < M * N) buf.resize(M * N);
+    partial = buf.data();
+  }
+  linear_dot(x, x_dtype, M, K, ldx, nparts, w, n, bias, partial, out, N, nthreads);
   return 0;
 }
 
