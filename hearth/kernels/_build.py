@@ -122,6 +122,9 @@ def load() -> ctypes.CDLL | None:
         lib.hk_linear_set_bf16_dot.argtypes = [i32]
         lib.hk_linear_set_bf16_dot.restype = i32
         lib.hk_linear_set_bf16_dot(int(bf16_dot))
+        lib.hk_attention_set_bf16_dot.argtypes = [i32]
+        lib.hk_attention_set_bf16_dot.restype = i32
+        lib.hk_attention_set_bf16_dot(int(bf16_dot))
         if build_seconds > 2.0:
             logger.info("compiled hearth kernels in %.1f s (cached in %s)", build_seconds, build_dir)
         return lib

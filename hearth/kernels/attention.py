@@ -38,7 +38,7 @@ def _lib() -> ctypes.CDLL | None:
         ptr, i64, ptr, ptr, ptr, i64,  # block tables + stride, query_start, context_lens, seq_ids, num_seqs
         ptr, i64,  # out, out token stride
         i64, i64, i64, i64, f32, f32, i64,  # block_size, heads, kv heads, head_dim, scale, softcap, window
-        ptr, i32, i32]  # alibi slopes, isa, threads
+        ptr, i32, i32, i32]  # alibi slopes, q values are bf16, isa, threads
     lib.hk_paged_attention.restype = i32
     return lib
 
@@ -61,13 +61,15 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                     seq_ids: torch.Tensor | None = None, sliding_window: int | None = None,
                     logit_softcap: float | None = None, k_scale: torch.Tensor | None = None,
                     v_scale: torch.Tensor | None = None, alibi_slopes: torch.Tensor | None = None,
-                    isa: int | None = None) -> None:
+                    isa: int | None = None, q_is_bf16: bool = False) -> None:
     """Writes out[t] for the query tokens of the selected sequences (all when seq_ids is None).
 
     q, out: [T, H, D] float32, unit stride over D and head stride D. k_cache/v_cache: [num_blocks, block_size,
     Hkv, D] contiguous. block_tables [S, max_blocks], query_start [S + 1], context_lens [S], seq_ids [n]: int32,
     contiguous. int8 caches need k_scale / v_scale: float32 [num_blocks, block_size, Hkv], x = q * scale.
     alibi_slopes: float32 [H] contiguous; adds slope[head] * (key_pos - query_pos) to the scaled scores.
+    q_is_bf16: q holds bf16 values (a bf16 model's, widened): prompt tiles against a bf16 cache may then compute
+    scores in vdpbf16ps (AVX512-BF16), which reads q as bf16.
     NOTE: no bounds checks on block ids or lengths: the caller (the model runner) owns them.
     """
     lib = _lib()
@@ -101,7 +103,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         block_tables.stride(0), query_start.data_ptr(), context_lens.data_ptr(),
         seq_ids.data_ptr() if seq_ids is not None else None, num_seqs, out.data_ptr(), out.stride(0),
         block_size, num_heads, num_kv_heads, head_dim, scale, logit_softcap or 0.0, sliding_window or 0,
-        alibi_slopes.data_ptr() if alibi_slopes is not None else None, isa, torch.get_num_threads())
+        alibi_slopes.data_ptr() if alibi_slopes is not None else None, int(q_is_bf16), isa, torch.get_num_threads())
     if rc != 0:
         raise RuntimeError(f"hk_paged_attention failed with code {rc}")
 

@@ -145,7 +145,7 @@ class Attention(nn.Module):
                                         sliding_window=self.sliding_window, logit_softcap=self.logit_softcap,
                                         k_scale=self.kv_scales[0] if scales else None,
                                         v_scale=self.kv_scales[1] if scales else None,
-                                        alibi_slopes=self.alibi_slopes)
+                                        alibi_slopes=self.alibi_slopes, q_is_bf16=q.dtype == torch.bfloat16)
         for p in sdpa:
             # NOTE: a fresh prompt's context is exactly this step's k/v for its tokens: no cache read needed.
             s = slice(p.query_start, p.query_start + p.query_len)

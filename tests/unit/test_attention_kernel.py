@@ -188,3 +188,30 @@ def test_tiled_prefill(isa, g, window, alibi, dtype):
     ref = reference(q, kc.float(), vc.float(), tables, [a for a, _ in lens], [b for _, b in lens], d ** -0.5,
                     window, alibi=slopes)
     torch.testing.assert_close(out, ref, atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("g,window,softcap,d", [(1, None, None, 64), (7, None, None, 64), (7, 100, None, 64),
+                                                (4, 23, 30.0, 128), (2, None, None, 128)])
+def test_tiled_prefill_bf16_dot(g, window, softcap, d):
+    # a bf16 model's prompt tiles on an AVX512-BF16 CPU: scores in vdpbf16ps (q read as bf16, keys in place, the
+    # scale after the dot: d = 128's is not a power of 2), then the same softmax and P.V as the fp32 form
+    from hearth.kernels import cpu_info
+
+    if kernels.isa() != kernels.ISA_AVX512 or not cpu_info().has_avx512_bf16:
+        pytest.skip("no AVX512-BF16 here")
+    lens = [(1, 90), (200, 200), (130, 500), (2, 70), (3, 3), (65, 65)]
+    q, kc, vc, tables, bt, qstart, ctx = random_case(g * 7 + d, 2, g, d, 16, lens, dtype=torch.bfloat16)
+    q = q.bfloat16().float()  # what a bf16 model's attention layer passes
+    out = torch.full_like(q, float("nan"))
+    attn_kernel.paged_attention(q, kc, vc, bt, qstart, ctx, out, d ** -0.5, sliding_window=window,
+                                logit_softcap=softcap, q_is_bf16=True)
+    ref = reference(q, kc.float(), vc.float(), tables, [a for a, _ in lens], [b for _, b in lens], d ** -0.5,
+                    window, softcap)
+    torch.testing.assert_close(out, ref, atol=2e-5, rtol=1e-4)
+    # q not bf16-exact: the flag off keeps the fp32 form (q as given), which the reference pins as tightly
+    q2 = q + 1e-3 * torch.randn_like(q)
+    attn_kernel.paged_attention(q2, kc, vc, bt, qstart, ctx, out, d ** -0.5, sliding_window=window,
+                                logit_softcap=softcap)
+    ref2 = reference(q2, kc.float(), vc.float(), tables, [a for a, _ in lens], [b for _, b in lens], d ** -0.5,
+                     window, softcap)
+    torch.testing.assert_close(out, ref2, atol=2e-5, rtol=1e-4)

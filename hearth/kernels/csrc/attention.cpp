@@ -10,7 +10,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
+
+#include "bf16.h"
 
 namespace {
 enum AttnDType { kAttnF32 = 0, kAttnBF16 = 1, kAttnF16 = 2, kAttnI8 = 3 };
@@ -60,6 +63,12 @@ struct T {
   static inline V max(V a, V b) { return _mm256_max_ps(a, b); }
   static constexpr int kRegs = 16;
   static constexpr int kDV = 2;  // head-dim vectors per P.V micro-tile (4 rows x 2 + 2 loads + 1 of 16 ymm)
+  // bf16 pair dot products (vdpbf16ps): none here (kDot false: dot is never called).
+  static constexpr bool kDot = false;
+  using VI = __m256i;
+  static inline VI set1_pair(uint32_t x) { return _mm256_set1_epi32(int(x)); }
+  static inline VI load_pairs(const uint32_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+  static inline V dot(V acc, VI, VI) { return acc; }
   // s where a <= b, else -inf
   static inline V keep_if_le(V s, V a, V b) {
     return _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), s, _mm256_cmp_ps(a, b, _CMP_LE_OQ));
@@ -133,6 +142,12 @@ struct T {
   static inline V max(V a, V b) { return _mm512_max_ps(a, b); }
   static constexpr int kRegs = 32;
   static constexpr int kDV = 4;  // head-dim vectors per P.V micro-tile (4 rows x 4 of 32 zmm)
+  // bf16 pair dot products: none in this body (kDot false: dot is never called); hk_attn_avx512bf16 has them.
+  static constexpr bool kDot = false;
+  using VI = __m512i;
+  static inline VI set1_pair(uint32_t x) { return _mm512_set1_epi32(int(x)); }
+  static inline VI load_pairs(const uint32_t* p) { return _mm512_loadu_si512(p); }
+  static inline V dot(V acc, VI, VI) { return acc; }
   static inline V keep_if_le(V s, V a, V b) {
     return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a, b, _CMP_LE_OQ), _mm512_set1_ps(-INFINITY), s);
   }
@@ -179,15 +194,39 @@ struct T {
 }  // namespace hk_attn_avx512
 #pragma GCC pop_options
 
+// The AVX-512 body again with AVX512-BF16: a prompt's scores against a bf16 cache in vdpbf16ps (q rounded to bf16,
+// exact for a bf16 model's q; K pairs read from the cache as they lie, no conversion). Chosen at run time.
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512bf16")
+namespace hk_attn_avx512bf16 {
+struct T : hk_attn_avx512::T {
+  static constexpr bool kDot = true;
+  static inline V dot(V acc, VI a, VI b) { return _mm512_dpbf16_ps(acc, (__m512bh)a, (__m512bh)b); }
+};
+#include "attention_impl.h"
+#include "attention_tiled_impl.h"
+}  // namespace hk_attn_avx512bf16
+#pragma GCC pop_options
+
 namespace {
 constexpr int kAttnISA_AVX2 = 1, kAttnISA_AVX512 = 2;
 // Query rows (tokens x GQA group) per work item: the accumulators (rows x head_dim floats) stay in L1/L2.
 constexpr int64_t kMaxRows = 32;
 // Items with at least this many query rows (and more than one token) take the tiled path.
 constexpr int64_t kTiledMinRows = 8;
+
+bool g_attn_bf16_dot = true;  // hk_attention_set_bf16_dot
+bool bf16_dot_here() { return hk::cpu_has_bf16_dot() && g_attn_bf16_dot; }
 }  // namespace
 
 extern "C" {
+
+// Whether prompt tiles against a bf16 cache use vdpbf16ps where the CPU has AVX512-BF16 (1, default) or fp32 FMAs
+// on converted keys (0: HEARTH_BF16_DOT=0). Returns 1 if the dot form runs here after the call.
+int hk_attention_set_bf16_dot(int on) {
+  g_attn_bf16_dot = on != 0;
+  return bf16_dot_here() ? 1 : 0;
+}
 
 // out[t][head][:] = softmax(scale * q[t][head] . K^T (softcapped, causal, windowed)) V for every query token t of
 // the selected sequences (seq_ids[0..num_seqs), or 0..num_seqs-1 when seq_ids is null). Sequence s owns flat
@@ -195,13 +234,15 @@ extern "C" {
 // in the cache at block_tables[s][pos / block_size], offset pos % block_size. Rows of other sequences in `out` are
 // left untouched. int8 caches (kv_dtype 3) hold round(x / scale) with one fp32 scale per (slot, kv head) in
 // k_scale / v_scale. alibi_slopes (null: none): [num_heads] fp32, adds slope[head] * (key_pos - query_pos) to every
-// score after the scale and softcap. Returns 0, or a negative error code for bad arguments.
+// score after the scale and softcap. q_bf16: q's values are bf16 (a bf16 model's), so prompt tiles against a bf16
+// cache may take the vdpbf16ps form, which rounds q to bf16. Returns 0, or a negative error code for bad arguments.
 int hk_paged_attention(const float* q, int64_t q_tok_stride, const void* k_cache, const void* v_cache,
                        int kv_dtype, const float* k_scale, const float* v_scale, int64_t block_stride, int64_t kv_tok_stride, const int32_t* block_tables,
                        int64_t bt_stride, const int32_t* query_start, const int32_t* context_lens,
                        const int32_t* seq_ids, int64_t num_seqs, float* out, int64_t out_tok_stride,
                        int64_t block_size, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, float scale,
-                       float softcap, int64_t window, const float* alibi_slopes, int isa, int nthreads) {
+                       float softcap, int64_t window, const float* alibi_slopes, int q_bf16, int isa,
+                       int nthreads) {
   if (isa != kAttnISA_AVX2 && isa != kAttnISA_AVX512) return -1;
   if (kv_dtype < 0 || kv_dtype > 3) return -2;
   if (kv_dtype == kAttnI8 && (!k_scale || !v_scale)) return -5;
@@ -240,9 +281,13 @@ int hk_paged_attention(const float* q, int64_t q_tok_stride, const void* k_cache
           : std::max(hk_attn_avx2::scratch_floats(rows, head_dim, block_size),
                      hk_attn_avx2::tiled_scratch_floats(rows, head_dim));
   const int nt = (int)std::max<int64_t>(1, std::min<int64_t>(nthreads, n));
+  // bf16 cache: prompt tiles in vdpbf16ps where the CPU has it (scores only; the row path is the same code).
+  const bool dot = q_bf16 && isa == kAttnISA_AVX512 && kv_dtype == kAttnBF16 && bf16_dot_here();
   auto body = [&](float* scratch, int64_t i) {
     const WorkItem& w = items[i];
-    if (isa == kAttnISA_AVX512)
+    if (dot)
+      w.tiled ? hk_attn_avx512bf16::run_item_tiled(p, w, scratch) : hk_attn_avx512::run_item(p, w, scratch);
+    else if (isa == kAttnISA_AVX512)
       w.tiled ? hk_attn_avx512::run_item_tiled(p, w, scratch) : hk_attn_avx512::run_item(p, w, scratch);
     else
       w.tiled ? hk_attn_avx2::run_item_tiled(p, w, scratch) : hk_attn_avx2::run_item(p, w, scratch);

@@ -53,6 +53,39 @@ static inline void tiled_scores(const float* __restrict qt, const float* __restr
   }
 }
 
+// The same scores from bf16 pairs (T::kDot): st[j][0 : NV*L] = sum_i kr[j][i] . qt2[i][0 : NV*L] over DP = D / 2
+// pairs, kr[j] key j's cache row read as 32-bit (k[2i], k[2i + 1]) pairs, qt2 [DP][rp] the rows' q pairs. One
+// vdpbf16ps does two FMAs' work on unconverted keys.
+template <int NV, int JT>
+static inline void tiled_scores_dot(const uint32_t* __restrict qt2, const uint32_t* const* kr, int64_t DP, int64_t rp,
+                                    int64_t kn, float* __restrict st) {
+  int64_t j = 0;
+  for (; j + JT <= kn; j += JT) {
+    typename T::V a[JT][NV];
+    for (int u = 0; u < JT; ++u)
+      for (int v = 0; v < NV; ++v) a[u][v] = T::zero();
+    for (int64_t i = 0; i < DP; ++i) {
+      typename T::VI qv[NV];
+      for (int v = 0; v < NV; ++v) qv[v] = T::load_pairs(qt2 + i * rp + v * L);
+      for (int u = 0; u < JT; ++u) {
+        const typename T::VI kv = T::set1_pair(kr[j + u][i]);
+        for (int v = 0; v < NV; ++v) a[u][v] = T::dot(a[u][v], kv, qv[v]);
+      }
+    }
+    for (int u = 0; u < JT; ++u)
+      for (int v = 0; v < NV; ++v) T::store(st + (j + u) * rp + v * L, a[u][v]);
+  }
+  for (; j < kn; ++j) {
+    typename T::V a[NV];
+    for (int v = 0; v < NV; ++v) a[v] = T::zero();
+    for (int64_t i = 0; i < DP; ++i) {
+      const typename T::VI kv = T::set1_pair(kr[j][i]);
+      for (int v = 0; v < NV; ++v) a[v] = T::dot(a[v], kv, T::load_pairs(qt2 + i * rp + v * L));
+    }
+    for (int v = 0; v < NV; ++v) T::store(st + j * rp + v * L, a[v]);
+  }
+}
+
 // Keys per score micro-tile for NV row vectors: accumulators + row vectors + one broadcast fit the register file.
 template <int NV>
 constexpr int score_keys() {
@@ -65,6 +98,16 @@ static inline void scores_dispatch(const float* qt, const float* kp, int64_t D, 
     case 2: return tiled_scores<2, score_keys<2>()>(qt, kp, D, rp, kn, st);
     case 3: return tiled_scores<3, score_keys<3>()>(qt, kp, D, rp, kn, st);
     default: return tiled_scores<4, score_keys<4>()>(qt, kp, D, rp, kn, st);
+  }
+}
+
+static inline void scores_dot_dispatch(const uint32_t* qt2, const uint32_t* const* kr, int64_t DP, int64_t rp,
+                                       int64_t kn, float* st) {
+  switch (rp / L) {
+    case 1: return tiled_scores_dot<1, score_keys<1>()>(qt2, kr, DP, rp, kn, st);
+    case 2: return tiled_scores_dot<2, score_keys<2>()>(qt2, kr, DP, rp, kn, st);
+    case 3: return tiled_scores_dot<3, score_keys<3>()>(qt2, kr, DP, rp, kn, st);
+    default: return tiled_scores_dot<4, score_keys<4>()>(qt2, kr, DP, rp, kn, st);
   }
 }
 
@@ -103,6 +146,9 @@ static inline void pack_row(const typename KV::E* src, const float* scale_row, i
 template <class KV>
 static void attend_tiled(const AttnParams& p, int64_t s, int64_t h, int64_t t0, int64_t nt, float* scratch) {
   using E = typename KV::E;
+  // Scores in vdpbf16ps (bf16 cache, AVX512-BF16): q rounded to bf16 and left unscaled (the scale multiplies each
+  // score instead: exact for any scale), keys read in place.
+  constexpr bool dot = T::kDot && std::is_same_v<KV, KVBF16>;
   const int64_t D = p.head_dim, G = p.num_heads / p.num_kv_heads, bs = p.block_size;
   const int64_t R = nt * G, rp = (R + L - 1) / L * L;
   const int64_t qs = p.query_start[s], ql = p.query_start[s + 1] - qs, ctx = p.context_lens[s];
@@ -126,10 +172,17 @@ static void attend_tiled(const AttnParams& p, int64_t s, int64_t h, int64_t t0, 
     slope[r] = real && p.alibi ? p.alibi[h * G + r % G] : 0.f;
     mx[r] = -1e30f;
     sum[r] = 0.f;
-    // (q pre-scaled: scores come out as scale * q.k)
     const float* qr = p.q + (qs + t0 + r / G) * p.q_tok_stride + (h * G + r % G) * D;
-    for (int64_t d = 0; d < D; ++d) qt[d * rp + r] = real ? qr[d] * p.scale : 0.f;
+    if constexpr (dot) {  // qt as [D / 2][rp] bf16 pairs
+      uint32_t* qt2 = reinterpret_cast<uint32_t*>(qt);
+      for (int64_t i = 0; i < D / 2; ++i)
+        qt2[i * rp + r] = real ? uint32_t(hk::f32_to_bf16(qr[2 * i])) | uint32_t(hk::f32_to_bf16(qr[2 * i + 1])) << 16 : 0u;
+    } else {  // (q pre-scaled: scores come out as scale * q.k)
+      for (int64_t d = 0; d < D; ++d) qt[d * rp + r] = real ? qr[d] * p.scale : 0.f;
+    }
   }
+  const typename T::V score_scale = T::set1(p.scale);
+  const uint32_t* krow[KC];  // (dot) this chunk's key rows in the cache
   for (int64_t i = 0; i < rp * D; ++i) acc[i] = 0.f;
 
   const int64_t hi = std::min<int64_t>(pos0 + nt - 1, ctx - 1);
@@ -146,11 +199,13 @@ static void attend_tiled(const AttnParams& p, int64_t s, int64_t h, int64_t t0, 
         const int64_t off = blk * p.block_stride + o * ts, slot = blk * bs + o;
         const float* ks = KV::kScaled ? p.k_scale + slot * p.num_kv_heads + h : nullptr;
         const float* vs = KV::kScaled ? p.v_scale + slot * p.num_kv_heads + h : nullptr;
-        pack_row<KV>(kbase + off, ks, D, kp + j * D);
+        if constexpr (dot) krow[j] = reinterpret_cast<const uint32_t*>(kbase + off);
+        else pack_row<KV>(kbase + off, ks, D, kp + j * D);
         pack_row<KV>(vbase + off, vs, D, vp + j * D);
       }
     }
-    scores_dispatch(qt, kp, D, rp, kn, st);
+    if constexpr (dot) scores_dot_dispatch(reinterpret_cast<const uint32_t*>(qt), krow, D / 2, rp, kn, st);
+    else scores_dispatch(qt, kp, D, rp, kn, st);
     // Masks are needed only where the chunk crosses some row's causal edge or window start.
     const bool edge = c0 + kn - 1 > pos0 || (p.window > 0 && c0 < hi - p.window + 1);
     for (int64_t v = 0; v < rp; v += L) {
@@ -159,6 +214,7 @@ static void attend_tiled(const AttnParams& p, int64_t s, int64_t h, int64_t t0, 
       for (int64_t j = 0; j < kn; ++j) {
         float* row = st + j * rp + v;
         typename T::V x = T::load(row);
+        if constexpr (dot) x = T::mul(x, score_scale);
         if (p.softcap > 0.f) {
           alignas(64) float tmp[L];
           T::store(tmp, x);
