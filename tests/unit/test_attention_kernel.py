@@ -194,7 +194,9 @@ def test_tiled_prefill(isa, g, window, alibi, dtype):
                                                 (4, 23, 30.0, 128), (2, None, None, 128)])
 def test_tiled_prefill_bf16_dot(g, window, softcap, d):
     # a bf16 model's prompt tiles on an AVX512-BF16 CPU: scores in vdpbf16ps (q read as bf16, keys in place, the
-    # scale after the dot: d = 128's is not a power of 2), then the same softmax and P.V as the fp32 form
+    # scale after the dot: d = 128's is not a power of 2), the same softmax, and P.V in vdpbf16ps with each
+    # probability rounded to bf16 (relative 2^-9 per weight; the sum that normalizes them stays fp32): measured
+    # within 3.5e-3 of the float64 reference on N(0, 1) values, where the fp32 form is within 2e-5
     from hearth.kernels import cpu_info
 
     if kernels.isa() != kernels.ISA_AVX512 or not cpu_info().has_avx512_bf16:
@@ -207,7 +209,7 @@ def test_tiled_prefill_bf16_dot(g, window, softcap, d):
                                 logit_softcap=softcap, q_is_bf16=True)
     ref = reference(q, kc.float(), vc.float(), tables, [a for a, _ in lens], [b for _, b in lens], d ** -0.5,
                     window, softcap)
-    torch.testing.assert_close(out, ref, atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(out, ref, atol=6e-3, rtol=0)
     # q not bf16-exact: the flag off keeps the fp32 form (q as given), which the reference pins as tightly
     q2 = q + 1e-3 * torch.randn_like(q)
     attn_kernel.paged_attention(q2, kc, vc, bt, qstart, ctx, out, d ** -0.5, sliding_window=window,

@@ -68,7 +68,10 @@ struct T {
   using VI = __m256i;
   static inline VI set1_pair(uint32_t x) { return _mm256_set1_epi32(int(x)); }
   static inline VI load_pairs(const uint32_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+  static inline void store_pairs(uint32_t* p, VI v) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), v); }
   static inline V dot(V acc, VI, VI) { return acc; }
+  static inline VI pair_rows(const uint16_t*, const uint16_t*) { return _mm256_setzero_si256(); }
+  static inline VI pair_round(V, V) { return _mm256_setzero_si256(); }
   // s where a <= b, else -inf
   static inline V keep_if_le(V s, V a, V b) {
     return _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), s, _mm256_cmp_ps(a, b, _CMP_LE_OQ));
@@ -147,7 +150,25 @@ struct T {
   using VI = __m512i;
   static inline VI set1_pair(uint32_t x) { return _mm512_set1_epi32(int(x)); }
   static inline VI load_pairs(const uint32_t* p) { return _mm512_loadu_si512(p); }
+  static inline void store_pairs(uint32_t* p, VI v) { _mm512_storeu_si512(p, v); }
   static inline V dot(V acc, VI, VI) { return acc; }
+  // Lane i = (a[i], b[i]): 16 values of two bf16 rows as the pairs vdpbf16ps reads.
+  static inline VI pair_rows(const uint16_t* a, const uint16_t* b) {
+    const __m512i idx = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6,
+                                         37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+    return _mm512_permutex2var_epi16(_mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a))),
+                                     idx,
+                                     _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b))));
+  }
+  // Lane i = (bf16(lo[i]), bf16(hi[i])), rounded to nearest even (finite, non-negative inputs: probabilities).
+  static inline VI pair_round(V lo, V hi) {
+    const auto rne = [](V x) {
+      const __m512i u = _mm512_castps_si512(x);
+      return _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff),
+                                                   _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1))));
+    };
+    return _mm512_or_si512(_mm512_srli_epi32(rne(lo), 16), _mm512_and_si512(rne(hi), _mm512_set1_epi32(int(0xffff0000u))));
+  }
   static inline V keep_if_le(V s, V a, V b) {
     return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a, b, _CMP_LE_OQ), _mm512_set1_ps(-INFINITY), s);
   }
@@ -194,8 +215,9 @@ struct T {
 }  // namespace hk_attn_avx512
 #pragma GCC pop_options
 
-// The AVX-512 body again with AVX512-BF16: a prompt's scores against a bf16 cache in vdpbf16ps (q rounded to bf16,
-// exact for a bf16 model's q; K pairs read from the cache as they lie, no conversion). Chosen at run time.
+// The AVX-512 body again with AVX512-BF16: a prompt's tiles against a bf16 cache in vdpbf16ps (scores: q rounded to
+// bf16, exact for a bf16 model's q, K pairs read from the cache as they lie; P.V: probabilities rounded to bf16
+// pairs, V rows paired). Chosen at run time.
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512bf16")
 namespace hk_attn_avx512bf16 {
@@ -282,7 +304,8 @@ int hk_paged_attention(const float* q, int64_t q_tok_stride, const void* k_cache
                      hk_attn_avx2::tiled_scratch_floats(rows, head_dim));
   const int nt = (int)std::max<int64_t>(1, std::min<int64_t>(nthreads, n));
   // bf16 cache: prompt tiles in vdpbf16ps where the CPU has it (scores only; the row path is the same code).
-  const bool dot = q_bf16 && isa == kAttnISA_AVX512 && kv_dtype == kAttnBF16 && bf16_dot_here();
+  // (head_dim <= 512: an odd chunk's last V row pairs with a static zero row of that length)
+  const bool dot = q_bf16 && isa == kAttnISA_AVX512 && kv_dtype == kAttnBF16 && head_dim <= 512 && bf16_dot_here();
   auto body = [&](float* scratch, int64_t i) {
     const WorkItem& w = items[i];
     if (dot)

@@ -18,8 +18,9 @@ constexpr int64_t kTiledRows = 4 * L;
 // Floats of scratch the tiled path needs for an item of up to `rows` query rows.
 static inline int64_t tiled_scratch_floats(int64_t rows, int64_t head_dim) {
   const int64_t rp = (rows + L - 1) / L * L;
-  // qt [D][Rp], kp / vp [KC][D], st [KC][Rp], acc [Rp][D], 6 row vectors (max, sum, corr, pos, lo, slope)
-  return head_dim * rp + 2 * KC * head_dim + KC * rp + rp * head_dim + 6 * rp + L;
+  // qt [D][Rp], kp / vp [KC][D], st [KC][Rp], acc [Rp][D], 6 row vectors (max, sum, corr, pos, lo, slope), and
+  // (bf16 dot form) pt2 [KC / 2][Rp] probability pairs
+  return head_dim * rp + 2 * KC * head_dim + KC * rp + rp * head_dim + 6 * rp + L + KC / 2 * rp;
 }
 
 // st[j][0 : NV*L] = sum_d kp[j][d] * qt[d][0 : NV*L] for j in [0, kn): JT keys at a time, NV*JT accumulators.
@@ -132,6 +133,30 @@ static inline void tiled_pv(float* __restrict acc, const float* __restrict st, c
     for (int v = 0; v < DV; ++v) T::store(acc + (r0 + r) * D + d0 + v * L, a[r][v]);
 }
 
+// tiled_pv in vdpbf16ps (T::kDot): acc[r][d0 : ...] = acc * corr[r] + sum_jp pt2[jp][r] . vp2[jp][d0 : ...] over
+// kpn key pairs, pt2 [kpn][rp] each row's probabilities of keys (2jp, 2jp + 1) as bf16 pairs, vp2 [kpn][D] the
+// matching V pairs per dim.
+template <int DV>
+static inline void tiled_pv_dot(float* __restrict acc, const uint32_t* __restrict pt2, const uint32_t* __restrict vp2,
+                                const float* __restrict corr, int64_t D, int64_t rp, int64_t kpn, int64_t r0,
+                                int64_t d0) {
+  typename T::V a[RT][DV];
+  for (int r = 0; r < RT; ++r) {
+    const typename T::V c = T::set1(corr[r0 + r]);
+    for (int v = 0; v < DV; ++v) a[r][v] = T::mul(T::load(acc + (r0 + r) * D + d0 + v * L), c);
+  }
+  for (int64_t jp = 0; jp < kpn; ++jp) {
+    typename T::VI vv[DV];
+    for (int v = 0; v < DV; ++v) vv[v] = T::load_pairs(vp2 + jp * D + d0 + v * L);
+    for (int r = 0; r < RT; ++r) {
+      const typename T::VI pp = T::set1_pair(pt2[jp * rp + r0 + r]);
+      for (int v = 0; v < DV; ++v) a[r][v] = T::dot(a[r][v], pp, vv[v]);
+    }
+  }
+  for (int r = 0; r < RT; ++r)
+    for (int v = 0; v < DV; ++v) T::store(acc + (r0 + r) * D + d0 + v * L, a[r][v]);
+}
+
 // One key / value row of this head (D elements) into fp32 (int8: times its per-token scale).
 template <class KV>
 static inline void pack_row(const typename KV::E* src, const float* scale_row, int64_t D, float* dst) {
@@ -164,6 +189,8 @@ static void attend_tiled(const AttnParams& p, int64_t s, int64_t h, int64_t t0, 
   float* qpos = corr + rp;     // [rp] query position (padded rows: far ahead, never masked)
   float* klo = qpos + rp;      // [rp] first key position the row sees
   float* slope = klo + rp;     // [rp] ALiBi slope (0 without)
+  uint32_t* pt2 = reinterpret_cast<uint32_t*>(slope + rp + L);  // (dot) [KC / 2][rp] probability pairs
+  uint32_t* vp2 = reinterpret_cast<uint32_t*>(vp);               // (dot) [KC / 2][D] V pairs, in vp's place
   for (int64_t r = 0; r < rp; ++r) {
     const bool real = r < R;
     const int64_t pos = pos0 + r / G;
@@ -183,6 +210,8 @@ static void attend_tiled(const AttnParams& p, int64_t s, int64_t h, int64_t t0, 
   }
   const typename T::V score_scale = T::set1(p.scale);
   const uint32_t* krow[KC];  // (dot) this chunk's key rows in the cache
+  const E* vrow[KC + 1];     // (dot) its value rows (an odd chunk's last pairs with a zero row)
+  alignas(64) static constexpr E kZeroRow[512] = {};
   for (int64_t i = 0; i < rp * D; ++i) acc[i] = 0.f;
 
   const int64_t hi = std::min<int64_t>(pos0 + nt - 1, ctx - 1);
@@ -199,13 +228,23 @@ static void attend_tiled(const AttnParams& p, int64_t s, int64_t h, int64_t t0, 
         const int64_t off = blk * p.block_stride + o * ts, slot = blk * bs + o;
         const float* ks = KV::kScaled ? p.k_scale + slot * p.num_kv_heads + h : nullptr;
         const float* vs = KV::kScaled ? p.v_scale + slot * p.num_kv_heads + h : nullptr;
-        if constexpr (dot) krow[j] = reinterpret_cast<const uint32_t*>(kbase + off);
-        else pack_row<KV>(kbase + off, ks, D, kp + j * D);
-        pack_row<KV>(vbase + off, vs, D, vp + j * D);
+        if constexpr (dot) {
+          krow[j] = reinterpret_cast<const uint32_t*>(kbase + off);
+          vrow[j] = vbase + off;
+        } else {
+          pack_row<KV>(kbase + off, ks, D, kp + j * D);
+          pack_row<KV>(vbase + off, vs, D, vp + j * D);
+        }
       }
     }
-    if constexpr (dot) scores_dot_dispatch(reinterpret_cast<const uint32_t*>(qt), krow, D / 2, rp, kn, st);
-    else scores_dispatch(qt, kp, D, rp, kn, st);
+    if constexpr (dot) {
+      scores_dot_dispatch(reinterpret_cast<const uint32_t*>(qt), krow, D / 2, rp, kn, st);
+      vrow[kn] = kZeroRow;
+      for (int64_t j = 0; j < kn; j += 2)
+        for (int64_t d = 0; d < D; d += L) T::store_pairs(vp2 + (j / 2) * D + d, T::pair_rows(vrow[j] + d, vrow[j + 1] + d));
+    } else {
+      scores_dispatch(qt, kp, D, rp, kn, st);
+    }
     // Masks are needed only where the chunk crosses some row's causal edge or window start.
     const bool edge = c0 + kn - 1 > pos0 || (p.window > 0 && c0 < hi - p.window + 1);
     for (int64_t v = 0; v < rp; v += L) {
@@ -238,6 +277,21 @@ static void attend_tiled(const AttnParams& p, int64_t s, int64_t h, int64_t t0, 
       }
       T::store(sum + v, T::fma(T::load(sum + v), T::load(corr + v), ssum));
       T::store(mx + v, m);
+    }
+    if constexpr (dot) {
+      const int64_t kpn = (kn + 1) / 2;
+      for (int64_t jp = 0; jp < kpn; ++jp) {
+        const float* lo = st + 2 * jp * rp;
+        for (int64_t v = 0; v < rp; v += L)
+          T::store_pairs(pt2 + jp * rp + v, T::pair_round(T::load(lo + v), 2 * jp + 1 < kn ? T::load(lo + rp + v)
+                                                                                         : T::zero()));
+      }
+      for (int64_t r0 = 0; r0 < rp; r0 += RT) {
+        int64_t d0 = 0;
+        for (; d0 + T::kDV * L <= D; d0 += T::kDV * L) tiled_pv_dot<T::kDV>(acc, pt2, vp2, corr, D, rp, kpn, r0, d0);
+        for (; d0 < D; d0 += L) tiled_pv_dot<1>(acc, pt2, vp2, corr, D, rp, kpn, r0, d0);
+      }
+      continue;
     }
     for (int64_t r0 = 0; r0 < rp; r0 += RT) {
       int64_t d0 = 0;
