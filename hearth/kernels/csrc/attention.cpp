@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "bf16.h"
+#include "hk_api.h"
 
 namespace {
 enum AttnDType { kAttnF32 = 0, kAttnBF16 = 1, kAttnF16 = 2, kAttnI8 = 3 };

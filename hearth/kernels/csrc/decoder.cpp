@@ -18,42 +18,7 @@
 
 #pragma GCC target("avx2,fma,f16c")
 
-extern "C" {
-int hk_linear(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, const void* w, int w_dtype, int64_t N,
-              int64_t ldw, const float* bias, float* out, int isa, int64_t kblock, int nthreads);
-int hk_linear_parts(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, int64_t nparts,
-                    const void* const* w, const int64_t* n, int w_dtype, int64_t ldw, const float* bias, float* out,
-                    int isa, int64_t kblock, int nthreads);
-int hq_linear(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, const void* w, int int4, int64_t N,
-              int64_t ldw, const void* scales, const void* mins, int64_t ldg, int64_t group, const float* bias,
-              float* out, int isa, int nthreads, int scale_f16);
-int hq_linear_dot(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, const void* w, int int4, int64_t N,
-                  int64_t ldw, const void* scales, const void* mins, int64_t ldg, int64_t group, const float* bias,
-                  float* out, int isa, int nthreads, int scale_f16);
-int hq_linear_dot2(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, const void* w, int int4, int64_t N,
-                   int64_t ldw, const void* scales, const void* mins, int64_t ldg, int64_t group, const float* bias,
-                   float* out, int isa, int nthreads, int scale_f16);
-int hq_linear_gemm(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, const void* w, int int4, int64_t N,
-                   int64_t ldw, const void* scales, const void* mins, int64_t ldg, int64_t group, const float* bias,
-                   float* out, int isa, int nthreads, int scale_f16);
-int hq_linear_gemm_bcast(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, const void* w, int int4,
-                         int64_t N, int64_t ldw, const void* scales, const void* mins, int64_t ldg, int64_t group,
-                         const float* bias, float* out, int isa, int nthreads, int scale_f16);
-int hk_rms_norm(const void* x, int64_t ldx, const void* residual, int64_t ldr, const float* weight, float offset,
-                float eps, void* out, void* sum_out, int64_t T, int64_t H, int dtype, int threads);
-int hk_rope_neox(void* q, int64_t ldq, int64_t Hq, void* k, int64_t ldk, int64_t Hk, int64_t head_dim, int64_t rot,
-                 const float* cos, const float* sin, const int64_t* rows, int64_t T, int dtype, int threads);
-int hk_kv_write(const void* k, int64_t ldk, const void* v, int64_t ldv, void* k_cache, void* v_cache,
-                const int64_t* slots, int64_t T, int64_t row_bytes, int64_t num_slots);
-int hk_act_and_mul(const void* x, int64_t ldx, void* out, int64_t T, int64_t d, int act, int dtype, int threads);
-int hk_paged_attention(const float* q, int64_t q_tok_stride, const void* k_cache, const void* v_cache, int kv_dtype,
-                       const float* k_scale, const float* v_scale, int64_t block_stride, int64_t kv_tok_stride,
-                       const int32_t* block_tables, int64_t bt_stride, const int32_t* query_start,
-                       const int32_t* context_lens, const int32_t* seq_ids, int64_t num_seqs, float* out,
-                       int64_t out_tok_stride, int64_t block_size, int64_t num_heads, int64_t num_kv_heads,
-                       int64_t head_dim, float scale, float softcap, int64_t window, const float* alibi_slopes,
-                       int isa, int nthreads);
-}
+#include "hk_api.h"
 
 namespace {
 
@@ -234,7 +199,7 @@ int hk_decoder_layers(const HkLayerDesc* layers, int64_t n, const HkStepDesc* st
     rc = hk_paged_attention(b.q32.data(), nq, L.k_cache, L.v_cache, L.kv_dtype, nullptr, nullptr,
                             L.block_size * nkv, nkv, st->block_tables, st->bt_stride, st->query_start,
                             st->context_lens, nullptr, st->num_seqs, b.att32.data(), nq, L.block_size, H, Hkv, D,
-                            L.scale, L.softcap, L.window, nullptr, L.attn_isa, threads);
+                            L.scale, L.softcap, L.window, nullptr, dtype == kBF16, L.attn_isa, threads);
     if (rc) return rc;
     b.att.resize(T * nq * es);
     narrow(b.att32.data(), dtype, T * nq, b.att.data());

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "bf16.h"
+#include "hk_api.h"
 
 // NOTE: the whole file is AVX2+FMA+F16C code: Python calls it only when hearth.kernels.isa() found those.
 #pragma GCC target("avx2,fma,f16c")

@@ -14,6 +14,7 @@
 
 #include "bf16.h"
 #include "parallel.h"
+#include "hk_api.h"
 
 enum class WKind { kBF16, kF16, kF32, kBF16Dot };
 

@@ -22,6 +22,7 @@
 
 #include "bf16.h"
 #include "parallel.h"
+#include "hk_api.h"
 
 namespace hq {
 
