@@ -44,6 +44,11 @@ def test_kernel_equals_f_linear_on_uneven_shapes(x_dtype: torch.dtype, k: int, r
         torch.testing.assert_close(y.float(), ref, rtol=0, atol=tol, msg=f"m={m}")
         if DOT and x_dtype == torch.bfloat16:
             assert torch.equal(y, panels.linear(x.float(), packed, list(rows), bias).bfloat16()), f"m={m}"
+            # rows read where they lie at a wider stride, and (odd offset: not 4-byte aligned) packed first
+            for off in (2, 1):
+                wide = torch.zeros(m, k + 4, dtype=x_dtype)
+                wide[:, off:off + k] = x
+                assert torch.equal(panels.linear(wide[:, off:off + k], packed, list(rows), bias), y), f"m={m} {off}"
 
 
 def test_pack_layout_and_widen_are_exact() -> None:

@@ -42,12 +42,13 @@ uint16_t x_bf16(const void* x, int dtype, int64_t i) {
   return hk::f32_to_bf16(f);
 }
 
-// R (<= 6) x rows against C (1 or 2) panels over kpc k pairs. xt [kpc][R]: each row's bf16 pair as 32 bits.
+// R (<= 8) x rows against C (1 or 2) panels over kpc k pairs. Row r's bf16 pair kp (as 32 bits) is
+// xt[r * xs + kp * xk]: xs = 1, xk = R for a packed micro-panel [kpc][R], xs = row stride, xk = 1 for rows as they lie.
 // accumulate: add to out (a later K block), else add bias (first block; null: none). nv[c]: valid columns.
 // out16 (the last K block of a bf16-output GEMM): the sums go there in bf16 instead, out holding the earlier blocks'.
 template <int R, int C>
-inline void tile(const uint32_t* __restrict xt, const uint16_t* __restrict w0, const uint16_t* __restrict w1,
-                 int64_t kpc, float* __restrict out, int64_t ldo, bool accumulate, const float* bias, const int* nv,
+inline void tile(const uint32_t* __restrict xt, int64_t xs, int64_t xk, const uint16_t* __restrict w0,
+                 const uint16_t* __restrict w1, int64_t kpc, float* __restrict out, int64_t ldo, bool accumulate, const float* bias, const int* nv,
                  uint16_t* out16) {
   __m512 a[R][2 * C];
   for (int r = 0; r < R; ++r)
@@ -65,7 +66,7 @@ inline void tile(const uint32_t* __restrict xt, const uint16_t* __restrict w0, c
       b[3] = _mm512_loadu_si512(w1 + kp * kPanelPair + 32);
     }
     for (int r = 0; r < R; ++r) {
-      const __m512i xv = _mm512_set1_epi32(int(xt[kp * R + r]));
+      const __m512i xv = _mm512_set1_epi32(int(xt[r * xs + kp * xk]));
       for (int c = 0; c < 2 * C; ++c) a[r][c] = _mm512_dpbf16_ps(a[r][c], (__m512bh)xv, (__m512bh)b[c]);
     }
   }
@@ -74,12 +75,13 @@ inline void tile(const uint32_t* __restrict xt, const uint16_t* __restrict w0, c
 }
 
 template <int R>
-inline void tile_rows(int r, const uint32_t* xt, const uint16_t* w0, const uint16_t* w1, int64_t kpc, float* out,
-                      int64_t ldo, bool accumulate, const float* bias, const int* nv, uint16_t* out16) {
+inline void tile_rows(int r, const uint32_t* xt, int64_t xs, int64_t xk, const uint16_t* w0, const uint16_t* w1,
+                      int64_t kpc, float* out, int64_t ldo, bool accumulate, const float* bias, const int* nv,
+                      uint16_t* out16) {
   if constexpr (R >= 1) {
-    if (r < R) return tile_rows<R - 1>(r, xt, w0, w1, kpc, out, ldo, accumulate, bias, nv, out16);
-    if (w1) return tile<R, 2>(xt, w0, w1, kpc, out, ldo, accumulate, bias, nv, out16);
-    return tile<R, 1>(xt, w0, w0, kpc, out, ldo, accumulate, bias, nv, out16);
+    if (r < R) return tile_rows<R - 1>(r, xt, xs, xk, w0, w1, kpc, out, ldo, accumulate, bias, nv, out16);
+    if (w1) return tile<R, 2>(xt, xs, xk, w0, w1, kpc, out, ldo, accumulate, bias, nv, out16);
+    return tile<R, 1>(xt, xs, xk, w0, w0, kpc, out, ldo, accumulate, bias, nv, out16);
   }
 }
 
@@ -130,12 +132,14 @@ void linear_dot(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, i
   const int64_t KP = K / 2;
   const std::vector<PanelPair> pairs = panel_pairs(nparts, w, n, bias, K * kNP);
   const int64_t G = (int64_t)pairs.size(), ntiles = (M + MR - 1) / MR;
-  thread_local std::vector<uint32_t> xbuf;
-  if ((int64_t)xbuf.size() < M * KP) xbuf.resize(M * KP);
-  uint32_t* xp = xbuf.data();
   const int nt = (int)std::max<int64_t>(1, std::min<int64_t>(nthreads, std::max(G, ntiles)));
-#pragma omp parallel for num_threads(nt)
-  for (int64_t t = 0; t < ntiles; ++t) {
+  // bf16 x with 4-byte aligned rows is read where it lies (each tile row a stream of pairs); else packed first.
+  const bool direct = x_dtype == kBF16 && ldx % 2 == 0 && reinterpret_cast<uintptr_t>(x) % 4 == 0;
+  thread_local std::vector<uint32_t> xbuf;
+  if (!direct && (int64_t)xbuf.size() < M * KP) xbuf.resize(M * KP);
+  uint32_t* xp = xbuf.data();
+#pragma omp parallel for num_threads(nt) if (!direct)
+  for (int64_t t = 0; t < (direct ? 0 : ntiles); ++t) {
     const int64_t m0 = t * MR, r = std::min<int64_t>(MR, M - m0);
     uint32_t* d = xp + m0 * KP;
     for (int64_t m = 0; m < r; ++m) {
@@ -155,15 +159,16 @@ void linear_dot(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, i
     const int64_t m0 = t * MR, r = std::min<int64_t>(MR, M - m0);
     const PanelPair& q = pairs[g];
     const uint16_t* w0 = q.w + k0 * kPanelPair;
-    const uint32_t* xt = xp + m0 * KP + k0 * r;
+    const uint32_t* xt = direct ? static_cast<const uint32_t*>(x) + m0 * (ldx / 2) + k0 : xp + m0 * KP + k0 * r;
+    const int64_t xs = direct ? ldx / 2 : 1, xk = direct ? 1 : r;
     float* o = out ? out + m0 * N + q.col : nullptr;
     uint16_t* o16 = out16 && k0 + kc == KP ? out16 + m0 * N + q.col : nullptr;
     if (MR == 6) {
-      tile_rows<6>((int)r, xt, w0, q.nv[1] ? w0 + K * kNP : nullptr, kc, o, N, k0 > 0, q.bias, q.nv, o16);
+      tile_rows<6>((int)r, xt, xs, xk, w0, q.nv[1] ? w0 + K * kNP : nullptr, kc, o, N, k0 > 0, q.bias, q.nv, o16);
       return;
     }
     for (int c = 0; c < (q.nv[1] ? 2 : 1); ++c)
-      tile_rows<8>((int)r, xt, w0 + c * K * kNP, nullptr, kc, o ? o + c * kNP : nullptr, N, k0 > 0,
+      tile_rows<8>((int)r, xt, xs, xk, w0 + c * K * kNP, nullptr, kc, o ? o + c * kNP : nullptr, N, k0 > 0,
                    q.bias ? q.bias + c * kNP : nullptr, q.nv + c, o16 ? o16 + c * kNP : nullptr);
   });
 }
