@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "bf16.h"
+#include "bf16_avx512.h"
 #include "hk_api.h"
 
 namespace {
@@ -161,14 +162,9 @@ struct T {
                                      idx,
                                      _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b))));
   }
-  // Lane i = (bf16(lo[i]), bf16(hi[i])), rounded to nearest even (finite, non-negative inputs: probabilities).
+  // Lane i = (bf16(lo[i]), bf16(hi[i])), each rounded to nearest even.
   static inline VI pair_round(V lo, V hi) {
-    const auto rne = [](V x) {
-      const __m512i u = _mm512_castps_si512(x);
-      return _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff),
-                                                   _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1))));
-    };
-    return _mm512_or_si512(_mm512_srli_epi32(rne(lo), 16), _mm512_and_si512(rne(hi), _mm512_set1_epi32(int(0xffff0000u))));
+    return _mm512_or_si512(_mm512_srli_epi32(hk::bf16_high16(lo), 16), hk::bf16_high16(hi));
   }
   static inline V keep_if_le(V s, V a, V b) {
     return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a, b, _CMP_LE_OQ), _mm512_set1_ps(-INFINITY), s);

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "bf16.h"
+#include "bf16_avx512.h"
 #include "hk_api.h"
 
 // NOTE: the whole file is AVX2+FMA+F16C code: Python calls it only when hearth.kernels.isa() found those.
@@ -220,16 +221,7 @@ inline __m512 load16(const void* p, int64_t i) {
   return _mm512_cvtph_ps(h);
 }
 
-// As bf16_high8 on 16 lanes.
-inline __m512i bf16_high16(__m512 v) {
-  const __m512i u = _mm512_castps_si512(v);
-  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-  const __m512i rounded = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb));
-  const __mmask16 nan = _mm512_cmpgt_epi32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
-                                                _mm512_set1_epi32(0x7f800000));
-  const __m512i r = _mm512_mask_or_epi32(rounded, nan, u, _mm512_set1_epi32(0x00400000));
-  return _mm512_and_si512(r, _mm512_set1_epi32(int(0xffff0000u)));
-}
+using hk::bf16_high16;  // (bf16_avx512.h: bf16_high8 on 16 lanes)
 
 template <int D>
 inline __m512 round16(__m512 v) {

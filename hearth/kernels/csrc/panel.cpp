@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "bf16.h"
+#include "bf16_avx512.h"
 
 namespace {
 

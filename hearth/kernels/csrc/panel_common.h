@@ -24,7 +24,7 @@ inline void store_tile(__m512 (&a)[R][NV], float* out, int64_t ldo, bool accumul
     }
 }
 
-// store_tile's sums rounded to bf16 (nearest even, a NaN stays a quiet NaN: hk::f32_to_bf16's rules) into out16
+// store_tile's sums rounded to bf16 (hk::bf16_high16: nearest even, a NaN stays a quiet NaN) into out16
 // (row stride ldo16): the last K block of a GEMM whose caller wants the model dtype, so no fp32 output and no
 // conversion pass. partial: the earlier K blocks' fp32 sums (row stride ldp), added first; else the bias (or none).
 template <int R, int NV>
@@ -36,13 +36,8 @@ inline void store_tile_bf16(__m512 (&a)[R][NV], uint16_t* out16, int64_t ldo16, 
     for (int c = 0; c < NV; ++c) {
       const float* add = partial ? partial + r * ldp + c * 16 : bias ? bias + c * 16 : nullptr;
       const __m512 v = add ? _mm512_add_ps(a[r][c], _mm512_maskz_loadu_ps(mask[c], add)) : a[r][c];
-      const __m512i u = _mm512_castps_si512(v);
-      const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-      const __m512i rounded = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb));
-      const __mmask16 nan = _mm512_cmpgt_epi32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
-                                                    _mm512_set1_epi32(0x7f800000));
-      const __m512i b = _mm512_mask_or_epi32(rounded, nan, u, _mm512_set1_epi32(0x00400000));
-      _mm256_mask_storeu_epi16(out16 + r * ldo16 + c * 16, mask[c], _mm512_cvtepi32_epi16(_mm512_srli_epi32(b, 16)));
+      const __m512i b = _mm512_srli_epi32(hk::bf16_high16(v), 16);
+      _mm256_mask_storeu_epi16(out16 + r * ldo16 + c * 16, mask[c], _mm512_cvtepi32_epi16(b));
     }
 }
 
