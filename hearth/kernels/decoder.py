@@ -40,6 +40,7 @@ i64, i32, f32, ptr = ctypes.c_int64, ctypes.c_int32, ctypes.c_float, ctypes.c_vo
 
 
 _MAX_PARTS = 4
+_DOT_PANELS = 4  # a _Linear's w_dtype for bf16 pair panels (panels.dtype_code() on AVX512-BF16 CPUs)
 
 
 class _Linear(ctypes.Structure):
@@ -183,6 +184,12 @@ class DecodeProgram:
     def __init__(self, layers: ctypes.Array, keep: list, hidden: int, dtype: torch.dtype) -> None:
         self.layers, self.hidden, self.dtype = layers, hidden, dtype
         self._keep = keep  # every tensor the descriptions point at: none may be freed while the program lives
+        # Prompt steps too when every projection is a bf16 pair panel (bf16 model, AVX512-BF16): the same GEMM
+        # as the layer path at any row count, so only the per-layer Python goes. Other weights keep prompts on the
+        # layer path (torch's GEMM for long prompts, quantized prompt tiles).
+        self.takes_prompts = dtype == torch.bfloat16 and all(
+            getattr(layer, name).kind == 0 and getattr(layer, name).w_dtype == _DOT_PANELS
+            for layer in layers for name in ("qkv", "o", "gate_up", "down"))
 
     @staticmethod
     def build(layers) -> DecodeProgram | None:
@@ -204,9 +211,15 @@ class DecodeProgram:
         return DecodeProgram((_Layer * len(descs))(*descs), keep, hidden, dtype)
 
     def takes(self, x: torch.Tensor, meta) -> bool:
-        """Decode-only steps of at most the decode kernels' token count, in the model dtype."""
-        return (not meta.prefills and 0 < x.shape[0] <= kernels.MAX_KERNEL_M and x.dtype == self.dtype
-                and x.dim() == 2 and x.shape[1] == self.hidden)
+        """Decode-only steps of at most the decode kernels' token count, in the model dtype; with takes_prompts
+        any step whose attention is all the kernel's (no prompt handed to SDPA)."""
+        if not (x.shape[0] > 0 and x.dtype == self.dtype and x.dim() == 2 and x.shape[1] == self.hidden):
+            return False
+        if self.takes_prompts:
+            from hearth.layers.attention import _sdpa_min_prompt
+
+            return not meta.prefills or _sdpa_min_prompt() is None
+        return not meta.prefills and x.shape[0] <= kernels.MAX_KERNEL_M
 
     def run(self, x: torch.Tensor, positions: torch.Tensor, meta, final_norm: RMSNorm | None = None,
             owned: bool = False) -> tuple[torch.Tensor, torch.Tensor] | torch.Tensor:

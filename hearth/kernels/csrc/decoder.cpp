@@ -26,6 +26,7 @@ enum DType { kF32 = 0, kBF16 = 1, kF16 = 2 };
 enum LinearKind { kFloat = 0, kQuantFloat = 1, kQuantInt8 = 2, kQuantInt8x2 = 3 };
 
 constexpr int kMaxParts = 4;
+constexpr int kBF16DotPanels = 4;  // hk_linear_parts' w_dtype for pair panels
 
 // One projection. kFloat: w [N][ldw] in w_dtype (0 f32 / 1 bf16 / 2 f16; 3: bf16 panels, see panel.cpp), or with nparts > 1 the weight in parts
 // (the checkpoint's q/k/v or gate/up as loaded): part_w[p] [part_n[p]][K], rows in order, w unused (one
@@ -122,6 +123,11 @@ void widen_rows(const void* src, int dtype, int64_t T, int64_t D, int64_t ld, fl
 int project(const HkLinearDesc& l, const void* x, int64_t T, int dtype, std::vector<float>& f32, void* y, int isa,
             int threads) {
   int rc;
+  if (l.kind == kFloat && l.w_dtype == kBF16DotPanels && dtype == kBF16) {  // bf16 from the tiles (same rounding)
+    const bool parts = l.nparts > 1;
+    return hk_linear_dot_panels_bf16(x, dtype, T, l.K, l.K, parts ? l.nparts : 1, parts ? l.part_w : &l.w,
+                                     parts ? l.part_n : &l.N, l.bias, static_cast<uint16_t*>(y), threads);
+  }
   f32.resize(T * l.N);
   if (l.kind == kFloat && l.nparts > 1) {
     rc = hk_linear_parts(x, dtype, T, l.K, l.K, l.nparts, l.part_w, l.part_n, l.w_dtype, l.K, l.bias, f32.data(),

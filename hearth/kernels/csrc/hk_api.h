@@ -10,6 +10,8 @@ int hk_linear(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, con
 int hk_linear_parts(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, int64_t nparts,
                     const void* const* w, const int64_t* n, int w_dtype, int64_t ldw, const float* bias, float* out,
                     int isa, int64_t kblock, int nthreads);
+int hk_linear_dot_panels_bf16(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, int64_t nparts,
+                              const void* const* w, const int64_t* n, const float* bias, uint16_t* out, int nthreads);
 int hq_linear(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, const void* w, int int4, int64_t N,
               int64_t ldw, const void* scales, const void* mins, int64_t ldg, int64_t group, const float* bias,
               float* out, int isa, int nthreads, int scale_f16);

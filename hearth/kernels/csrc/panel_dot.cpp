@@ -19,6 +19,7 @@
 
 #include "bf16.h"
 #include "bf16_avx512.h"
+#include "hk_api.h"
 
 namespace {
 
