@@ -300,7 +300,7 @@ int hk_paged_attention(const float* q, int64_t q_tok_stride, const void* k_cache
           : std::max(hk_attn_avx2::scratch_floats(rows, head_dim, block_size),
                      hk_attn_avx2::tiled_scratch_floats(rows, head_dim));
   const int nt = (int)std::max<int64_t>(1, std::min<int64_t>(nthreads, n));
-  // bf16 cache: prompt tiles in vdpbf16ps where the CPU has it (scores only; the row path is the same code).
+  // bf16 cache: prompt tiles in vdpbf16ps where the CPU has it (scores and P.V; the row path is the same code).
   // (head_dim <= 512: an odd chunk's last V row pairs with a static zero row of that length)
   const bool dot = q_bf16 && isa == kAttnISA_AVX512 && kv_dtype == kAttnBF16 && head_dim <= 512 && bf16_dot_here();
   auto body = [&](float* scratch, int64_t i) {

@@ -23,21 +23,39 @@ static inline int64_t tiled_scratch_floats(int64_t rows, int64_t head_dim) {
   return head_dim * rp + 2 * KC * head_dim + KC * rp + rp * head_dim + 6 * rp + L + KC / 2 * rp;
 }
 
-// st[j][0 : NV*L] = sum_d kp[j][d] * qt[d][0 : NV*L] for j in [0, kn): JT keys at a time, NV*JT accumulators.
-template <int NV, int JT>
-static inline void tiled_scores(const float* __restrict qt, const float* __restrict kp, int64_t D, int64_t rp,
+// The micro-kernels' operands: fp32 values multiplied in FMAs, or (T::kDot) bf16 pairs as 32-bit values
+// multiplied in vdpbf16ps, each pair doing two FMAs' work. madd(a, x, y) = a + x . y.
+struct F32Ops {
+  using E = float;
+  using Q = typename T::V;
+  static inline Q load(const E* p) { return T::load(p); }
+  static inline Q bcast(E x) { return T::set1(x); }
+  static inline typename T::V madd(typename T::V a, Q x, Q y) { return T::fma(x, y, a); }
+};
+struct PairOps {
+  using E = uint32_t;
+  using Q = typename T::VI;
+  static inline Q load(const E* p) { return T::load_pairs(p); }
+  static inline Q bcast(E x) { return T::set1_pair(x); }
+  static inline typename T::V madd(typename T::V a, Q x, Q y) { return T::dot(a, x, y); }
+};
+
+// st[j][0 : NV*L] = sum_i krow(j)[i] . qt[i][0 : NV*L] over DK elements i, for j in [0, kn): JT keys at a time,
+// NV*JT accumulators. F32Ops: DK = D values (kp rows); PairOps: DK = D / 2 pairs (cache rows read in place).
+template <int NV, int JT, class Ops, class KeyRow>
+static inline void tiled_scores(const typename Ops::E* __restrict qt, KeyRow krow, int64_t DK, int64_t rp,
                                 int64_t kn, float* __restrict st) {
   int64_t j = 0;
   for (; j + JT <= kn; j += JT) {
     typename T::V a[JT][NV];
     for (int u = 0; u < JT; ++u)
       for (int v = 0; v < NV; ++v) a[u][v] = T::zero();
-    for (int64_t d = 0; d < D; ++d) {
-      typename T::V qv[NV];
-      for (int v = 0; v < NV; ++v) qv[v] = T::load(qt + d * rp + v * L);
+    for (int64_t i = 0; i < DK; ++i) {
+      typename Ops::Q qv[NV];
+      for (int v = 0; v < NV; ++v) qv[v] = Ops::load(qt + i * rp + v * L);
       for (int u = 0; u < JT; ++u) {
-        const typename T::V kv = T::set1(kp[(j + u) * D + d]);
-        for (int v = 0; v < NV; ++v) a[u][v] = T::fma(kv, qv[v], a[u][v]);
+        const typename Ops::Q kv = Ops::bcast(krow(j + u)[i]);
+        for (int v = 0; v < NV; ++v) a[u][v] = Ops::madd(a[u][v], kv, qv[v]);
       }
     }
     for (int u = 0; u < JT; ++u)
@@ -46,42 +64,9 @@ static inline void tiled_scores(const float* __restrict qt, const float* __restr
   for (; j < kn; ++j) {
     typename T::V a[NV];
     for (int v = 0; v < NV; ++v) a[v] = T::zero();
-    for (int64_t d = 0; d < D; ++d) {
-      const typename T::V kv = T::set1(kp[j * D + d]);
-      for (int v = 0; v < NV; ++v) a[v] = T::fma(kv, T::load(qt + d * rp + v * L), a[v]);
-    }
-    for (int v = 0; v < NV; ++v) T::store(st + j * rp + v * L, a[v]);
-  }
-}
-
-// The same scores from bf16 pairs (T::kDot): st[j][0 : NV*L] = sum_i kr[j][i] . qt2[i][0 : NV*L] over DP = D / 2
-// pairs, kr[j] key j's cache row read as 32-bit (k[2i], k[2i + 1]) pairs, qt2 [DP][rp] the rows' q pairs. One
-// vdpbf16ps does two FMAs' work on unconverted keys.
-template <int NV, int JT>
-static inline void tiled_scores_dot(const uint32_t* __restrict qt2, const uint32_t* const* kr, int64_t DP, int64_t rp,
-                                    int64_t kn, float* __restrict st) {
-  int64_t j = 0;
-  for (; j + JT <= kn; j += JT) {
-    typename T::V a[JT][NV];
-    for (int u = 0; u < JT; ++u)
-      for (int v = 0; v < NV; ++v) a[u][v] = T::zero();
-    for (int64_t i = 0; i < DP; ++i) {
-      typename T::VI qv[NV];
-      for (int v = 0; v < NV; ++v) qv[v] = T::load_pairs(qt2 + i * rp + v * L);
-      for (int u = 0; u < JT; ++u) {
-        const typename T::VI kv = T::set1_pair(kr[j + u][i]);
-        for (int v = 0; v < NV; ++v) a[u][v] = T::dot(a[u][v], kv, qv[v]);
-      }
-    }
-    for (int u = 0; u < JT; ++u)
-      for (int v = 0; v < NV; ++v) T::store(st + (j + u) * rp + v * L, a[u][v]);
-  }
-  for (; j < kn; ++j) {
-    typename T::V a[NV];
-    for (int v = 0; v < NV; ++v) a[v] = T::zero();
-    for (int64_t i = 0; i < DP; ++i) {
-      const typename T::VI kv = T::set1_pair(kr[j][i]);
-      for (int v = 0; v < NV; ++v) a[v] = T::dot(a[v], kv, T::load_pairs(qt2 + i * rp + v * L));
+    for (int64_t i = 0; i < DK; ++i) {
+      const typename Ops::Q kv = Ops::bcast(krow(j)[i]);
+      for (int v = 0; v < NV; ++v) a[v] = Ops::madd(a[v], kv, Ops::load(qt + i * rp + v * L));
     }
     for (int v = 0; v < NV; ++v) T::store(st + j * rp + v * L, a[v]);
   }
@@ -93,68 +78,50 @@ constexpr int score_keys() {
   return std::min(8, (T::kRegs - NV - 1) / NV);
 }
 
-static inline void scores_dispatch(const float* qt, const float* kp, int64_t D, int64_t rp, int64_t kn, float* st) {
+template <class Ops, class KeyRow>
+static inline void scores_dispatch(const typename Ops::E* qt, KeyRow krow, int64_t DK, int64_t rp, int64_t kn,
+                                   float* st) {
   switch (rp / L) {  // rp <= kTiledRows = 4 L
-    case 1: return tiled_scores<1, score_keys<1>()>(qt, kp, D, rp, kn, st);
-    case 2: return tiled_scores<2, score_keys<2>()>(qt, kp, D, rp, kn, st);
-    case 3: return tiled_scores<3, score_keys<3>()>(qt, kp, D, rp, kn, st);
-    default: return tiled_scores<4, score_keys<4>()>(qt, kp, D, rp, kn, st);
+    case 1: return tiled_scores<1, score_keys<1>(), Ops>(qt, krow, DK, rp, kn, st);
+    case 2: return tiled_scores<2, score_keys<2>(), Ops>(qt, krow, DK, rp, kn, st);
+    case 3: return tiled_scores<3, score_keys<3>(), Ops>(qt, krow, DK, rp, kn, st);
+    default: return tiled_scores<4, score_keys<4>(), Ops>(qt, krow, DK, rp, kn, st);
   }
 }
 
-static inline void scores_dot_dispatch(const uint32_t* qt2, const uint32_t* const* kr, int64_t DP, int64_t rp,
-                                       int64_t kn, float* st) {
-  switch (rp / L) {
-    case 1: return tiled_scores_dot<1, score_keys<1>()>(qt2, kr, DP, rp, kn, st);
-    case 2: return tiled_scores_dot<2, score_keys<2>()>(qt2, kr, DP, rp, kn, st);
-    case 3: return tiled_scores_dot<3, score_keys<3>()>(qt2, kr, DP, rp, kn, st);
-    default: return tiled_scores_dot<4, score_keys<4>()>(qt2, kr, DP, rp, kn, st);
-  }
-}
-
-// acc[r][d0 : d0 + DV*L] = acc * corr[r] + sum_j st[j][r] * vp[j][d0 : ...] for RT rows r0.., keys [0, kn).
-template <int DV>
-static inline void tiled_pv(float* __restrict acc, const float* __restrict st, const float* __restrict vp,
-                            const float* __restrict corr, int64_t D, int64_t rp, int64_t kn, int64_t r0, int64_t d0) {
+// acc[r][d0 : d0 + DV*L] = acc * corr[r] + sum_j pt[j][r] . vp[j][d0 : ...] for RT rows r0.., j in [0, kn).
+// F32Ops: pt = st [kn][rp] probabilities, vp [kn][D] values. PairOps: j runs over key pairs, pt [kn][rp] each row's
+// probabilities of keys (2j, 2j + 1) as bf16 pairs, vp [kn][D] the matching V pairs per dim.
+template <int DV, class Ops>
+static inline void tiled_pv(float* __restrict acc, const typename Ops::E* __restrict pt,
+                            const typename Ops::E* __restrict vp, const float* __restrict corr, int64_t D, int64_t rp,
+                            int64_t kn, int64_t r0, int64_t d0) {
   typename T::V a[RT][DV];
   for (int r = 0; r < RT; ++r) {
     const typename T::V c = T::set1(corr[r0 + r]);
     for (int v = 0; v < DV; ++v) a[r][v] = T::mul(T::load(acc + (r0 + r) * D + d0 + v * L), c);
   }
   for (int64_t j = 0; j < kn; ++j) {
-    typename T::V vv[DV];
-    for (int v = 0; v < DV; ++v) vv[v] = T::load(vp + j * D + d0 + v * L);
+    typename Ops::Q vv[DV];
+    for (int v = 0; v < DV; ++v) vv[v] = Ops::load(vp + j * D + d0 + v * L);
     for (int r = 0; r < RT; ++r) {
-      const typename T::V p = T::set1(st[j * rp + r0 + r]);
-      for (int v = 0; v < DV; ++v) a[r][v] = T::fma(p, vv[v], a[r][v]);
+      const typename Ops::Q p = Ops::bcast(pt[j * rp + r0 + r]);
+      for (int v = 0; v < DV; ++v) a[r][v] = Ops::madd(a[r][v], p, vv[v]);
     }
   }
   for (int r = 0; r < RT; ++r)
     for (int v = 0; v < DV; ++v) T::store(acc + (r0 + r) * D + d0 + v * L, a[r][v]);
 }
 
-// tiled_pv in vdpbf16ps (T::kDot): acc[r][d0 : ...] = acc * corr[r] + sum_jp pt2[jp][r] . vp2[jp][d0 : ...] over
-// kpn key pairs, pt2 [kpn][rp] each row's probabilities of keys (2jp, 2jp + 1) as bf16 pairs, vp2 [kpn][D] the
-// matching V pairs per dim.
-template <int DV>
-static inline void tiled_pv_dot(float* __restrict acc, const uint32_t* __restrict pt2, const uint32_t* __restrict vp2,
-                                const float* __restrict corr, int64_t D, int64_t rp, int64_t kpn, int64_t r0,
-                                int64_t d0) {
-  typename T::V a[RT][DV];
-  for (int r = 0; r < RT; ++r) {
-    const typename T::V c = T::set1(corr[r0 + r]);
-    for (int v = 0; v < DV; ++v) a[r][v] = T::mul(T::load(acc + (r0 + r) * D + d0 + v * L), c);
+// tiled_pv over all rows and head dims (DV vectors per micro-tile, then single vectors for the rest).
+template <class Ops>
+static inline void pv_all(float* acc, const typename Ops::E* pt, const typename Ops::E* vp, const float* corr,
+                          int64_t D, int64_t rp, int64_t kn) {
+  for (int64_t r0 = 0; r0 < rp; r0 += RT) {
+    int64_t d0 = 0;
+    for (; d0 + T::kDV * L <= D; d0 += T::kDV * L) tiled_pv<T::kDV, Ops>(acc, pt, vp, corr, D, rp, kn, r0, d0);
+    for (; d0 < D; d0 += L) tiled_pv<1, Ops>(acc, pt, vp, corr, D, rp, kn, r0, d0);
   }
-  for (int64_t jp = 0; jp < kpn; ++jp) {
-    typename T::VI vv[DV];
-    for (int v = 0; v < DV; ++v) vv[v] = T::load_pairs(vp2 + jp * D + d0 + v * L);
-    for (int r = 0; r < RT; ++r) {
-      const typename T::VI pp = T::set1_pair(pt2[jp * rp + r0 + r]);
-      for (int v = 0; v < DV; ++v) a[r][v] = T::dot(a[r][v], pp, vv[v]);
-    }
-  }
-  for (int r = 0; r < RT; ++r)
-    for (int v = 0; v < DV; ++v) T::store(acc + (r0 + r) * D + d0 + v * L, a[r][v]);
 }
 
 // One key / value row of this head (D elements) into fp32 (int8: times its per-token scale).
@@ -171,8 +138,8 @@ static inline void pack_row(const typename KV::E* src, const float* scale_row, i
 template <class KV>
 static void attend_tiled(const AttnParams& p, int64_t s, int64_t h, int64_t t0, int64_t nt, float* scratch) {
   using E = typename KV::E;
-  // Scores in vdpbf16ps (bf16 cache, AVX512-BF16): q rounded to bf16 and left unscaled (the scale multiplies each
-  // score instead: exact for any scale), keys read in place.
+  // vdpbf16ps (bf16 cache, AVX512-BF16): scores with q rounded to bf16 and left unscaled (the scale multiplies each
+  // score instead: exact for any scale), keys read in place; P.V with probabilities rounded to bf16 pairs.
   constexpr bool dot = T::kDot && std::is_same_v<KV, KVBF16>;
   const int64_t D = p.head_dim, G = p.num_heads / p.num_kv_heads, bs = p.block_size;
   const int64_t R = nt * G, rp = (R + L - 1) / L * L;
@@ -238,12 +205,13 @@ static void attend_tiled(const AttnParams& p, int64_t s, int64_t h, int64_t t0, 
       }
     }
     if constexpr (dot) {
-      scores_dot_dispatch(reinterpret_cast<const uint32_t*>(qt), krow, D / 2, rp, kn, st);
+      scores_dispatch<PairOps>(reinterpret_cast<const uint32_t*>(qt), [&](int64_t j) { return krow[j]; }, D / 2, rp,
+                               kn, st);
       vrow[kn] = kZeroRow;
       for (int64_t j = 0; j < kn; j += 2)
         for (int64_t d = 0; d < D; d += L) T::store_pairs(vp2 + (j / 2) * D + d, T::pair_rows(vrow[j] + d, vrow[j + 1] + d));
     } else {
-      scores_dispatch(qt, kp, D, rp, kn, st);
+      scores_dispatch<F32Ops>(qt, [kp, D](int64_t j) { return kp + j * D; }, D, rp, kn, st);
     }
     // Masks are needed only where the chunk crosses some row's causal edge or window start.
     const bool edge = c0 + kn - 1 > pos0 || (p.window > 0 && c0 < hi - p.window + 1);
@@ -286,17 +254,9 @@ static void attend_tiled(const AttnParams& p, int64_t s, int64_t h, int64_t t0, 
           T::store_pairs(pt2 + jp * rp + v, T::pair_round(T::load(lo + v), 2 * jp + 1 < kn ? T::load(lo + rp + v)
                                                                                          : T::zero()));
       }
-      for (int64_t r0 = 0; r0 < rp; r0 += RT) {
-        int64_t d0 = 0;
-        for (; d0 + T::kDV * L <= D; d0 += T::kDV * L) tiled_pv_dot<T::kDV>(acc, pt2, vp2, corr, D, rp, kpn, r0, d0);
-        for (; d0 < D; d0 += L) tiled_pv_dot<1>(acc, pt2, vp2, corr, D, rp, kpn, r0, d0);
-      }
-      continue;
-    }
-    for (int64_t r0 = 0; r0 < rp; r0 += RT) {
-      int64_t d0 = 0;
-      for (; d0 + T::kDV * L <= D; d0 += T::kDV * L) tiled_pv<T::kDV>(acc, st, vp, corr, D, rp, kn, r0, d0);
-      for (; d0 < D; d0 += L) tiled_pv<1>(acc, st, vp, corr, D, rp, kn, r0, d0);
+      pv_all<PairOps>(acc, pt2, vp2, corr, D, rp, kpn);
+    } else {
+      pv_all<F32Ops>(acc, st, vp, corr, D, rp, kn);
     }
   }
   for (int64_t r = 0; r < R; ++r) {
