@@ -60,7 +60,7 @@ def available() -> bool:
 
 
 _DTYPE_CODE = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
-_BF16_DOT_PANELS = 4  # hk_linear_parts' w_dtype for bf16 weights in pair panels (panels.dtype_code())
+BF16_PANELS, BF16_DOT_PANELS = 3, 4  # hk_linear_parts' w_dtype for bf16 weights in panels / pair panels
 
 
 def _run(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, kblock: int = 0,
@@ -119,7 +119,7 @@ def run_linear_parts(x: torch.Tensor, pointers: list[int], rows: list[int], w_dt
         x2 = x2.contiguous()
     b = bias.to(torch.float32).contiguous() if bias is not None else None
     ptrs, ns = (ctypes.c_void_p * len(pointers))(*pointers), (ctypes.c_int64 * len(rows))(*rows)
-    if w_dtype_code == _BF16_DOT_PANELS and x2.dtype == torch.bfloat16:  # bf16 straight from the tiles
+    if w_dtype_code == BF16_DOT_PANELS and x2.dtype == torch.bfloat16:  # bf16 straight from the tiles
         out = torch.empty(m, n, dtype=torch.bfloat16)
         rc = _build.load().hk_linear_dot_panels_bf16(x2.data_ptr(), _DTYPE_CODE[x2.dtype], m, k, x2.stride(0),
                                                      len(rows), ptrs, ns, b.data_ptr() if b is not None else None,

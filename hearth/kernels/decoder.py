@@ -40,7 +40,6 @@ i64, i32, f32, ptr = ctypes.c_int64, ctypes.c_int32, ctypes.c_float, ctypes.c_vo
 
 
 _MAX_PARTS = 4
-_DOT_PANELS = 4  # a _Linear's w_dtype for bf16 pair panels (panels.dtype_code() on AVX512-BF16 CPUs)
 
 
 class _Linear(ctypes.Structure):
@@ -188,7 +187,7 @@ class DecodeProgram:
         # as the layer path at any row count, so only the per-layer Python goes. Other weights keep prompts on the
         # layer path (torch's GEMM for long prompts, quantized prompt tiles).
         self.takes_prompts = dtype == torch.bfloat16 and all(
-            getattr(layer, name).kind == 0 and getattr(layer, name).w_dtype == _DOT_PANELS
+            getattr(layer, name).kind == 0 and getattr(layer, name).w_dtype == kernels.BF16_DOT_PANELS
             for layer in layers for name in ("qkv", "o", "gate_up", "down"))
 
     @staticmethod

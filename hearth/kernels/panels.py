@@ -81,7 +81,7 @@ def supported(compute_dtype: torch.dtype = torch.bfloat16) -> bool:
 
 def dtype_code() -> int:
     """The w_dtype hk_linear_parts takes for this machine's panel weights."""
-    return 4 if _cpu_layout() == "dot" else 3
+    return kernels.BF16_DOT_PANELS if _cpu_layout() == "dot" else kernels.BF16_PANELS
 
 
 def packable(n: int, k: int) -> bool:
