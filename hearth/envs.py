@@ -114,6 +114,12 @@ def int4_tiles() -> bool:
     return _flag("HEARTH_INT4_TILES", True)
 
 
+def quant_panels() -> bool:
+    """HEARTH_QUANT_PANELS (default on): quantized projections re-laid into VNNI panels at load on AVX512-VNNI CPUs
+    (kernels/quant.py, to_panels)."""
+    return _flag("HEARTH_QUANT_PANELS", True)
+
+
 def q6_tiles() -> bool:
     """HEARTH_Q6_TILES (default on): a GGUF Q6_K LM head kept in 6-bit tiles (else int8, group 16)."""
     return _flag("HEARTH_Q6_TILES", True)

@@ -183,12 +183,16 @@ class DecodeProgram:
     def __init__(self, layers: ctypes.Array, keep: list, hidden: int, dtype: torch.dtype) -> None:
         self.layers, self.hidden, self.dtype = layers, hidden, dtype
         self._keep = keep  # every tensor the descriptions point at: none may be freed while the program lives
-        # Prompt steps too when every projection is a bf16 pair panel (bf16 model, AVX512-BF16): the same GEMM
-        # as the layer path at any row count, so only the per-layer Python goes. Other weights keep prompts on the
-        # layer path (torch's GEMM for long prompts, quantized prompt tiles).
-        self.takes_prompts = dtype == torch.bfloat16 and all(
-            getattr(layer, name).kind == 0 and getattr(layer, name).w_dtype == kernels.BF16_DOT_PANELS
-            for layer in layers for name in ("qkv", "o", "gate_up", "down"))
+        # Prompt steps too when every projection is a bf16 pair panel (bf16 model, AVX512-BF16) or quantized VNNI
+        # panels: the same GEMM as the layer path at any row count, so only the per-layer Python goes. Other
+        # weights keep prompts on the layer path (torch's GEMM for long prompts, quantized prompt tiles).
+        def any_rows(lin: _Linear) -> bool:
+            if lin.kind == 0:
+                return lin.w_dtype == kernels.BF16_DOT_PANELS and dtype == torch.bfloat16
+            return lin.w_dtype in quant.PANEL_CODES
+
+        self.takes_prompts = all(any_rows(getattr(layer, name))
+                                 for layer in layers for name in ("qkv", "o", "gate_up", "down"))
 
     @staticmethod
     def build(layers) -> DecodeProgram | None:

@@ -116,6 +116,9 @@ class QWeight:
     # with the scales (and mins) inline, uint8 [N, the plain row's bytes]; `scales` (and `mins`, if any) are then
     # empty [N, 0] tensors that only carry the dtype.
     tiled: bool = False
+    # VNNI panels (to_panels): `data` uint8 [ceil(N / 64), panel bytes], `scales` (and `mins`) [panels, K / group * 64];
+    # panel_rows is N then (0: another layout).
+    panel_rows: int = 0
 
     def __post_init__(self) -> None:
         if self.scales.dtype not in (torch.float32, torch.float16) or (
@@ -131,6 +134,8 @@ class QWeight:
     @property
     def shape(self) -> tuple[int, int]:
         n, b = self.data.shape
+        if self.panel_rows:
+            return self.panel_rows, self.scales.shape[1] // PANEL_COLS * self.group
         if self.bits == 6:  # 210 bytes per 256 weights
             return n, b // 210 * 256
         if self.tiled:  # b = K / 2 + K / 32 * scale bytes * (1 + has mins)
@@ -140,7 +145,9 @@ class QWeight:
     @property
     def kernel_code(self) -> int:
         """The C kernels' weight-format argument: 0 int8, 1 int4, 2 / 3 int4 in 4-row tiles without / with mins,
-        4 6-bit tiles (GGUF Q6_K, quant_gguf.repack_q6_tiles)."""
+        4 6-bit tiles (GGUF Q6_K, quant_gguf.repack_q6_tiles), 5 / 6 int8 / int4 in VNNI panels (to_panels)."""
+        if self.panel_rows:
+            return PANEL_CODES[0] if self.bits == 8 else PANEL_CODES[1]
         if self.bits == 6:
             return 4
         if self.tiled:
@@ -148,7 +155,9 @@ class QWeight:
         return int(self.bits == 4)
 
     def rows(self, start: int, size: int) -> QWeight:
-        """Rows [start, start + size) (views; whole tiles of a tiled weight)."""
+        """Rows [start, start + size) (views; whole tiles of a tiled weight; copies for panels)."""
+        if self.panel_rows:
+            return from_panels(self).rows(start, size)
         if self.tiled:
             if start % 4 or size % 4:
                 raise ValueError(f"rows({start}, {size}) of a 4-row-tiled weight must be whole tiles")
@@ -160,6 +169,8 @@ class QWeight:
     def index_rows(self, index: torch.Tensor) -> QWeight:
         """Rows in `index` order (copies, plain layout): rows of block formats are independent, so a row permutation
         is exact."""
+        if self.panel_rows:
+            return from_panels(self).index_rows(index)
         if self.tiled:
             return untile_rows4(self).index_rows(index)
         return QWeight(self.bits, self.group, self.data[index], self.scales[index],
@@ -185,6 +196,10 @@ def _lib() -> ctypes.CDLL | None:
     lib.hq_linear_gemm.restype = i32
     lib.hq_linear_gemm_bcast.argtypes = lib.hq_linear.argtypes
     lib.hq_linear_gemm_bcast.restype = i32
+    lib.hq_linear_panels.argtypes = lib.hq_linear.argtypes
+    lib.hq_linear_panels.restype = i32
+    lib.hq_linear_panels2.argtypes = lib.hq_linear.argtypes
+    lib.hq_linear_panels2.restype = i32
     lib.hq_dequant.argtypes = [ptr, i32, i64, i64, ptr, ptr, i64, i64, i64, i64, ptr, i32, i32, i32]
     lib.hq_dequant.restype = i32
     lib.hq_dequant_gather.argtypes = [ptr, i32, i64, i64, ptr, ptr, i64, i64, i64, ptr, i64, ptr, i32, i32, i32]
@@ -325,8 +340,71 @@ def _untile_q6(qw: QWeight) -> QWeight:
     return q6k_to_int8(rec.numpy(), n, k)
 
 
+# ---------------------------------------------------------------- VNNI panels (several rows on AVX512-VNNI CPUs)
+
+# Quantized projections are re-laid at load into 64-column panels read by vpdpbusd in broadcast form
+# (csrc/quant_panel.cpp) on CPUs with AVX512-VNNI: one kernel for every row count (HEARTH_QUANT_PANELS=0: keep rows).
+PANELS = envs.quant_panels()
+PANEL_COLS = 64
+PANEL_CODES = (5, 6)  # QWeight.kernel_code of int8 / int4 panels (csrc/hk_api.h kPanelsInt8 / kPanelsInt4)
+# The panel kernel for ACTIVATIONS (can_panel leaves "float" on the row kernels).
+PANEL_ACT = "panels2" if ACTIVATIONS == "int8x2" else "panels"
+
+
+def can_panel(qw: QWeight) -> bool:
+    """int8 or int4 in plain rows or 4-row tiles, groups of 32 or more (not GGUF Q6_K's 16), on a CPU with AVX512-VNNI
+    where the kernels run and activations are quantized (HEARTH_QUANT_ACT int8 / int8x2)."""
+    return (PANELS and available() and cpu_info().has_vnni and kernels.isa() == kernels.ISA_AVX512
+            and ACTIVATIONS in ("int8", "int8x2") and qw.bits in (4, 8) and not qw.panel_rows
+            and qw.group % 32 == 0 and qw.shape[1] % 32 == 0 and qw.shape[0] > 0)
+
+
+def to_panels(qw: QWeight) -> QWeight:
+    """The weight in VNNI panels (csrc/quant_panel.cpp's layout; exact: from_panels gives the rows back)."""
+    qw = untile_rows4(qw)
+    n, k = qw.shape
+    p = -(-n // PANEL_COLS)
+    pad = p * PANEL_COLS - n
+    u = (qw.data.to(torch.int16) + 128).to(torch.uint8) if qw.bits == 8 else unpack_u4(qw.data)
+    u = F.pad(u, (0, 0, 0, pad)).reshape(p, PANEL_COLS, k // 4, 4).permute(0, 2, 1, 3)  # [P, K/4, 64, 4]
+    if qw.bits == 4:  # columns 32v + i (low nibble) and 32v + 16 + i (high) share byte (v, i)
+        u = u.reshape(p, k // 4, 2, 2, 16, 4)
+        u = u[:, :, :, 0] | (u[:, :, :, 1] << 4)
+    data = u.reshape(p, -1).contiguous()
+
+    def per_panel(s: torch.Tensor | None) -> torch.Tensor | None:
+        if s is None:
+            return None
+        return F.pad(s, (0, 0, 0, pad)).reshape(p, PANEL_COLS, -1).transpose(1, 2).reshape(p, -1).contiguous()
+
+    return QWeight(qw.bits, qw.group, data, per_panel(qw.scales), per_panel(qw.mins), panel_rows=n)
+
+
+def from_panels(qw: QWeight) -> QWeight:
+    """Inverse of to_panels: the plain rows."""
+    if not qw.panel_rows:
+        return qw
+    n, k = qw.shape
+    p = qw.data.shape[0]
+    if qw.bits == 8:
+        u = qw.data.reshape(p, k // 4, PANEL_COLS, 4)
+    else:
+        b = qw.data.reshape(p, k // 4, 2, 1, 16, 4)
+        u = torch.cat([b & 0x0F, b >> 4], dim=3).reshape(p, k // 4, PANEL_COLS, 4)
+    rows = u.permute(0, 2, 1, 3).reshape(p * PANEL_COLS, k)[:n]
+    data = (rows.to(torch.int16) - 128).to(torch.int8) if qw.bits == 8 else pack_u4(rows.contiguous())
+
+    def per_row(s: torch.Tensor | None) -> torch.Tensor | None:
+        if s is None:
+            return None
+        return s.reshape(p, -1, PANEL_COLS).transpose(1, 2).reshape(p * PANEL_COLS, -1)[:n].contiguous()
+
+    return QWeight(qw.bits, qw.group, data.contiguous(), per_row(qw.scales), per_row(qw.mins))
+
+
 def dequantize(qw: QWeight) -> torch.Tensor:
     """Reference dequantization (torch): fp32 [N, K], the same floats the kernels compute in registers."""
+    qw = from_panels(qw)
     if qw.tiled:
         qw = untile_rows4(qw)
     n, k = qw.shape
@@ -340,6 +418,7 @@ def dequantize(qw: QWeight) -> torch.Tensor:
 
 def implied_mins(qw: QWeight) -> torch.Tensor:
     """int4 mins, stored or (symmetric int4) -8 * scales; exact in fp32 either way."""
+    qw = from_panels(qw)
     if qw.tiled:
         qw = untile_rows4(qw)
     return qw.mins.float() if qw.mins is not None else -8.0 * qw.scales.float()
@@ -369,7 +448,7 @@ def gemm_min_rows(qw: QWeight) -> int:
     """Rows of x from which this weight's kernel is hq_linear_gemm (0: never; see the module doc). Paired with the
     int8x2 kernels on the 2-vCPU Skylake-SP: int8 weights ahead from 4 rows, int4 from 8 (0.8-0.9x at 4, ~1.0x at 6).
     Not for the 6-bit tiles or int8 with 16-weight groups (GGUF Q6_K's layouts)."""
-    if not gemm_enabled() or qw.bits == 6 or qw.group == 16:
+    if not gemm_enabled() or qw.bits == 6 or qw.group == 16 or qw.panel_rows:
         return 0
     if _vnni_keeps_few_rows():
         return BCAST_MIN_M
@@ -381,13 +460,14 @@ def _run(x: torch.Tensor, qw: QWeight, bias: torch.Tensor | None, isa_code: int 
     """The C++ kernel on x [M, K] -> fp32 [M, N]; act "float", "int8", "int8x2", "gemm" or "bcast" (the GEMM's
     broadcast form) (default: ACTIVATIONS), see the module doc."""
     m, k = x.shape
-    n = qw.data.shape[0]
+    n = qw.shape[0]
     if x.stride(1) != 1 or (m > 1 and x.stride(0) < k):
         x = x.contiguous()
     out = torch.empty(m, n, dtype=torch.float32)
     act = act or ACTIVATIONS
     fn = {"int8": _lib().hq_linear_dot, "int8x2": _lib().hq_linear_dot2, "float": _lib().hq_linear,
-          "gemm": _lib().hq_linear_gemm, "bcast": _lib().hq_linear_gemm_bcast}[act]
+          "gemm": _lib().hq_linear_gemm, "bcast": _lib().hq_linear_gemm_bcast,
+          "panels": _lib().hq_linear_panels, "panels2": _lib().hq_linear_panels2}[act]
     rc = fn(x.data_ptr(), _DTYPE_CODE[x.dtype], m, k, x.stride(0), qw.data.data_ptr(),
                           qw.kernel_code, n, qw.data.stride(0), qw.scales.data_ptr(), _ptr(qw.mins),
                           qw.scales.stride(0), qw.group, _ptr(bias), out.data_ptr(), _isa(isa_code),
@@ -427,7 +507,7 @@ def quantize_activations_x2(x: torch.Tensor) -> torch.Tensor:
 
 def dequantize_rows(qw: QWeight, start: int, end: int, isa_code: int | None = None) -> torch.Tensor:
     """Rows [start, end) of the dequantized weight, fp32, by the kernel library (the torch reference without it)."""
-    if not available():
+    if not available() or qw.panel_rows:
         return dequantize(untile_rows4(qw).rows(start, end - start))
     k = qw.shape[1]
     out = torch.empty(end - start, k, dtype=torch.float32)
@@ -443,7 +523,7 @@ def dequantize_gather(qw: QWeight, ids: torch.Tensor) -> torch.Tensor:
     """Rows `ids` (int64 [n]) of the dequantized weight, fp32 [n, K]: an embedding lookup. IndexError for an id
     outside the table, as F.embedding."""
     n_rows, k = qw.shape
-    if not available():
+    if not available() or qw.panel_rows:
         return dequantize(qw.index_rows(ids))
     ids = ids.to(torch.int64).contiguous()
     out = torch.empty(ids.numel(), k, dtype=torch.float32)
@@ -500,6 +580,9 @@ def linear(x: torch.Tensor, qw: QWeight, bias: torch.Tensor | None = None) -> to
     m = x.numel() // k if k else 0
     b = None if bias is None else bias.float().contiguous()
     x2 = x.reshape(m, k)
+    if qw.panel_rows and m > 0:  # (can_panel: the kernels run here)
+        y = _run(x2, qw, b, act=PANEL_ACT)
+        return y.reshape(*x.shape[:-1], qw.shape[0]).to(x.dtype)
     rows = gemm_min_rows(qw) if available() and x.dtype in _DTYPE_CODE else 0
     prompt = getattr(_prompt, "on", False)
     if rows and 0 < m <= GEMM_MAX_M and (m >= rows or prompt):

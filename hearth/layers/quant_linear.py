@@ -91,7 +91,9 @@ class QuantLinear(Linear):
             self.weight = nn.Parameter(torch.empty(dense.shape, dtype=self.weight.dtype), requires_grad=False)
             Linear.load_shard(self, "weight", None, dense)
             return
-        if quant.TILES and quant.available() and quant.can_tile(qw):
+        if quant.can_panel(qw):
+            qw = quant.to_panels(qw)  # AVX512-VNNI: one broadcast-form kernel for every row count (exact re-lay)
+        elif quant.TILES and quant.available() and quant.can_tile(qw):
             qw = quant.tile_rows4(qw)  # the decode kernels' layout for int4-g32 (exact; see quant.tile_rows4)
         self.qweight = qw
         self.weight = nn.Parameter(qw.data, requires_grad=False)

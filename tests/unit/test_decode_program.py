@@ -74,8 +74,9 @@ def test_unsupported_layers_keep_the_layer_path(tmp_path) -> None:
 @pytest.mark.skipif(not quant.gemm_enabled(), reason="the quantized GEMM does not run on this CPU")
 def test_program_equals_layer_path_in_the_gemms_broadcast_form(tmp_path, monkeypatch) -> None:
     """Quantized decode steps with many rows take the GEMM's broadcast form (hq_linear_gemm_bcast) in both paths:
-    BCAST_MIN_M lowered to the GEMM's own threshold so that six sequences reach it."""
+    BCAST_MIN_M lowered to the GEMM's own threshold so that six sequences reach it. (Plain rows: VNNI panels off.)"""
     monkeypatch.setattr(quant, "BCAST_MIN_M", 4)
+    monkeypatch.setattr(quant, "PANELS", False)
     folder = build_checkpoint(str(tmp_path / "q"), tiny_config("llama", num_hidden_layers=2))
     llm = LLM(folder, kv_cache_space=0.05, enable_prefix_caching=False, dtype="float32", quantization="int8")
     prompts = [{"prompt_token_ids": [3 + i, 40 + 7 * i, 9, 100 + i]} for i in range(6)]

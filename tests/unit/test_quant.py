@@ -382,8 +382,10 @@ def test_int4_tiles_are_exact(N: int, K: int) -> None:
 
 
 @needs_kernels
-def test_quant_linear_tiles_int4_g32_only() -> None:
-    """QuantLinear re-lays int4-g32 weights into tiles at load (HEARTH_INT4_TILES), other formats stay plain."""
+def test_quant_linear_tiles_int4_g32_only(monkeypatch) -> None:
+    """QuantLinear re-lays int4-g32 weights into tiles at load (HEARTH_INT4_TILES), other formats stay plain (VNNI
+    panels off: test_quant_panels covers them)."""
+    monkeypatch.setattr(quant, "PANELS", False)
     g = torch.Generator().manual_seed(5)
     w = torch.randn(64, 256, generator=g)
     x = torch.randn(1, 256, generator=g)

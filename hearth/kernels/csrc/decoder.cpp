@@ -134,6 +134,10 @@ int project(const HkLinearDesc& l, const void* x, int64_t T, int dtype, std::vec
                          isa, 0, threads);
   } else if (l.kind == kFloat) {
     rc = hk_linear(x, dtype, T, l.K, l.K, l.w, l.w_dtype, l.N, l.ldw, l.bias, f32.data(), isa, 0, threads);
+  } else if (l.w_dtype == kPanelsInt8 || l.w_dtype == kPanelsInt4) {  // VNNI panels: every row count
+    auto fn = l.kind == kQuantInt8 ? hq_linear_panels : hq_linear_panels2;
+    rc = fn(x, dtype, T, l.K, l.K, l.w, l.w_dtype, l.N, l.ldw, l.scales, l.mins, l.ldg, l.group, l.bias, f32.data(),
+            isa, threads, l.scale_f16);
   } else if (l.gemm_min_m > 0 && T >= l.gemm_min_m) {  // (a decode step: many rows take the broadcast form)
     auto fn = T >= l.bcast_min_m ? hq_linear_gemm_bcast : hq_linear_gemm;
     rc = fn(x, dtype, T, l.K, l.K, l.w, l.w_dtype, l.N, l.ldw, l.scales, l.mins, l.ldg, l.group, l.bias, f32.data(),

@@ -1,0 +1,312 @@
+// Quantized weights (int8, or int4 with or without mins) in 64-column panels, multiplied in broadcast form by
+// AVX512-VNNI integer dot products (vpdpbusd: 64 u8 x s8 multiply-adds per instruction): the quantized counterpart
+// of panel_dot.cpp, one kernel for every row count (decode steps of 1-64 rows and prompt steps alike).
+//
+// Layout (packed at load by hearth.kernels.quant.to_panels from the plain rows): P = ceil(N / 64) panels; panel p,
+// k quad j (k = 4j .. 4j + 3) holds 64 columns x 4 k as unsigned bytes, column-major within 32-bit lanes:
+//   int8: 4 vectors of 64 bytes, vector v lane i = columns 16v + i, bytes k 4j..4j+3 of q + 128
+//   int4: 2 vectors of 64 bytes, vector v lane i: low nibbles = column 32v + i, high nibbles = column 32v + 16 + i
+//         (q in 0..15 as stored by GGUF Q4_0/Q4_1 and hearth's int4)
+// scales (and mins) per panel [K / group][64] in their own type (fp32, or fp16 for GGUF blocks). Columns past N are
+// zero weights with zero scales.
+//
+// Activations: each x row quantized per block of 32 like the "int8" / "int8x2" decode kernels (quant_dot_impl.h,
+// quant.quantize_activations / _x2: same scale and rounding, so the same numbers up to fp32 summation order).
+// Per block b and output n: the integer sum sum_k u[k][n] q[k] (u the stored unsigned weight) becomes
+//   s[n][g(b)] * dx[b] * (sum u q - off * sum q)          (off = 128 for int8, 8 for symmetric int4, 0 with mins)
+//   (+ min[n][g(b)] * dx[b] * sum q                         with mins)
+// the offset's part folded into the integer accumulator's start value; int8x2 runs two integer chains on the same
+// weight vectors and combines them as 254 * a1 + a2 before the single float step per block.
+#include <immintrin.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "bf16_avx512.h"
+#include "hk_api.h"
+
+namespace {
+
+constexpr int kCols = 64;   // outputs per panel
+constexpr int kQuads = 8;   // k quads per block of 32
+// K block in blocks of 32 (2048 values): one block for a 0.5-1.1B model's hidden size.
+constexpr int64_t kMaxKC = 64;
+
+enum DType { kF32 = 0, kBF16 = 1, kF16 = 2 };
+
+bool cpu_has_vnni() {
+  static const bool has = __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw") &&
+                          __builtin_cpu_supports("avx512vl");
+  return has;
+}
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")
+
+#include "panel_common.h"
+
+// x quantized per block of 32: q1 (and q2) [M][K] int8, per block dx, the integer sums of q1 / q2 and the float sum
+// of the dequantized block (for mins).
+struct XQ {
+  const int8_t* q1;
+  const int8_t* q2;
+  const float* d;
+  const int32_t* s1;
+  const int32_t* s2;
+  const float* fs;
+  int64_t K, nb;
+};
+
+inline __m512 load16(const void* x, int dtype, int64_t i) {
+  if (dtype == kF32) return _mm512_loadu_ps(static_cast<const float*>(x) + i);
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(x) + i));
+  if (dtype == kF16) return _mm512_cvtph_ps(h);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+// One x row (elements off .. off + K of x) -> its blocks. The arithmetic of quant_dot_impl.h's quantize_x_row:
+// dx = amax / 127, q1 = round-half-even(x * fl(1 / dx)); x2: d2 = fl(dx / 254), r = fl(x - d2 * 254 q1) (one fma),
+// q2 = clamp(round(r * fl(1 / d2)), -127, 127), and the block's scale is d2.
+void quantize_row(const void* x, int dtype, int64_t off, int64_t K, bool x2, int8_t* q1, int8_t* q2, float* d,
+                  int32_t* s1, int32_t* s2, float* fs) {
+  for (int64_t b = 0; b < K / 32; ++b) {
+    const __m512 v0 = load16(x, dtype, off + 32 * b), v1 = load16(x, dtype, off + 32 * b + 16);
+    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+    float dx = amax / 127.0f;
+    const __m512 id = _mm512_set1_ps(dx > 0.0f ? 1.0f / dx : 0.0f);
+    const __m512i i0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, id)), i1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, id));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q1 + 32 * b), _mm512_cvtsepi32_epi8(i0));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q1 + 32 * b + 16), _mm512_cvtsepi32_epi8(i1));
+    const int32_t t1 = _mm512_reduce_add_epi32(_mm512_add_epi32(i0, i1));
+    int32_t t2 = 0;
+    if (x2) {
+      const float d2 = dx / 254.0f;
+      const __m512 vd2 = _mm512_set1_ps(d2), id2 = _mm512_set1_ps(d2 > 0.0f ? 1.0f / d2 : 0.0f);
+      const __m512i k254 = _mm512_set1_epi32(254), lim = _mm512_set1_epi32(127), nlim = _mm512_set1_epi32(-127);
+      auto second = [&](__m512i i, __m512 v) {
+        const __m512 r = _mm512_fnmadd_ps(vd2, _mm512_cvtepi32_ps(_mm512_mullo_epi32(i, k254)), v);
+        return _mm512_max_epi32(nlim, _mm512_min_epi32(lim, _mm512_cvtps_epi32(_mm512_mul_ps(r, id2))));
+      };
+      const __m512i j0 = second(i0, v0), j1 = second(i1, v1);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(q2 + 32 * b), _mm512_cvtsepi32_epi8(j0));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(q2 + 32 * b + 16), _mm512_cvtsepi32_epi8(j1));
+      t2 = _mm512_reduce_add_epi32(_mm512_add_epi32(j0, j1));
+      dx = d2;
+    }
+    d[b] = dx;
+    s1[b] = t1;
+    s2[b] = t2;
+    fs[b] = dx * (float)(x2 ? 254 * t1 + t2 : t1);
+  }
+}
+
+inline __m512 scales16(const float* s) { return _mm512_loadu_ps(s); }
+inline __m512 scales16(const uint16_t* s) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s)));
+}
+
+inline __m512i bcast32(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm512_set1_epi32(v);
+}
+
+// R x rows [m0, m0 + R) against one panel over blocks [b0, b1): out (row stride ldo) gets the sums, added to what
+// it holds (accumulate: a later K block) or to the bias (first block; null: none). nvalid: the panel's real columns.
+// int8x2 takes the panel in two passes of 32 columns (2 x 2 x R integer accumulators), int8 in one of 64.
+template <int R, int BITS, bool X2, bool MINS, class S>
+void tile(const XQ& xq, int64_t m0, const uint8_t* wp, const S* sp, const S* mp, int64_t b0, int64_t b1,
+          int64_t spg, float* out, int64_t ldo, bool accumulate, const float* bias, int nvalid) {
+  constexpr int NV = X2 ? 2 : 4;  // 16-column vectors per pass
+  constexpr int32_t kOff = MINS ? 0 : (BITS == 8 ? 128 : 8);
+  constexpr int64_t kQuadBytes = BITS == 8 ? 256 : 128;
+  const __m512i nib = _mm512_set1_epi8(0x0F);
+  const int64_t K = xq.K, nb = xq.nb;
+  for (int h = 0; h < 4 / NV; ++h) {
+    alignas(64) float f[R][NV][16];
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < NV; ++c) _mm512_store_ps(f[r][c], _mm512_setzero_ps());
+    for (int64_t b = b0; b < b1; ++b) {
+      // (Every loop here is unrolled in full: the accumulators must live in registers, 24 of the 32.)
+      __m512i a1[R][NV], a2[X2 ? R : 1][NV];
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        const __m512i c1 = _mm512_set1_epi32(-kOff * xq.s1[(m0 + r) * nb + b]);
+#pragma GCC unroll 4
+        for (int c = 0; c < NV; ++c) a1[r][c] = c1;
+        if constexpr (X2) {
+          const __m512i c2 = _mm512_set1_epi32(-kOff * xq.s2[(m0 + r) * nb + b]);
+#pragma GCC unroll 4
+          for (int c = 0; c < NV; ++c) a2[r][c] = c2;
+        }
+      }
+      const uint8_t* wb = wp + b * kQuads * kQuadBytes;
+      _mm_prefetch(reinterpret_cast<const char*>(wb + 4 * kQuads * kQuadBytes), _MM_HINT_T0);
+      const int8_t* x1p = xq.q1 + m0 * K + 32 * b;
+      const int8_t* x2p = xq.q2 + m0 * K + 32 * b;
+#pragma GCC unroll 8
+      for (int qd = 0; qd < kQuads; ++qd) {
+        __m512i w[NV];
+        if constexpr (BITS == 8) {
+#pragma GCC unroll 4
+          for (int c = 0; c < NV; ++c) w[c] = _mm512_loadu_si512(wb + qd * kQuadBytes + (h * NV + c) * 64);
+        } else {
+#pragma GCC unroll 4
+          for (int c = 0; c < NV; c += 2) {
+            const __m512i l = _mm512_loadu_si512(wb + qd * kQuadBytes + (h * NV + c) * 32);
+            w[c] = _mm512_and_si512(l, nib);
+            w[c + 1] = _mm512_and_si512(_mm512_srli_epi16(l, 4), nib);
+          }
+        }
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r) {
+          const __m512i x1 = bcast32(x1p + r * K + 4 * qd);
+#pragma GCC unroll 4
+          for (int c = 0; c < NV; ++c) a1[r][c] = _mm512_dpbusd_epi32(a1[r][c], w[c], x1);
+          if constexpr (X2) {
+            const __m512i x2 = bcast32(x2p + r * K + 4 * qd);
+#pragma GCC unroll 4
+            for (int c = 0; c < NV; ++c) a2[r][c] = _mm512_dpbusd_epi32(a2[r][c], w[c], x2);
+          }
+        }
+      }
+      const int64_t g = b / spg;
+      __m512 sw[NV], mn[NV];
+      for (int c = 0; c < NV; ++c) {
+        sw[c] = scales16(sp + g * kCols + (h * NV + c) * 16);
+        if constexpr (MINS) mn[c] = scales16(mp + g * kCols + (h * NV + c) * 16);
+      }
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        const __m512 dx = _mm512_set1_ps(xq.d[(m0 + r) * nb + b]);
+#pragma GCC unroll 4
+        for (int c = 0; c < NV; ++c) {
+          __m512i i = a1[r][c];
+          if constexpr (X2) i = _mm512_add_epi32(_mm512_mullo_epi32(i, _mm512_set1_epi32(254)), a2[r][c]);
+          __m512 acc = _mm512_load_ps(f[r][c]);
+          acc = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(i), sw[c]), dx, acc);
+          if constexpr (MINS) acc = _mm512_fmadd_ps(mn[c], _mm512_set1_ps(xq.fs[(m0 + r) * nb + b]), acc);
+          _mm512_store_ps(f[r][c], acc);
+        }
+      }
+    }
+    for (int c = 0; c < NV; ++c) {
+      const int col = (h * NV + c) * 16, n = nvalid - col;
+      const __mmask16 mask = n >= 16 ? 0xFFFF : n <= 0 ? 0 : __mmask16((1u << n) - 1);
+      for (int r = 0; r < R; ++r) {
+        float* o = out + r * ldo + col;
+        const float* add = accumulate ? o : bias ? bias + col : nullptr;
+        __m512 v = _mm512_load_ps(f[r][c]);
+        if (add) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, add));
+        _mm512_mask_storeu_ps(o, mask, v);
+      }
+    }
+  }
+}
+
+template <int BITS, bool X2, bool MINS, class S>
+void tile_r(int r, const XQ& xq, int64_t m0, const uint8_t* wp, const S* sp, const S* mp, int64_t b0, int64_t b1,
+            int64_t spg, float* out, int64_t ldo, bool accumulate, const float* bias, int nvalid) {
+  switch (r) {
+#define HQ_TILE(R) \
+  case R: return tile<R, BITS, X2, MINS, S>(xq, m0, wp, sp, mp, b0, b1, spg, out, ldo, accumulate, bias, nvalid);
+    HQ_TILE(1) HQ_TILE(2) HQ_TILE(3) HQ_TILE(4) HQ_TILE(5) HQ_TILE(6)
+#undef HQ_TILE
+  }
+}
+
+// out [M][N] = x . W^T (+ bias) over the panels: x quantized first (rows in parallel), then the blocked loop of
+// panel_common.h (panels split over threads, or row tiles when there are few panels; K in blocks of kMaxKC).
+template <int BITS, bool X2, bool MINS, class S>
+void gemm(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, const uint8_t* w, int64_t N,
+          const S* scales, const S* mins, int64_t group, const float* bias, float* out, int nthreads) {
+  constexpr int MR = 6;
+  const int64_t nb = K / 32, spg = group / 32, ng = K / group, P = (N + kCols - 1) / kCols;
+  const int64_t panel_bytes = nb * kQuads * (BITS == 8 ? 256 : 128), ntiles = (M + MR - 1) / MR;
+  thread_local std::vector<int8_t> qbuf;
+  thread_local std::vector<float> fbuf;
+  thread_local std::vector<int32_t> ibuf;
+  if ((int64_t)qbuf.size() < 2 * M * K) qbuf.resize(2 * M * K);
+  if ((int64_t)fbuf.size() < 2 * M * nb) fbuf.resize(2 * M * nb);
+  if ((int64_t)ibuf.size() < 2 * M * nb) ibuf.resize(2 * M * nb);
+  // (thread_local: the team's other threads must see this thread's buffers through these pointers)
+  int8_t* const q = qbuf.data();
+  float* const fl = fbuf.data();
+  int32_t* const in = ibuf.data();
+  const XQ xq{q, q + M * K, fl, in, in + M * nb, fl + M * nb, K, nb};
+  const int ntq = (int)std::max<int64_t>(1, std::min<int64_t>(nthreads, M));
+#pragma omp parallel for num_threads(ntq)
+  for (int64_t m = 0; m < M; ++m)
+    quantize_row(x, x_dtype, m * ldx, K, X2, q + m * K, q + M * K + m * K, fl + m * nb, in + m * nb,
+                 in + M * nb + m * nb, fl + M * nb + m * nb);
+  const int64_t nk = (nb + kMaxKC - 1) / kMaxKC, KC = (nb + nk - 1) / nk;
+  const int nt = (int)std::max<int64_t>(1, std::min<int64_t>(nthreads, std::max(P, ntiles)));
+  blocked_loop(P, ntiles, nb, KC, 1, 64, nt, [&](int64_t t, int64_t p, int64_t b0, int64_t kc) {
+    const int64_t m0 = t * MR, r = std::min<int64_t>(MR, M - m0), col = p * kCols;
+    tile_r<BITS, X2, MINS, S>((int)r, xq, m0, w + p * panel_bytes, scales + p * ng * kCols,
+                              MINS ? mins + p * ng * kCols : nullptr, b0, b0 + kc, spg, out + m0 * N + col, N,
+                              b0 > 0, bias ? bias + col : nullptr, (int)std::min<int64_t>(kCols, N - col));
+  });
+}
+
+template <int BITS, bool X2>
+void gemm_s(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, const uint8_t* w, int64_t N,
+            const void* scales, const void* mins, int64_t group, const float* bias, float* out, int nthreads,
+            bool f16) {
+  if (f16) {
+    auto s = static_cast<const uint16_t*>(scales), mn = static_cast<const uint16_t*>(mins);
+    if (BITS == 4 && mins) return gemm<BITS, X2, true>(x, x_dtype, M, K, ldx, w, N, s, mn, group, bias, out, nthreads);
+    return gemm<BITS, X2, false>(x, x_dtype, M, K, ldx, w, N, s, mn, group, bias, out, nthreads);
+  }
+  auto s = static_cast<const float*>(scales), mn = static_cast<const float*>(mins);
+  if (BITS == 4 && mins) return gemm<BITS, X2, true>(x, x_dtype, M, K, ldx, w, N, s, mn, group, bias, out, nthreads);
+  return gemm<BITS, X2, false>(x, x_dtype, M, K, ldx, w, N, s, mn, group, bias, out, nthreads);
+}
+
+#pragma GCC pop_options
+
+int run(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, const void* w, int code, int64_t N,
+        const void* scales, const void* mins, int64_t group, const float* bias, float* out, int nthreads,
+        int scale_f16, bool x2) {
+  if (!cpu_has_vnni()) return -1;
+  if ((code != kPanelsInt8 && code != kPanelsInt4) || K % 32 || group % 32 || K % group || x_dtype < 0 ||
+      x_dtype > 2 || (code == kPanelsInt8 && mins))
+    return -2;
+  if (M <= 0) return 0;
+  const auto wp = static_cast<const uint8_t*>(w);
+  const bool f16 = scale_f16 != 0;
+  if (code == kPanelsInt8) {
+    if (x2) gemm_s<8, true>(x, x_dtype, M, K, ldx, wp, N, scales, mins, group, bias, out, nthreads, f16);
+    else gemm_s<8, false>(x, x_dtype, M, K, ldx, wp, N, scales, mins, group, bias, out, nthreads, f16);
+  } else {
+    if (x2) gemm_s<4, true>(x, x_dtype, M, K, ldx, wp, N, scales, mins, group, bias, out, nthreads, f16);
+    else gemm_s<4, false>(x, x_dtype, M, K, ldx, wp, N, scales, mins, group, bias, out, nthreads, f16);
+  }
+  return 0;
+}
+
+}  // namespace
+
+extern "C" {
+
+// out [M][N] (fp32) = x [M][K] (row stride ldx; f32 / bf16 / f16) . W^T (+ bias), W in VNNI panels (code
+// kPanelsInt8 / kPanelsInt4, see the layout above; scales and mins per panel [K / group][64], fp16 if scale_f16),
+// x quantized to one int8 term per block of 32 (hq_linear_panels) or two (hq_linear_panels2, "int8x2").
+// Returns 0, -1 without AVX512-VNNI, -2 for a shape or code it does not take. (ldw, ldg, isa: unused, for the
+// signature the other quantized kernels share.)
+int hq_linear_panels(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, const void* w, int code,
+                     int64_t N, int64_t, const void* scales, const void* mins, int64_t, int64_t group,
+                     const float* bias, float* out, int, int nthreads, int scale_f16) {
+  return run(x, x_dtype, M, K, ldx, w, code, N, scales, mins, group, bias, out, nthreads, scale_f16, false);
+}
+
+int hq_linear_panels2(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, const void* w, int code,
+                      int64_t N, int64_t, const void* scales, const void* mins, int64_t, int64_t group,
+                      const float* bias, float* out, int, int nthreads, int scale_f16) {
+  return run(x, x_dtype, M, K, ldx, w, code, N, scales, mins, group, bias, out, nthreads, scale_f16, true);
+}
+
+}  // extern "C"

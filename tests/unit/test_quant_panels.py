@@ -1,0 +1,91 @@
+"""Quantized weights in VNNI panels (csrc/quant_panel.cpp, quant.to_panels): an exact re-lay, and a GEMM that gives
+the dequantized weights times the int8 / int8x2-rounded activations for every row count."""
+import pytest
+import torch
+
+from hearth.kernels import quant
+from hearth.layers.quant_linear import QuantLinear
+
+needs_panels = pytest.mark.skipif(
+    not (quant.available() and quant.cpu_info().has_vnni and quant.kernels.isa() == quant.kernels.ISA_AVX512),
+    reason="the panel GEMM needs AVX512-VNNI")
+
+
+def _formats(n: int, k: int) -> dict[str, quant.QWeight]:
+    g = torch.Generator().manual_seed(n * 7 + k)
+    w = torch.randn(n, k, generator=g) * 0.05
+    w[0, :32] *= 40  # one loud block: its scale must stay its own
+    i8, i4 = quant.quantize_int8(w), quant.quantize_int4(w, 32)
+    q8 = quant.quantize_int8(w, 32)
+    fmts = {
+        "int8-per-channel": i8,
+        "q8_0 (fp16 scales, group 32)": quant.QWeight(8, 32, q8.data, q8.scales.half(), None),
+        "int4-g32 (mins)": i4,
+        "q4_0 (symmetric, fp16)": quant.QWeight(4, 32, i4.data, i4.scales.half(), None),
+        "q4_1 (fp16 mins)": quant.QWeight(4, 32, i4.data, i4.scales.half(), i4.mins.half()),
+    }
+    if k % 128 == 0:
+        fmts["int4-g128"] = quant.quantize_int4(w, 128)
+    if n % 4 == 0 and k % 64 == 0:
+        fmts["q4_0 in 4-row tiles"] = quant.tile_rows4(fmts["q4_0 (symmetric, fp16)"])
+    return fmts
+
+
+@pytest.mark.parametrize("n,k", [(64, 256), (200, 96), (130, 4352)])
+def test_panels_round_trip_exactly(n: int, k: int) -> None:
+    for name, qw in _formats(n, k).items():
+        p = quant.to_panels(qw)
+        assert p.shape == (n, k) and p.kernel_code in quant.PANEL_CODES, name
+        assert torch.equal(quant.dequantize(p), quant.dequantize(qw)), name
+        assert p.nbytes() <= quant.untile_rows4(qw).nbytes() * (-(-n // 64) * 64) / n + 1, name
+
+
+@needs_panels
+@pytest.mark.parametrize("n,k", [(200, 256), (130, 4352)])  # (4352 = 68 blocks: two K blocks of the kernel)
+@pytest.mark.parametrize("act", ["panels", "panels2"])
+def test_panel_gemm_equals_dequantized_reference(n: int, k: int, act: str) -> None:
+    """Every row count (tile tails 1-5, two row tiles, a prompt-sized M), bias, padded last panel; rows of a big call
+    bit-identical to the same rows alone (a prompt's last token recomputed alone gets the same numbers)."""
+    rounding = quant.quantize_activations if act == "panels" else quant.quantize_activations_x2
+    g = torch.Generator().manual_seed(1)
+    bias = torch.randn(n, generator=g)
+    for name, qw in _formats(n, k).items():
+        p = quant.to_panels(qw)
+        w = quant.dequantize(qw).double()
+        for m in (1, 5, 8, 13, 70):
+            x = (torch.randn(m, k, generator=g) * 2).to(torch.bfloat16)
+            got = quant._run(x, p, bias, act=act)
+            want = rounding(x.float()).double() @ w.t() + bias.double()
+            err = ((got.double() - want).abs().max() / want.abs().max()).item()
+            assert err < 2e-6, f"{name} M={m}: relative error {err:.2e}"
+            if m == 13:
+                alone = quant._run(x[7:8].contiguous(), p, bias, act=act)
+                assert torch.equal(alone, got[7:8]), name
+
+
+@needs_panels
+def test_int8x2_is_closer_than_int8() -> None:
+    """The two-term activations give a result within ~amax / 64516 of fp32 x; one term within ~amax / 254."""
+    qw = quant.to_panels(quant.quantize_int8(torch.randn(128, 512) * 0.05))
+    x = torch.randn(4, 512)
+    exact = x.double() @ quant.dequantize(qw).double().t()
+    e1 = (quant._run(x, qw, None, act="panels").double() - exact).abs().max().item()
+    e2 = (quant._run(x, qw, None, act="panels2").double() - exact).abs().max().item()
+    assert e2 < e1 / 50
+
+
+@needs_panels
+@pytest.mark.parametrize("scheme", ["int8", "int4-g32", "int4"])
+def test_quant_linear_uses_panels(scheme: str) -> None:
+    """QuantLinear re-lays its weight at load on VNNI CPUs; the layer's output equals the plain rows' kernels within
+    fp32 summation order (same activation rounding, quant.ACTIVATIONS)."""
+    g = torch.Generator().manual_seed(3)
+    w = torch.randn(192, 512, generator=g) * 0.05
+    lin = QuantLinear(512, 192, scheme=scheme)
+    lin.load_shard("weight", None, w)
+    assert lin.qweight.panel_rows == 192 and lin.weight.data_ptr() == lin.qweight.data.data_ptr()
+    plain = quant.from_panels(lin.qweight)
+    for m in (1, 3):
+        x = torch.randn(m, 512, generator=g)
+        want = quant._run(x, plain, None)  # the row kernels with the same activations
+        torch.testing.assert_close(lin(x), want, rtol=1e-5, atol=1e-5)
