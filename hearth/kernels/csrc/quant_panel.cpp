@@ -34,6 +34,7 @@ constexpr int kCols = 64;   // outputs per panel
 constexpr int kQuads = 8;   // k quads per block of 32
 // K block in blocks of 32 (2048 values): one block for a 0.5-1.1B model's hidden size.
 constexpr int64_t kMaxKC = 64;
+constexpr int64_t kPrefetchBytes = 4096;
 
 enum DType { kF32 = 0, kBF16 = 1, kF16 = 2 };
 
@@ -116,11 +117,12 @@ inline __m512i bcast32(const int8_t* p) {
 
 // R x rows [m0, m0 + R) against one panel over blocks [b0, b1): out (row stride ldo) gets the sums, added to what
 // it holds (accumulate: a later K block) or to the bias (first block; null: none). nvalid: the panel's real columns.
-// int8x2 takes the panel in two passes of 32 columns (2 x 2 x R integer accumulators), int8 in one of 64.
+// int8 takes the panel in one pass of 64 columns (4 x R integer accumulators), int8x2 too up to 3 rows (2 x 4 x R),
+// from 4 rows in two passes of 32 columns (2 x 2 x R): at most 24 accumulators.
 template <int R, int BITS, bool X2, bool MINS, class S>
 void tile(const XQ& xq, int64_t m0, const uint8_t* wp, const S* sp, const S* mp, int64_t b0, int64_t b1,
           int64_t spg, float* out, int64_t ldo, bool accumulate, const float* bias, int nvalid) {
-  constexpr int NV = X2 ? 2 : 4;  // 16-column vectors per pass
+  constexpr int NV = X2 && R > 3 ? 2 : 4;  // 16-column vectors per pass
   constexpr int32_t kOff = MINS ? 0 : (BITS == 8 ? 128 : 8);
   constexpr int64_t kQuadBytes = BITS == 8 ? 256 : 128;
   const __m512i nib = _mm512_set1_epi8(0x0F);
@@ -144,11 +146,15 @@ void tile(const XQ& xq, int64_t m0, const uint8_t* wp, const S* sp, const S* mp,
         }
       }
       const uint8_t* wb = wp + b * kQuads * kQuadBytes;
-      _mm_prefetch(reinterpret_cast<const char*>(wb + 4 * kQuads * kQuadBytes), _MM_HINT_T0);
       const int8_t* x1p = xq.q1 + m0 * K + 32 * b;
       const int8_t* x2p = xq.q2 + m0 * K + 32 * b;
 #pragma GCC unroll 8
       for (int qd = 0; qd < kQuads; ++qd) {
+        // Every line of the panel kPrefetchBytes ahead (the hardware prefetcher alone left decode steps of a few
+        // rows waiting on memory between dot products).
+#pragma GCC unroll 4
+        for (int64_t l = 0; l < kQuadBytes; l += 64)
+          _mm_prefetch(reinterpret_cast<const char*>(wb + qd * kQuadBytes + l) + kPrefetchBytes, _MM_HINT_T0);
         __m512i w[NV];
         if constexpr (BITS == 8) {
 #pragma GCC unroll 4
@@ -223,7 +229,7 @@ void tile_r(int r, const XQ& xq, int64_t m0, const uint8_t* wp, const S* sp, con
 template <int BITS, bool X2, bool MINS, class S>
 void gemm(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, const uint8_t* w, int64_t N,
           const S* scales, const S* mins, int64_t group, const float* bias, float* out, int nthreads) {
-  constexpr int MR = 6;
+  constexpr int MR = X2 ? 2 : 3;
   const int64_t nb = K / 32, spg = group / 32, ng = K / group, P = (N + kCols - 1) / kCols;
   const int64_t panel_bytes = nb * kQuads * (BITS == 8 ? 256 : 128), ntiles = (M + MR - 1) / MR;
   thread_local std::vector<int8_t> qbuf;
