@@ -402,6 +402,32 @@ def from_panels(qw: QWeight) -> QWeight:
     return QWeight(qw.bits, qw.group, data.contiguous(), per_row(qw.scales), per_row(qw.mins))
 
 
+def _gather_panels(qw: QWeight, ids: torch.Tensor) -> torch.Tensor:
+    """dequantize(qw)[ids] read from the panels (a tied head's table: token lookups), without unpacking the table."""
+    n, k = qw.shape
+    ids = ids.to(torch.int64).reshape(-1)
+    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= n):
+        raise IndexError(f"token id out of range for an embedding table of {n} rows")
+    p, c = ids // PANEL_COLS, ids % PANEL_COLS
+    panels = qw.data.shape[0]
+    if qw.bits == 8:
+        q = qw.data.view(panels, k // 4, PANEL_COLS, 4)[p, :, c, :].reshape(-1, k).to(torch.int16) - 128
+    else:  # byte (v, i) of a quad: column 32v + i low nibble, 32v + 16 + i high
+        b = qw.data.view(panels, k // 4, 2, 16, 4)[p, :, c // 32, c % 16, :].reshape(-1, k)
+        q = (b >> (4 * ((c % 32) // 16)).to(torch.uint8)[:, None]) & 0x0F
+    g = qw.group
+    ng = k // g
+
+    def pick(t: torch.Tensor) -> torch.Tensor:
+        return t.view(panels, ng, PANEL_COLS)[p, :, c].float()[..., None]
+
+    s = pick(qw.scales)
+    if qw.bits == 8:
+        return (q.float().reshape(-1, ng, g) * s).reshape(-1, k)
+    mins = pick(qw.mins) if qw.mins is not None else -8.0 * s
+    return torch.addcmul(mins, q.float().reshape(-1, ng, g), s).reshape(-1, k)
+
+
 def dequantize(qw: QWeight) -> torch.Tensor:
     """Reference dequantization (torch): fp32 [N, K], the same floats the kernels compute in registers."""
     qw = from_panels(qw)
@@ -523,7 +549,9 @@ def dequantize_gather(qw: QWeight, ids: torch.Tensor) -> torch.Tensor:
     """Rows `ids` (int64 [n]) of the dequantized weight, fp32 [n, K]: an embedding lookup. IndexError for an id
     outside the table, as F.embedding."""
     n_rows, k = qw.shape
-    if not available() or qw.panel_rows:
+    if qw.panel_rows:
+        return _gather_panels(qw, ids)
+    if not available():
         return dequantize(qw.index_rows(ids))
     ids = ids.to(torch.int64).contiguous()
     out = torch.empty(ids.numel(), k, dtype=torch.float32)

@@ -123,7 +123,8 @@ def _head_weight(head: GGUFBlocks) -> QWeight:
     n, k = head.shape
     if head.type_name == "Q6_K" and quant.Q6_TILES and quant.available() and n % 4 == 0 and k % 256 == 0:
         return quant_gguf.repack_q6_tiles(head)
-    return head.repack()
+    qw = head.repack()
+    return quant.to_panels(qw) if quant.can_panel(qw) else qw
 
 
 def load_model(args: EngineArgs) -> LoadedModel:
@@ -203,6 +204,8 @@ def _load_gguf(path: str, args: EngineArgs) -> LoadedModel:
     model = _build(arch, hf_cfg, max_len, dtype, ckpt.tensors(dtype, keep), scheme)
     embed_q = getattr(getattr(getattr(model, "model", None), "embed_tokens", None), "qweight", None)
     if embed_q is not None and not ckpt.has_output_weight:
+        if quant.can_panel(embed_q):  # the head's product dominates (lookups gather from the panels)
+            embed_q = model.model.embed_tokens.qweight = quant.to_panels(embed_q)
         model.lm_head_qweight = embed_q  # a tied head: the embedding's blocks, already repacked
     else:
         head = ckpt.head_blocks(keep) if keep else None

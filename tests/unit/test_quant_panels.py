@@ -89,3 +89,15 @@ def test_quant_linear_uses_panels(scheme: str) -> None:
         x = torch.randn(m, 512, generator=g)
         want = quant._run(x, plain, None)  # the row kernels with the same activations
         torch.testing.assert_close(lin(x), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("n,k", [(200, 256), (130, 96)])
+def test_lookup_from_panels_equals_rows(n: int, k: int) -> None:
+    """A tied head's table in panels: embedding lookups gather the same floats as the plain rows give, in order,
+    repeated ids included; an id past the table is an IndexError like F.embedding's."""
+    ids = torch.tensor([0, n - 1, 63, 64, 5, 5, 130 % n, 31, 32, 47, 48])
+    for name, qw in _formats(n, k).items():
+        want = quant.dequantize(qw)[ids]
+        assert torch.equal(quant.dequantize_gather(quant.to_panels(qw), ids), want), name
+    with pytest.raises(IndexError):
+        quant.dequantize_gather(quant.to_panels(qw), torch.tensor([n]))
