@@ -48,8 +48,14 @@ def run(ns: argparse.Namespace) -> int:
 
 
 def _quant_gemm_row() -> str:
+    import torch
+
     from hearth.kernels import quant
 
+    probe = quant.QWeight(8, 32, torch.zeros(64, 32, dtype=torch.int8), torch.ones(64, 1), None)
+    if quant.can_panel(probe):
+        return (f"VNNI panels: one vpdpbusd kernel for every row count, {quant.ACTIVATIONS} activations "
+                f"(HEARTH_QUANT_PANELS=0: the row kernels)")
     if quant.gemm_enabled() and quant._vnni_keeps_few_rows():
         return (f"fp32 GEMM in prompt steps and, in broadcast form, in decode steps from {quant.BCAST_MIN_M} rows; "
                 f"VNNI integer dots below (HEARTH_QUANT_GEMM=1: the GEMM from 4 / 8 rows, 0: integer dots only)")

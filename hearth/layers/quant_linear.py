@@ -13,7 +13,8 @@ type is also kept in its blocks (model_loader, CausalLMBase.lm_head_qweight).
 QuantLinear is a Linear (the model's loader fills it through the same `load_shard`); `weight` holds the packed
 integers, `scales` / `mins` are buffers. Forward: hearth.kernels.quant.linear (the C++ kernel for decode shapes, which
 by default splits activations into two int8 terms per block of 32 for integer dot products, within amax/64516 of
-fp32 -- see quant.ACTIVATIONS; dequantized row tiles + torch's fp32 GEMM for prefill).
+fp32 -- see quant.ACTIVATIONS; dequantized row tiles + torch's fp32 GEMM for prefill). On AVX512-VNNI CPUs the weight
+is re-laid at load into VNNI panels (quant.to_panels), which one kernel multiplies at every row count.
 """
 from __future__ import annotations
 

@@ -3,6 +3,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from tests.tiny_models import build_checkpoint, tiny_config
 
@@ -63,7 +64,10 @@ def test_doctor_reports_isa():
     gemm_row = next(line for line in r.stdout.splitlines() if line.startswith("quantized weights, several rows"))
     # the row starts with what runs; its hint in parentheses names the other choice
     in_use = gemm_row.removeprefix("quantized weights, several rows").strip()
-    assert in_use.startswith("fp32 GEMM" if quant.gemm_enabled() else "integer-dot kernels")
+    probe = quant.QWeight(8, 32, torch.zeros(64, 32, dtype=torch.int8), torch.ones(64, 1), None)
+    want = ("VNNI panels" if quant.can_panel(probe) else "fp32 GEMM" if quant.gemm_enabled()
+            else "integer-dot kernels")
+    assert in_use.startswith(want)
 
 
 def test_server_staggers_prompts_by_default_offline_runs_do_not():
