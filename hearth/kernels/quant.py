@@ -367,25 +367,32 @@ def can_panel(qw: QWeight) -> bool:
             and qw.group % 32 == 0 and qw.shape[1] % 32 == 0 and qw.shape[0] > 0)
 
 
-def to_panels(qw: QWeight) -> QWeight:
-    """The weight in VNNI panels (csrc/quant_panel.cpp's layout; exact: from_panels gives the rows back)."""
+def to_panels(qw: QWeight, chunk: int = 64) -> QWeight:
+    """The weight in VNNI panels (csrc/quant_panel.cpp's layout; exact: from_panels gives the rows back). Re-laid
+    `chunk` panels at a time into the result, so a big table (a tied head's) needs little memory beyond it."""
     qw = untile_rows4(qw)
     n, k = qw.shape
     p = -(-n // PANEL_COLS)
+    per_panel = PANEL_COLS * k // (1 if qw.bits == 8 else 2)
+    data = torch.empty(p, per_panel, dtype=torch.uint8)
+    for p0 in range(0, p, chunk):
+        p1 = min(p, p0 + chunk)
+        rows = qw.data[p0 * PANEL_COLS:min(n, p1 * PANEL_COLS)]
+        u = rows.view(torch.uint8) ^ 0x80 if qw.bits == 8 else unpack_u4(rows)  # int8: q + 128 (mod 256)
+        u = F.pad(u, (0, 0, 0, (p1 - p0) * PANEL_COLS - u.shape[0]))
+        u = u.reshape(p1 - p0, PANEL_COLS, k // 4, 4).permute(0, 2, 1, 3)  # [panels, K/4, 64, 4]
+        if qw.bits == 4:  # columns 32v + i (low nibble) and 32v + 16 + i (high) share byte (v, i)
+            u = u.reshape(p1 - p0, k // 4, 2, 2, 16, 4)
+            u = u[:, :, :, 0] | (u[:, :, :, 1] << 4)
+        data[p0:p1] = u.reshape(p1 - p0, -1)
     pad = p * PANEL_COLS - n
-    u = (qw.data.to(torch.int16) + 128).to(torch.uint8) if qw.bits == 8 else unpack_u4(qw.data)
-    u = F.pad(u, (0, 0, 0, pad)).reshape(p, PANEL_COLS, k // 4, 4).permute(0, 2, 1, 3)  # [P, K/4, 64, 4]
-    if qw.bits == 4:  # columns 32v + i (low nibble) and 32v + 16 + i (high) share byte (v, i)
-        u = u.reshape(p, k // 4, 2, 2, 16, 4)
-        u = u[:, :, :, 0] | (u[:, :, :, 1] << 4)
-    data = u.reshape(p, -1).contiguous()
 
-    def per_panel(s: torch.Tensor | None) -> torch.Tensor | None:
+    def per_panel_scales(s: torch.Tensor | None) -> torch.Tensor | None:
         if s is None:
             return None
         return F.pad(s, (0, 0, 0, pad)).reshape(p, PANEL_COLS, -1).transpose(1, 2).reshape(p, -1).contiguous()
 
-    return QWeight(qw.bits, qw.group, data, per_panel(qw.scales), per_panel(qw.mins), panel_rows=n)
+    return QWeight(qw.bits, qw.group, data, per_panel_scales(qw.scales), per_panel_scales(qw.mins), panel_rows=n)
 
 
 def from_panels(qw: QWeight) -> QWeight:

@@ -37,6 +37,7 @@ def test_panels_round_trip_exactly(n: int, k: int) -> None:
         p = quant.to_panels(qw)
         assert p.shape == (n, k) and p.kernel_code in quant.PANEL_CODES, name
         assert torch.equal(quant.dequantize(p), quant.dequantize(qw)), name
+        assert torch.equal(quant.to_panels(qw, chunk=1).data, p.data), name  # re-laid a panel at a time: same bytes
         assert p.nbytes() <= quant.untile_rows4(qw).nbytes() * (-(-n // 64) * 64) / n + 1, name
 
 
