@@ -122,7 +122,7 @@ inline __m512i bcast32(const int8_t* p) {
 // the panel's real columns. R <= 3 (int8: 12 integer + 12 float accumulators) or R <= 2 (int8x2: 16 + 8): every
 // sum stays in a register. (Measured against 6-row int8 tiles with the float sums in memory and 32-column passes:
 // Qwen2.5-0.5B gate_up Q4_0, 128 rows, 773 -> 1222 GOP/s; int8x2 396 -> 582.)
-template <int R, int BITS, bool X2, bool MINS, class S>
+template <int R, int BITS, bool X2, bool MINS, class S, bool PF>
 void tile(const XQ& xq, int64_t m0, const uint8_t* wp, const S* sp, const S* mp, int64_t b0, int64_t b1,
           int64_t spg, float* out, int64_t ldo, bool accumulate, const float* bias, int nvalid) {
   constexpr int NV = 4;  // 16-column vectors
@@ -156,8 +156,9 @@ void tile(const XQ& xq, int64_t m0, const uint8_t* wp, const S* sp, const S* mp,
     for (int qd = 0; qd < kQuads; ++qd) {
       // Every line of the panel kPrefetchBytes ahead (the hardware prefetcher alone left decode steps of a few
       // rows waiting on memory between dot products: Qwen2.5-0.5B Q8_0 stack, 8 rows, 29.7 -> 15.7 ms).
+      // (PF: only the first row tile of a pass over the panel; the others find it in L1 / L2.)
 #pragma GCC unroll 4
-      for (int64_t l = 0; l < kQuadBytes; l += 64)
+      for (int64_t l = 0; l < (PF ? kQuadBytes : 0); l += 64)
         _mm_prefetch(reinterpret_cast<const char*>(wb + qd * kQuadBytes + l) + kPrefetchBytes, _MM_HINT_T0);
       __m512i w[NV];
       if constexpr (BITS == 8) {
@@ -217,13 +218,15 @@ void tile(const XQ& xq, int64_t m0, const uint8_t* wp, const S* sp, const S* mp,
   }
 }
 
-template <int BITS, bool X2, bool MINS, class S>
+template <int BITS, bool X2, bool MINS, class S, bool PF>
 void tile_r(int r, const XQ& xq, int64_t m0, const uint8_t* wp, const S* sp, const S* mp, int64_t b0, int64_t b1,
             int64_t spg, float* out, int64_t ldo, bool accumulate, const float* bias, int nvalid) {
-  if (r == 1) return tile<1, BITS, X2, MINS, S>(xq, m0, wp, sp, mp, b0, b1, spg, out, ldo, accumulate, bias, nvalid);
+#define HQ_TILE(R) tile<R, BITS, X2, MINS, S, PF>(xq, m0, wp, sp, mp, b0, b1, spg, out, ldo, accumulate, bias, nvalid)
+  if (r == 1) return HQ_TILE(1);
   if constexpr (!X2)
-    if (r == 3) return tile<3, BITS, X2, MINS, S>(xq, m0, wp, sp, mp, b0, b1, spg, out, ldo, accumulate, bias, nvalid);
-  return tile<2, BITS, X2, MINS, S>(xq, m0, wp, sp, mp, b0, b1, spg, out, ldo, accumulate, bias, nvalid);
+    if (r == 3) return HQ_TILE(3);
+  return HQ_TILE(2);
+#undef HQ_TILE
 }
 
 // out [M][N] = x . W^T (+ bias) over the panels: x quantized first (rows in parallel), then the blocked loop of
@@ -252,11 +255,13 @@ void gemm(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, const u
                  in + M * nb + m * nb, fl + M * nb + m * nb);
   const int64_t nk = (nb + kMaxKC - 1) / kMaxKC, KC = (nb + nk - 1) / nk;
   const int nt = (int)std::max<int64_t>(1, std::min<int64_t>(nthreads, std::max(P, ntiles)));
-  blocked_loop(P, ntiles, nb, KC, 1, 64, nt, [&](int64_t t, int64_t p, int64_t b0, int64_t kc) {
+  constexpr int64_t kMC = 64;  // row tiles per pass over a panel block
+  blocked_loop(P, ntiles, nb, KC, 1, kMC, nt, [&](int64_t t, int64_t p, int64_t b0, int64_t kc) {
     const int64_t m0 = t * MR, r = std::min<int64_t>(MR, M - m0), col = p * kCols;
-    tile_r<BITS, X2, MINS, S>((int)r, xq, m0, w + p * panel_bytes, scales + p * ng * kCols,
-                              MINS ? mins + p * ng * kCols : nullptr, b0, b0 + kc, spg, out + m0 * N + col, N,
-                              b0 > 0, bias ? bias + col : nullptr, (int)std::min<int64_t>(kCols, N - col));
+    auto fn = t % kMC == 0 ? tile_r<BITS, X2, MINS, S, true> : tile_r<BITS, X2, MINS, S, false>;
+    fn((int)r, xq, m0, w + p * panel_bytes, scales + p * ng * kCols, MINS ? mins + p * ng * kCols : nullptr, b0,
+       b0 + kc, spg, out + m0 * N + col, N, b0 > 0, bias ? bias + col : nullptr,
+       (int)std::min<int64_t>(kCols, N - col));
   });
 }
 
