@@ -171,7 +171,10 @@ def test_tool_choice_constraints(compiler, tok):
     assert tool_choice_constraint(tools, "auto") is None
     named = tool_choice_constraint(tools, {"type": "function", "function": {"name": "f"}})
     assert named.json == SCHEMA
+    parallel = tool_choice_constraint(tools, "required")  # one or more calls
+    assert parallel.json["type"] == "array" and parallel.json["minItems"] == 1 and "maxItems" not in parallel.json
     required = tool_choice_constraint(tools, "required", parallel_tool_calls=False)
+    assert required.json["maxItems"] == 1
     for seed in range(5):
         text, done = _run_grammar(compiler, tok, required, seed, steps=150)
         assert done, text
