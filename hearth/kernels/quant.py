@@ -208,6 +208,8 @@ def _lib() -> ctypes.CDLL | None:
     lib.hq_linear_panels.restype = i32
     lib.hq_linear_panels2.argtypes = lib.hq_linear.argtypes
     lib.hq_linear_panels2.restype = i32
+    lib.hq_pack_panels.argtypes = [ptr, i32, i64, i64, i64, ptr, i32]
+    lib.hq_pack_panels.restype = i32
     lib.hq_dequant.argtypes = [ptr, i32, i64, i64, ptr, ptr, i64, i64, i64, i64, ptr, i32, i32, i32]
     lib.hq_dequant.restype = i32
     lib.hq_dequant_gather.argtypes = [ptr, i32, i64, i64, ptr, ptr, i64, i64, i64, ptr, i64, ptr, i32, i32, i32]
@@ -367,15 +369,19 @@ def can_panel(qw: QWeight) -> bool:
             and qw.group % 32 == 0 and qw.shape[1] % 32 == 0 and qw.shape[0] > 0)
 
 
-def to_panels(qw: QWeight, chunk: int = 64) -> QWeight:
-    """The weight in VNNI panels (csrc/quant_panel.cpp's layout; exact: from_panels gives the rows back). Re-laid
-    `chunk` panels at a time into the result, so a big table (a tied head's) needs little memory beyond it."""
+def to_panels(qw: QWeight, chunk: int = 64, kernel: bool = True) -> QWeight:
+    """The weight in VNNI panels (csrc/quant_panel.cpp's layout; exact: from_panels gives the rows back): by the
+    kernel library's packer (hq_pack_panels), or (kernel=False, or no VNNI) in torch, `chunk` panels at a time into
+    the result, so a big table (a tied head's) needs little memory beyond it. Same bytes either way."""
     qw = untile_rows4(qw)
     n, k = qw.shape
     p = -(-n // PANEL_COLS)
     per_panel = PANEL_COLS * k // (1 if qw.bits == 8 else 2)
     data = torch.empty(p, per_panel, dtype=torch.uint8)
-    for p0 in range(0, p, chunk):
+    src = qw.data if qw.data.stride(1) == 1 else qw.data.contiguous()
+    packed = kernel and available() and _lib().hq_pack_panels(src.data_ptr(), qw.bits, n, k, src.stride(0), data.data_ptr(),
+                                                    torch.get_num_threads()) == 0
+    for p0 in range(0, 0 if packed else p, chunk):  # (the torch form: no VNNI kernels here; the tests' reference)
         p1 = min(p, p0 + chunk)
         rows = qw.data[p0 * PANEL_COLS:min(n, p1 * PANEL_COLS)]
         u = rows.view(torch.uint8) ^ 0x80 if qw.bits == 8 else unpack_u4(rows)  # int8: q + 128 (mod 256)

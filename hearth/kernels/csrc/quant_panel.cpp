@@ -21,6 +21,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <climits>
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -281,6 +282,52 @@ void gemm_s(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, const
   return gemm<BITS, X2, false>(x, x_dtype, M, K, ldx, w, N, s, mn, group, bias, out, nthreads);
 }
 
+// Panels [p0, p1) of a plain int8 [N][ldw] / int4 [N][ldw bytes] weight into dst (quant.to_panels's layout, byte for
+// byte): each 64-byte vector of a quad is 16 rows' 32-bit groups, gathered; int4 picks each k's nibble half
+// (elements 0-15 of a block are low nibbles, 16-31 high) and joins two rows per byte. Rows past N become zeros.
+void pack_range(const uint8_t* src, int bits, int64_t N, int64_t K, int64_t ldw, uint8_t* dst, int64_t p0,
+                int64_t p1) {
+  const int64_t quads = K / 4, panel_bytes = bits == 8 ? kCols * K : kCols * K / 2;
+  const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const __m512i low = _mm512_set1_epi32(0x0F0F0F0F), flip = _mm512_set1_epi32(int32_t(0x80808080u));
+  for (int64_t p = p0; p < p1; ++p) {
+    const uint8_t* base = src + p * kCols * ldw;
+    uint8_t* d = dst + p * panel_bytes;
+    auto rows = [&](int first, __m512i& idx, __mmask16& valid) {  // 16 rows from panel row `first`
+      const __m512i r = _mm512_add_epi32(lane, _mm512_set1_epi32(first));
+      valid = _mm512_cmplt_epi32_mask(r, _mm512_set1_epi32(int32_t(std::min<int64_t>(kCols, N - p * kCols))));
+      idx = _mm512_mullo_epi32(r, _mm512_set1_epi32(int32_t(ldw)));
+    };
+    if (bits == 8) {
+      for (int v = 0; v < 4; ++v) {
+        __m512i idx;
+        __mmask16 ok;
+        rows(16 * v, idx, ok);
+        for (int64_t j = 0; j < quads; ++j) {
+          const __m512i g = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), ok, idx, base + 4 * j, 1);
+          _mm512_storeu_si512(d + j * 256 + v * 64, _mm512_maskz_xor_epi32(ok, g, flip));
+        }
+      }
+    } else {
+      for (int v = 0; v < 2; ++v) {
+        __m512i ia, ib;
+        __mmask16 oka, okb;
+        rows(32 * v, ia, oka);
+        rows(32 * v + 16, ib, okb);
+        for (int64_t j = 0; j < quads; ++j) {
+          const int64_t e = (4 * j) % 32, off = (4 * j) / 32 * 16 + e % 16;
+          const __m128i sh = _mm_cvtsi32_si128(int(4 * (e / 16)));
+          const __m512i a = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), oka, ia, base + off, 1);
+          const __m512i b = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), okb, ib, base + off, 1);
+          const __m512i lo = _mm512_and_si512(_mm512_srl_epi32(a, sh), low);
+          const __m512i hi = _mm512_and_si512(_mm512_srl_epi32(b, sh), low);
+          _mm512_storeu_si512(d + j * 128 + v * 64, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 4)));
+        }
+      }
+    }
+  }
+}
+
 #pragma GCC pop_options
 
 int run(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, const void* w, int code, int64_t N,
@@ -306,6 +353,21 @@ int run(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, const voi
 }  // namespace
 
 extern "C" {
+
+// w (plain rows: int8 [N][ldw], or int4 [N][ldw] bytes with GGUF's nibble order; bits 8 / 4) -> dst (ceil(N / 64)
+// panels, quant.to_panels's layout) over nthreads. Returns 0, -1 without AVX512-VNNI, -2 for a shape it does not take.
+int hq_pack_panels(const void* w, int bits, int64_t N, int64_t K, int64_t ldw, uint8_t* dst, int nthreads) {
+  if (!cpu_has_vnni()) return -1;
+  if ((bits != 8 && bits != 4) || K % 32 || N <= 0 || 64 * ldw > INT32_MAX) return -2;
+  const int64_t P = (N + kCols - 1) / kCols;
+  const int nt = (int)std::max<int64_t>(1, std::min<int64_t>(nthreads, P));
+#pragma omp parallel num_threads(nt)
+  {
+    const int64_t t = omp_get_thread_num(), T = omp_get_num_threads();
+    pack_range(static_cast<const uint8_t*>(w), bits, N, K, ldw, dst, P * t / T, P * (t + 1) / T);
+  }
+  return 0;
+}
 
 // out [M][N] (fp32) = x [M][K] (row stride ldx; f32 / bf16 / f16) . W^T (+ bias), W in VNNI panels (code
 // kPanelsInt8 / kPanelsInt4, see the layout above; scales and mins per panel [K / group][64], fp16 if scale_f16),
