@@ -379,8 +379,8 @@ def to_panels(qw: QWeight, chunk: int = 64, kernel: bool = True) -> QWeight:
     per_panel = PANEL_COLS * k // (1 if qw.bits == 8 else 2)
     data = torch.empty(p, per_panel, dtype=torch.uint8)
     src = qw.data if qw.data.stride(1) == 1 else qw.data.contiguous()
-    packed = kernel and available() and _lib().hq_pack_panels(src.data_ptr(), qw.bits, n, k, src.stride(0), data.data_ptr(),
-                                                    torch.get_num_threads()) == 0
+    packed = kernel and available() and _lib().hq_pack_panels(
+        src.data_ptr(), qw.bits, n, k, src.stride(0), data.data_ptr(), torch.get_num_threads()) == 0
     for p0 in range(0, 0 if packed else p, chunk):  # (the torch form: no VNNI kernels here; the tests' reference)
         p1 = min(p, p0 + chunk)
         rows = qw.data[p0 * PANEL_COLS:min(n, p1 * PANEL_COLS)]
