@@ -206,19 +206,9 @@ void tile(const XQ& xq, int64_t m0, const uint8_t* wp, const S* sp, const S* mp,
       }
     }
   }
-#pragma GCC unroll 4
-  for (int c = 0; c < NV; ++c) {
-    const int col = c * 16, n = nvalid - col;
-    const __mmask16 mask = n >= 16 ? 0xFFFF : n <= 0 ? 0 : __mmask16((1u << n) - 1);
-#pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) {
-      float* o = out + r * ldo + col;
-      const float* add = accumulate ? o : bias ? bias + col : nullptr;
-      __m512 v = f[r][c];
-      if (add) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, add));
-      _mm512_mask_storeu_ps(o, mask, v);
-    }
-  }
+  // (panel_common.h's store for two 32-column halves: the same masked add of the bias or earlier K blocks)
+  const int nv[2] = {std::min(nvalid, 32), std::max(nvalid - 32, 0)};
+  store_tile<R, NV>(f, out, ldo, accumulate, bias, nv);
 }
 
 template <int BITS, bool X2, bool MINS, class S, bool PF>
