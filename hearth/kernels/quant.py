@@ -357,8 +357,6 @@ def _untile_q6(qw: QWeight) -> QWeight:
 PANELS = envs.quant_panels()
 PANEL_COLS = 64
 PANEL_CODES = (5, 6)  # QWeight.kernel_code of int8 / int4 panels (csrc/hk_api.h kPanelsInt8 / kPanelsInt4)
-# The panel kernel for ACTIVATIONS (can_panel leaves "float" on the row kernels).
-PANEL_ACT = "panels2" if ACTIVATIONS == "int8x2" else "panels"
 
 
 def can_panel(qw: QWeight) -> bool:
@@ -630,7 +628,8 @@ def linear(x: torch.Tensor, qw: QWeight, bias: torch.Tensor | None = None) -> to
     b = None if bias is None else bias.float().contiguous()
     x2 = x.reshape(m, k)
     if qw.panel_rows and m > 0:  # (can_panel: the kernels run here)
-        y = _run(x2, qw, b, act=PANEL_ACT)
+        # (ACTIVATIONS read per call, as the row kernels and can_panel do: "float" never reaches panels)
+        y = _run(x2, qw, b, act="panels2" if ACTIVATIONS == "int8x2" else "panels")
         return y.reshape(*x.shape[:-1], qw.shape[0]).to(x.dtype)
     rows = gemm_min_rows(qw) if available() and x.dtype in _DTYPE_CODE else 0
     prompt = getattr(_prompt, "on", False)

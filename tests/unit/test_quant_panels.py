@@ -77,10 +77,12 @@ def test_int8x2_is_closer_than_int8() -> None:
 
 
 @needs_panels
+@pytest.mark.parametrize("activations", ["int8x2", "int8"])
 @pytest.mark.parametrize("scheme", ["int8", "int4-g32", "int4"])
-def test_quant_linear_uses_panels(scheme: str) -> None:
+def test_quant_linear_uses_panels(scheme: str, activations: str, monkeypatch) -> None:
     """QuantLinear re-lays its weight at load on VNNI CPUs; the layer's output equals the plain rows' kernels within
-    fp32 summation order (same activation rounding, quant.ACTIVATIONS)."""
+    fp32 summation order, with the activation rounding quant.ACTIVATIONS names at the call (as the rows read it)."""
+    monkeypatch.setattr(quant, "ACTIVATIONS", activations)
     g = torch.Generator().manual_seed(3)
     w = torch.randn(192, 512, generator=g) * 0.05
     lin = QuantLinear(512, 192, scheme=scheme)
