@@ -91,7 +91,8 @@ def _linear_desc(lin, keep: list) -> _Linear | None:
     if qw is not None:
         keep += [qw.data, qw.scales, qw.mins]
         n, k = qw.shape
-        if not quant.available() or not quant.supports(k, qw.group):
+        if not quant.available() or not quant.supports(k, qw.group) or (
+                qw.panel_rows and quant.ACTIVATIONS == "float"):  # (panels: int8 / int8x2 only; see quant.linear)
             return None
         return _Linear(_QUANT_KIND[quant.ACTIVATIONS], qw.kernel_code, qw.data.data_ptr(), n, k,
                        qw.data.stride(0), bias.data_ptr() if bias is not None else None, qw.scales.data_ptr(),

@@ -628,8 +628,10 @@ def linear(x: torch.Tensor, qw: QWeight, bias: torch.Tensor | None = None) -> to
     b = None if bias is None else bias.float().contiguous()
     x2 = x.reshape(m, k)
     if qw.panel_rows and m > 0:  # (can_panel: the kernels run here)
-        # (ACTIVATIONS read per call, as the row kernels and can_panel do: "float" never reaches panels)
-        y = _run(x2, qw, b, act="panels2" if ACTIVATIONS == "int8x2" else "panels")
+        if ACTIVATIONS == "float":  # (only if it changed after the load: can_panel keeps float weights in rows)
+            raise RuntimeError("quantized weights were re-laid into VNNI panels at load, which take int8 / int8x2 "
+                               "activations: set HEARTH_QUANT_ACT=float (or HEARTH_QUANT_PANELS=0) before loading")
+        y = _run(x2, qw, b, act="panels2" if ACTIVATIONS == "int8x2" else "panels")  # (ACTIVATIONS per call)
         return y.reshape(*x.shape[:-1], qw.shape[0]).to(x.dtype)
     rows = gemm_min_rows(qw) if available() and x.dtype in _DTYPE_CODE else 0
     prompt = getattr(_prompt, "on", False)

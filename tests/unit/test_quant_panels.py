@@ -105,3 +105,15 @@ def test_lookup_from_panels_equals_rows(n: int, k: int) -> None:
         assert torch.equal(quant.dequantize_gather(quant.to_panels(qw), ids), want), name
     with pytest.raises(IndexError):
         quant.dequantize_gather(quant.to_panels(qw), torch.tensor([n]))
+
+
+@needs_panels
+def test_float_activations_after_load_name_the_fix(monkeypatch) -> None:
+    """Panels take int8 / int8x2 activations only: switching quant.ACTIVATIONS to float after the load is an error
+    that names the setting to use before loading, not a silent other rounding."""
+    lin = QuantLinear(256, 64, scheme="int8")
+    lin.load_shard("weight", None, torch.randn(64, 256))
+    assert lin.qweight.panel_rows
+    monkeypatch.setattr(quant, "ACTIVATIONS", "float")
+    with pytest.raises(RuntimeError, match="HEARTH_QUANT_ACT=float"):
+        lin(torch.randn(2, 256))
