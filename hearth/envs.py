@@ -81,19 +81,20 @@ def panels_enabled() -> bool:
     return _flag("HEARTH_PANELS", True)
 
 
-_QUANT_ACT = {"int8x2": "int8x2", "x2": "int8x2", "int8": "int8", "i8": "int8", "q8": "int8", "float": "float",
-              "fp32": "float"}
+_QUANT_ACT = {"auto": "auto", "int8x2": "int8x2", "x2": "int8x2", "int8": "int8", "i8": "int8", "q8": "int8",
+              "float": "float", "fp32": "float"}
 
 
 def quant_activations() -> str:
-    """HEARTH_QUANT_ACT: how quantized decode kernels take x (kernels/quant.py): int8x2 (default), int8, float."""
+    """HEARTH_QUANT_ACT: how quantized kernels take x (kernels/quant.py): auto (default: int8x2, prompt tokens int8 on
+    VNNI panels), int8x2, int8, float."""
     value = _first("HEARTH_QUANT_ACT")
     if value is None:
-        return "int8x2"
+        return "auto"
     try:
         return _QUANT_ACT[value.strip().lower()]
     except KeyError:
-        raise ValueError(f"HEARTH_QUANT_ACT must be int8x2, int8 or float, got {value!r}") from None
+        raise ValueError(f"HEARTH_QUANT_ACT must be auto, int8x2, int8 or float, got {value!r}") from None
 
 
 def quant_gemm() -> str:

@@ -88,10 +88,15 @@ class ModelRunner:
         self.decode_batch.reset()
         seqs = [SeqInput(_new_tokens(s), s.request.num_computed_tokens, block_manager.block_table(s.request.request_id))
                 for s in scheduled]
-        order = sorted(range(len(seqs)), key=lambda i: not seqs[i].is_decode)  # decodes first (stable)
+        # Generated tokens first (decodes, then speculative verification or a recomputed tail), then prompts (stable):
+        # quant.prompt_rows rounds the rows after the generated ones as prompt tokens. (prepare_inputs: decodes lead.)
+        generated = [s.request.num_computed_tokens >= s.request.num_prompt_tokens for s in scheduled]
+        order = sorted(range(len(seqs)), key=lambda i: (not generated[i], not seqs[i].is_decode))
         ordered = [scheduled[i] for i in order]
         input_ids, positions, meta = prepare_inputs([seqs[i] for i in order], self.block_size)
-        with quant.prompt_rows():  # (quantized weights: a prompt's rows get the same numbers however many run)
+        gen_rows = sum(s.num_new_tokens for s, g in zip(scheduled, generated) if g)
+        # (quantized weights: a prompt's rows get the same numbers however many run)
+        with quant.prompt_rows(gen_rows, int(input_ids.shape[0])):
             hidden = self.model(input_ids, positions, meta)  # [T, hidden]
         return self._sample(hidden, ordered)
 

@@ -62,7 +62,7 @@ class _Layer(ctypes.Structure):
 
 class _Step(ctypes.Structure):
     _fields_ = [("T", i64), ("positions", ptr), ("slots", ptr), ("block_tables", ptr), ("bt_stride", i64),
-                ("query_start", ptr), ("context_lens", ptr), ("num_seqs", i64)]
+                ("query_start", ptr), ("context_lens", ptr), ("num_seqs", i64), ("int8_from", i64)]
 
 
 @functools.cache
@@ -236,7 +236,8 @@ class DecodeProgram:
         slots = meta.slot_mapping.to(torch.int64).contiguous()
         bt = meta.block_tables
         step = _Step(x.shape[0], pos.data_ptr(), slots.data_ptr(), bt.data_ptr(), bt.stride(0),
-                     meta.query_start_loc.data_ptr(), meta.context_lens.data_ptr(), meta.num_seqs)
+                     meta.query_start_loc.data_ptr(), meta.context_lens.data_ptr(), meta.num_seqs,
+                     quant._int8_from(x.shape[0]))  # (prompt rows' rounding: quant.prompt_rows)
         norm = (None, 0.0, 0.0, None)
         if out is not None:
             norm = (final_norm.weight32().data_ptr(), final_norm.offset, final_norm.eps, out.data_ptr())

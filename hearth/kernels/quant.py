@@ -87,7 +87,12 @@ MAX_KERNEL_M = 128
 # and uses integer dot products; "int8" one term (llama.cpp's scheme, can flip near ties); "float" keeps x in fp32
 # and dequantizes the weights in registers (exactly the dequantized float model up to summation order, ~2-3x slower).
 # HEARTH_QUANT_ACT=float|int8|int8x2 selects one process-wide, see the module doc.
-ACTIVATIONS = envs.quant_activations()
+_ACT_SETTING = envs.quant_activations()
+# The rounding of x for the integer kernels: "int8x2", "int8" or "float" (see the module doc).
+ACTIVATIONS = "int8x2" if _ACT_SETTING == "auto" else _ACT_SETTING
+# HEARTH_QUANT_ACT=auto (default): where ACTIVATIONS is int8x2, prompt rows on VNNI panels take single-term int8
+# (llama.cpp's rounding) and generated tokens keep int8x2; see prompt_rows.
+PROMPT_INT8 = _ACT_SETTING == "auto"
 # hq_linear_gemm for several rows: "auto" on AVX-512 CPUs (with VNNI from BCAST_MIN_M rows and in prompt steps only),
 # "1" from gemm_min_rows' few rows wherever AVX-512 runs, "0" never.
 _GEMM_MODE = envs.quant_gemm()
@@ -501,14 +506,14 @@ def gemm_min_rows(qw: QWeight) -> int:
 
 
 def _run(x: torch.Tensor, qw: QWeight, bias: torch.Tensor | None, isa_code: int | None = None,
-         act: str | None = None) -> torch.Tensor:
-    """The C++ kernel on x [M, K] -> fp32 [M, N]; act "float", "int8", "int8x2", "gemm" or "bcast" (the GEMM's
-    broadcast form) (default: ACTIVATIONS), see the module doc."""
+         act: str | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """The C++ kernel on x [M, K] -> fp32 [M, N] (into out, contiguous, if given); act "float", "int8", "int8x2",
+    "gemm" or "bcast" (the GEMM's broadcast form) (default: ACTIVATIONS), see the module doc."""
     m, k = x.shape
     n = qw.shape[0]
     if x.stride(1) != 1 or (m > 1 and x.stride(0) < k):
         x = x.contiguous()
-    out = torch.empty(m, n, dtype=torch.float32)
+    out = torch.empty(m, n, dtype=torch.float32) if out is None else out
     act = act or ACTIVATIONS
     fn = {"int8": _lib().hq_linear_dot, "int8x2": _lib().hq_linear_dot2, "float": _lib().hq_linear,
           "gemm": _lib().hq_linear_gemm, "bcast": _lib().hq_linear_gemm_bcast,
@@ -602,17 +607,31 @@ def _tiled(x: torch.Tensor, qw: QWeight, bias: torch.Tensor | None) -> torch.Ten
 
 
 @contextlib.contextmanager
-def prompt_rows():
+def prompt_rows(generated: int = 0, total: int | None = None):
     """Mark a forward pass that carries prompt tokens: where the GEMM runs (gemm_min_rows > 0), its rows take it
     whatever their count (up to GEMM_MAX_M). A prompt's last token recomputed alone after a prefix-cache hit then gets
     exactly the numbers it had inside its full prefill (the GEMM's per-row sums do not depend on the other rows), so a
-    repeated seeded request samples the same tokens."""
-    prev = getattr(_prompt, "on", False)
-    _prompt.on = True
+    repeated seeded request samples the same tokens.
+
+    The step's first `generated` of its `total` rows (None: any count) are generated tokens (decodes, speculative
+    verification); with PROMPT_INT8 the others, prompt rows, take single-term int8 activations on int8x2 VNNI panels:
+    prompts are the compute-bound part, where int8x2's two vpdpbusd per multiply-add cost as much as bf16 (prefill 1.5x
+    faster with one), and each row's rounding depends only on whether it is a prompt token, not on what runs beside
+    it. Linears whose row count is not `total` (MoE experts' token subsets) keep int8x2 for every row."""
+    prev = getattr(_prompt, "on", False), getattr(_prompt, "generated", 0), getattr(_prompt, "total", None)
+    _prompt.on, _prompt.generated, _prompt.total = True, generated, total
     try:
         yield
     finally:
-        _prompt.on = prev
+        _prompt.on, _prompt.generated, _prompt.total = prev
+
+
+def _int8_from(m: int) -> int:
+    """Rows [0, result) of an m-row panel call in int8x2, the rest in single-term int8 (see prompt_rows)."""
+    if not (PROMPT_INT8 and ACTIVATIONS == "int8x2" and getattr(_prompt, "on", False)):
+        return m
+    total = _prompt.total
+    return min(m, _prompt.generated) if total is None or total == m else m
 
 
 def linear(x: torch.Tensor, qw: QWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -631,7 +650,12 @@ def linear(x: torch.Tensor, qw: QWeight, bias: torch.Tensor | None = None) -> to
         if ACTIVATIONS == "float":  # (only if it changed after the load: can_panel keeps float weights in rows)
             raise RuntimeError("quantized weights were re-laid into VNNI panels at load, which take int8 / int8x2 "
                                "activations: set HEARTH_QUANT_ACT=float (or HEARTH_QUANT_PANELS=0) before loading")
-        y = _run(x2, qw, b, act="panels2" if ACTIVATIONS == "int8x2" else "panels")  # (ACTIVATIONS per call)
+        split = _int8_from(m) if ACTIVATIONS == "int8x2" else 0  # (ACTIVATIONS per call)
+        y = torch.empty(m, qw.shape[0], dtype=torch.float32)
+        if split:
+            _run(x2[:split], qw, b, act="panels2", out=y[:split])
+        if split < m:
+            _run(x2[split:], qw, b, act="panels", out=y[split:])
         return y.reshape(*x.shape[:-1], qw.shape[0]).to(x.dtype)
     rows = gemm_min_rows(qw) if available() and x.dtype in _DTYPE_CODE else 0
     prompt = getattr(_prompt, "on", False)

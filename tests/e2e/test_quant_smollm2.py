@@ -2,9 +2,10 @@
 
 - Default load keeps Q4_1 quantized (hearth int4, group 32). With float activations greedy tokens equal the
   dequantized fp32 model's (`--quantization none`, gguf.quants dequantization): same weights, same math up to
-  summation order. So do they with two-term int8 activations (the default, HEARTH_QUANT_ACT=int8x2: x ~ d2 * (254 q1
+  summation order. So do they with two-term int8 activations everywhere (HEARTH_QUANT_ACT=int8x2: x ~ d2 * (254 q1
   + q2) per block of 32, error <= amax / 64516). With activations rounded to int8 blocks of 32 (HEARTH_QUANT_ACT=int8,
-  llama.cpp's scheme) they equal it or first differ where fp32's top-2 logits are within INT8_MARGIN.
+  llama.cpp's scheme), or only prompt tokens so (the default, auto, on VNNI panels), they equal it or first differ
+  where fp32's top-2 logits are within INT8_MARGIN.
 - `--quantization int8` (per-channel, from the dequantized fp32 weights): greedy tokens equal fp32's, or first
   differ at a step where fp32's top-2 logits are within INT8_MARGIN.
 """
@@ -72,14 +73,17 @@ def _check_q4_1_layers(llm: LLM) -> None:
 @pytest.mark.parametrize("activations", ["float", "int8x2"])
 def test_q4_1_kept_quantized_equals_dequantized(dense, monkeypatch, activations: str) -> None:
     monkeypatch.setattr(quant, "ACTIVATIONS", activations)
+    monkeypatch.setattr(quant, "PROMPT_INT8", False)
     llm, outs = _greedy(None)
     _check_q4_1_layers(llm)
     for ref, got in zip(dense, outs):
         assert got.token_ids == ref.token_ids
 
 
-def test_q4_1_kept_quantized_int8_activations_within_margin(dense, monkeypatch) -> None:
-    monkeypatch.setattr(quant, "ACTIVATIONS", "int8")
+@pytest.mark.parametrize("activations", ["int8", "auto"])
+def test_q4_1_kept_quantized_int8_activations_within_margin(dense, monkeypatch, activations: str) -> None:
+    monkeypatch.setattr(quant, "ACTIVATIONS", "int8" if activations == "int8" else "int8x2")
+    monkeypatch.setattr(quant, "PROMPT_INT8", activations == "auto")
     llm, outs = _greedy(None)
     _check_q4_1_layers(llm)
     _assert_within_margin(dense, outs)

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from hearth import LLM, SamplingParams
+from hearth.kernels import quant
 from tests.tiny_models import hf_greedy_loop
 
 pytestmark = pytest.mark.slow
@@ -28,13 +29,19 @@ def llm() -> LLM:
 
 
 def test_chat_capital_of_france(llm: LLM) -> None:
-    out = llm.chat([{"role": "user", "content": "What is the capital of France?"}],
+    # With a system turn (as the server test asks): the bare question starts on a near tie ("The" -1.88 vs "L" -1.97
+    # in fp32, an exact tie in bf16) that any rounding may tip into "L'Etoile, la Marseillaise, ...".
+    out = llm.chat([{"role": "system", "content": "You are a helpful assistant."},
+                    {"role": "user", "content": "What is the capital of France?"}],
                    SamplingParams(temperature=0.0, max_tokens=32))
     assert "Paris" in out[0].outputs[0].text
     assert out[0].outputs[0].finish_reason == "stop"
 
 
-def test_greedy_tokens_equal_transformers_on_same_gguf(llm: LLM) -> None:
+def test_greedy_tokens_equal_transformers_on_same_gguf(llm: LLM, monkeypatch) -> None:
+    # Exact with two-term int8 activations throughout (HEARTH_QUANT_ACT=int8x2); the default also rounds prompt rows
+    # to one int8 term on VNNI panels, held to a margin in tests/e2e/test_quant_smollm2.py.
+    monkeypatch.setattr(quant, "PROMPT_INT8", False)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = smollm2_path()

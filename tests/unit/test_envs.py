@@ -23,15 +23,15 @@ def test_a_flag_typo_is_an_error_not_the_default(monkeypatch):
 def test_quant_modes(monkeypatch):
     monkeypatch.delenv("HEARTH_QUANT_ACT", raising=False)
     monkeypatch.delenv("HEARTH_QUANT_GEMM", raising=False)
-    assert envs.quant_activations() == "int8x2" and envs.quant_gemm() == "auto"
-    for value, want in (("x2", "int8x2"), ("INT8", "int8"), ("fp32", "float")):
+    assert envs.quant_activations() == "auto" and envs.quant_gemm() == "auto"
+    for value, want in (("AUTO", "auto"), ("x2", "int8x2"), ("INT8", "int8"), ("fp32", "float")):
         monkeypatch.setenv("HEARTH_QUANT_ACT", value)
         assert envs.quant_activations() == want
     for value, want in (("Auto", "auto"), ("1", "on"), ("off", "off")):
         monkeypatch.setenv("HEARTH_QUANT_GEMM", value)
         assert envs.quant_gemm() == want
     monkeypatch.setenv("HEARTH_QUANT_ACT", "int4")
-    with pytest.raises(ValueError, match="HEARTH_QUANT_ACT must be int8x2, int8 or float, got 'int4'"):
+    with pytest.raises(ValueError, match="HEARTH_QUANT_ACT must be auto, int8x2, int8 or float, got 'int4'"):
         envs.quant_activations()
     monkeypatch.setenv("HEARTH_QUANT_GEMM", "2")
     with pytest.raises(ValueError, match="HEARTH_QUANT_GEMM must be auto, 1 or 0"):

@@ -117,3 +117,55 @@ def test_float_activations_after_load_name_the_fix(monkeypatch) -> None:
     monkeypatch.setattr(quant, "ACTIVATIONS", "float")
     with pytest.raises(RuntimeError, match="HEARTH_QUANT_ACT=float"):
         lin(torch.randn(2, 256))
+
+
+def _run_staggered(llm, a: list[int], b: list[int] | None, steps: int) -> list:
+    """A alone for two steps, then (if b) B's prompt joins while A decodes; A's tokens and top logprobs."""
+    from hearth import SamplingParams
+
+    eng = llm.engine
+    params = SamplingParams(temperature=0.0, max_tokens=steps, ignore_eos=True, logprobs=3)
+    eng.add_request("a", a, params)
+    got: list = []
+    for i in range(200):  # (bounded)
+        if i == 2 and b is not None:
+            eng.add_request("b", b, params)
+        for out in eng.step():
+            if out.request_id == "a":
+                got += [(t, lp.top) for t, lp in zip(out.new_token_ids, out.new_logprobs)]
+        if not eng.has_unfinished_requests():
+            break
+    return got
+
+
+@needs_panels
+@pytest.mark.parametrize("layer_path", [False, True])
+def test_prompt_rows_take_int8_and_generated_rows_do_not_notice(tmp_path, monkeypatch, layer_path: bool) -> None:
+    """HEARTH_QUANT_ACT=auto: a step's prompt rows take single-term int8 on int8x2 panels, its generated rows int8x2,
+    so a sequence's decode gives the same tokens and logprobs whether or not a prompt shares its steps (both in the
+    C decode program and the layer path)."""
+    from hearth import LLM
+    from hearth.models.blocks import DecoderModel
+    from tests.tiny_models import build_checkpoint, tiny_config
+
+    monkeypatch.setattr(quant, "ACTIVATIONS", "int8x2")
+    monkeypatch.setattr(quant, "PROMPT_INT8", True)
+    if layer_path:
+        monkeypatch.setattr(DecoderModel, "_decode_program", lambda self: None)
+    folder = build_checkpoint(str(tmp_path / "q"), tiny_config("llama", num_hidden_layers=2))
+    llm = LLM(folder, kv_cache_space=0.05, enable_prefix_caching=False, dtype="float32", quantization="int4-g32")
+    a, b = [5, 17, 42, 99, 7, 3], list(range(30, 70))
+    alone = _run_staggered(llm, a, None, 8)
+    calls: list[tuple[str, int]] = []
+    real = quant._run
+    monkeypatch.setattr(quant, "_run",
+                        lambda x, *r, **kw: calls.append((kw.get("act"), x.shape[0])) or real(x, *r, **kw))
+    mixed = _run_staggered(llm, a, b, 8)
+    assert mixed == alone
+    if layer_path:  # the step where B's 40 prompt rows ran beside A's decode row: split 1 + 40
+        assert ("panels2", 1) in calls and ("panels", 40) in calls
+    # prompt rows are rounded differently: B's logprobs alone differ from an all-int8x2 run of the same engine
+    monkeypatch.setattr(quant, "PROMPT_INT8", False)
+    all_x2 = _run_staggered(llm, b, None, 4)
+    monkeypatch.setattr(quant, "PROMPT_INT8", True)
+    assert _run_staggered(llm, b, None, 4) != all_x2

@@ -10,6 +10,7 @@
 // Layouts are described once per model (HkLayerDesc, built by hearth/kernels/decoder.py) and per step (HkStepDesc).
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -80,6 +81,9 @@ struct HkStepDesc {
   const int32_t* query_start;  // [num_seqs + 1]
   const int32_t* context_lens;  // [num_seqs]
   int64_t num_seqs;
+  // Rows from this one on (a step's prompt tokens, after its generated ones) take single-term int8 activations on
+  // int8x2 VNNI panels (quant.prompt_rows); T = none.
+  int64_t int8_from;
 };
 
 int64_t elem_size(int dtype) { return dtype == kF32 ? 4 : 2; }
@@ -121,7 +125,7 @@ void widen_rows(const void* src, int dtype, int64_t T, int64_t D, int64_t ld, fl
 
 // y (dtype) [T][N] = x (dtype) [T][K] . W^T (+ bias), through fp32 like the Python layer.
 int project(const HkLinearDesc& l, const void* x, int64_t T, int dtype, std::vector<float>& f32, void* y, int isa,
-            int threads) {
+            int threads, int64_t int8_from) {
   int rc;
   if (l.kind == kFloat && l.w_dtype == kBF16DotPanels && dtype == kBF16) {  // bf16 from the tiles (same rounding)
     const bool parts = l.nparts > 1;
@@ -135,9 +139,18 @@ int project(const HkLinearDesc& l, const void* x, int64_t T, int dtype, std::vec
   } else if (l.kind == kFloat) {
     rc = hk_linear(x, dtype, T, l.K, l.K, l.w, l.w_dtype, l.N, l.ldw, l.bias, f32.data(), isa, 0, threads);
   } else if (l.w_dtype == kPanelsInt8 || l.w_dtype == kPanelsInt4) {  // VNNI panels: every row count
-    auto fn = l.kind == kQuantInt8 ? hq_linear_panels : hq_linear_panels2;
-    rc = fn(x, dtype, T, l.K, l.K, l.w, l.w_dtype, l.N, l.ldw, l.scales, l.mins, l.ldg, l.group, l.bias, f32.data(),
-            isa, threads, l.scale_f16);
+    // Rows [0, split) in the linear's rounding, the rest (prompt rows, int8x2 linears only) in single-term int8:
+    // per-row sums do not depend on the other rows, so two calls give each row what it would get alone.
+    const int64_t split = l.kind == kQuantInt8 ? 0 : std::min(T, std::max<int64_t>(int8_from, 0));
+    const char* xb = static_cast<const char*>(x);
+    rc = 0;
+    if (split > 0)
+      rc = hq_linear_panels2(x, dtype, split, l.K, l.K, l.w, l.w_dtype, l.N, l.ldw, l.scales, l.mins, l.ldg, l.group,
+                             l.bias, f32.data(), isa, threads, l.scale_f16);
+    if (!rc && split < T)
+      rc = hq_linear_panels(xb + split * l.K * elem_size(dtype), dtype, T - split, l.K, l.K, l.w, l.w_dtype, l.N,
+                            l.ldw, l.scales, l.mins, l.ldg, l.group, l.bias, f32.data() + split * l.N, isa, threads,
+                            l.scale_f16);
   } else if (l.gemm_min_m > 0 && T >= l.gemm_min_m) {  // (a decode step: many rows take the broadcast form)
     auto fn = T >= l.bcast_min_m ? hq_linear_gemm_bcast : hq_linear_gemm;
     rc = fn(x, dtype, T, l.K, l.K, l.w, l.w_dtype, l.N, l.ldw, l.scales, l.mins, l.ldg, l.group, l.bias, f32.data(),
@@ -187,7 +200,7 @@ int hk_decoder_layers(const HkLayerDesc* layers, int64_t n, const HkStepDesc* st
     }
     if (rc) return rc;
     b.qkv.resize(T * nqkv * es);
-    if ((rc = project(L.qkv, b.h.data(), T, dtype, b.f32, b.qkv.data(), isa, threads))) return rc;
+    if ((rc = project(L.qkv, b.h.data(), T, dtype, b.f32, b.qkv.data(), isa, threads, st->int8_from))) return rc;
     uint8_t* q = b.qkv.data();
     uint8_t* k = q + nq * es;
     uint8_t* v = k + nkv * es;
@@ -213,7 +226,7 @@ int hk_decoder_layers(const HkLayerDesc* layers, int64_t n, const HkStepDesc* st
     if (rc) return rc;
     b.att.resize(T * nq * es);
     narrow(b.att32.data(), dtype, T * nq, b.att.data());
-    if ((rc = project(L.o, b.att.data(), T, dtype, b.f32, x, isa, threads))) return rc;
+    if ((rc = project(L.o, b.att.data(), T, dtype, b.f32, x, isa, threads, st->int8_from))) return rc;
     if (L.post_norm1 && (rc = hk_rms_norm(x, hidden, nullptr, 0, L.post_norm1, L.norm_offset, L.eps, x, nullptr, T,
                                           hidden, dtype, threads)))
       return rc;
@@ -223,10 +236,10 @@ int hk_decoder_layers(const HkLayerDesc* layers, int64_t n, const HkStepDesc* st
       return rc;
     const int64_t inter = L.gate_up.N / 2;
     b.gu.resize(T * L.gate_up.N * es);
-    if ((rc = project(L.gate_up, b.h.data(), T, dtype, b.f32, b.gu.data(), isa, threads))) return rc;
+    if ((rc = project(L.gate_up, b.h.data(), T, dtype, b.f32, b.gu.data(), isa, threads, st->int8_from))) return rc;
     b.act.resize(T * inter * es);
     if ((rc = hk_act_and_mul(b.gu.data(), L.gate_up.N, b.act.data(), T, inter, L.act, dtype, threads))) return rc;
-    if ((rc = project(L.down, b.act.data(), T, dtype, b.f32, x, isa, threads))) return rc;
+    if ((rc = project(L.down, b.act.data(), T, dtype, b.f32, x, isa, threads, st->int8_from))) return rc;
     if (L.post_norm2 && (rc = hk_rms_norm(x, hidden, nullptr, 0, L.post_norm2, L.norm_offset, L.eps, x, nullptr, T,
                                           hidden, dtype, threads)))
       return rc;
