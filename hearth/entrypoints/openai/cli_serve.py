@@ -68,8 +68,25 @@ def _load_engine(ns: argparse.Namespace):
 
     ticker = threading.Thread(target=tick, daemon=True)
     ticker.start()
+    # Built on a thread that then exits, taking its OpenMP worker pool with it: libgomp counts every pool's threads,
+    # and with more of them than CPUs it stops spinning at barriers (GOMP_SPINCOUNT's throttled value, 100 spins),
+    # so the engine thread's pool would sleep and wake on a futex at each of the ~300 parallel regions of a step.
+    # (The event loop's thread, this one, then never runs a parallel region.)
+    result: list = []
+
+    def build() -> None:
+        try:
+            result.append(LLMEngine(args))
+        except BaseException as e:  # re-raised on this thread
+            result.append(e)
+
     try:
-        return LLMEngine(args)
+        loader = threading.Thread(target=build, name="hearth-load")
+        loader.start()
+        loader.join()
+        if isinstance(result[0], BaseException):
+            raise result[0]
+        return result[0]
     finally:
         done.set()
         ticker.join()
