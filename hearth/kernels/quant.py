@@ -15,7 +15,8 @@ inline (`tile_rows4`, QWeight.tiled; HEARTH_INT4_TILES=0 keeps plain rows): the 
 tile of four output rows reads one address range instead of eight streams. Results are bit-identical; TinyLlama
 Q4_0 batch-1 decode was ~9% faster (4 alternated pairs, median tok/s).
 
-Decode kernels (M <= MAX_KERNEL_M), three variants (ACTIVATIONS; HEARTH_QUANT_ACT=float|int8|int8x2):
+Decode kernels (M <= MAX_KERNEL_M), three variants (ACTIVATIONS; HEARTH_QUANT_ACT=float|int8|int8x2, or auto: int8x2
+with PROMPT_INT8, see prompt_rows):
   "int8x2" (default) two-term int8 activations: per block of 32, d1 = amax / 127, q1 = round(x / d1), d2 = d1 / 254,
                     q2 = round((x - 254 d2 q1) / d2), so x ~ d2 * (254 q1 + q2) with error <= d2 / 2 = amax / 64516
                     (see quantize_activations_x2, bit-exact to the kernel). Two integer dot chains (maddubs + madd)
@@ -47,10 +48,13 @@ p10-p90 spread ~10-30%), per linear, float / int8 / int8x2: 2048x2048 (in cache)
 360 / 156 / 251 us; 32000x2048 (DRAM) int4-g32 16.6 / 5.2 / 5.1 ms, int8 17.7 / 7.3 / 6.9 ms (int8x2 is as
 memory-bound as int8 there). TinyLlama-shape Q4_0 decode step, process CPU ms, 1 thread: float 314, int8x2 138,
 int8 132 (2.3x; ranges +-10-15%); 2 threads under heavy contention: 857 / 482 / 411 CPU ms.
-Why not plain int8 by default: on the bundled SmolLM2 Q4_1, "What is the capital of France?" starts with a near tie
-("The" -1.88 vs "L" -1.96); int8 activations flip it and the answer derails ("L'Etoile, la Marseillaise, ..."),
-exactly as llama.cpp's llama-server answers on the same file, while float and int8x2 activations give the same
-logprobs to 0.01 and answer "The capital of France is Paris.".
+Why not plain int8 everywhere: it moves logprobs ~3x as much as int8x2 (SmolLM2 Q4_1, fp32 activations as reference,
+2386 teacher-forced tokens, mean top-20 KL: int8x2 6.7e-8 in an fp32 model; in the default bf16 model dtype int8x2
+1.0e-3 vs the dtype's own 9.1e-4, int8 3.2e-3), and a decode step of a few rows is memory-bound, so two terms cost
+nothing there. Prompts are compute-bound (int8x2's two vpdpbusd per multiply-add run at bf16's rate), so the
+default (auto) rounds prompt rows to one term on VNNI panels: prefill ~1.4x faster. Near ties go either way under
+any rounding: SmolLM2 Q4_1 asked "What is the capital of France?" without a system turn starts "The" -1.88 vs "L"
+-1.97 in fp32, an exact tie in bf16, and "L" derails ("L'Etoile, la Marseillaise, ...", as llama.cpp answers).
 
 On AVX512-VNNI CPUs quantized projections are re-laid at load into VNNI panels instead (to_panels, PANELS;
 csrc/quant_panel.cpp): 64 columns x 4 k per 32-bit lane group, read by one broadcast-form vpdpbusd GEMM for every row
