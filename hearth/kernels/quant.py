@@ -619,7 +619,7 @@ def prompt_rows(generated: int = 0, total: int | None = None):
 
     The step's first `generated` of its `total` rows (None: any count) are generated tokens (decodes, speculative
     verification); with PROMPT_INT8 the others, prompt rows, take single-term int8 activations on int8x2 VNNI panels:
-    prompts are the compute-bound part, where int8x2's two vpdpbusd per multiply-add cost as much as bf16 (prefill 1.5x
+    prompts are the compute-bound part, where int8x2's two vpdpbusd per multiply-add cost as much as bf16 (prefill ~1.4x
     faster with one), and each row's rounding depends only on whether it is a prompt token, not on what runs beside
     it. Linears whose row count is not `total` (MoE experts' token subsets) keep int8x2 for every row."""
     prev = getattr(_prompt, "on", False), getattr(_prompt, "generated", 0), getattr(_prompt, "total", None)
