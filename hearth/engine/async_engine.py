@@ -140,8 +140,9 @@ class AsyncEngine:
     def start(self) -> None:
         if self._thread is None:
             if self.engine.bound_cores:
-                # The loading thread (this one, the event loop's) stops running the model: unpin it so it does
-                # not share core 0 with the engine thread's OpenMP master.
+                # If the model was loaded on this thread (the event loop's; `hearth serve` loads on a thread that
+                # exits instead, see cli_serve._load_engine), it stops running the model: unpin it so it does not
+                # share core 0 with the engine thread's OpenMP master.
                 release_calling_thread()
             self._thread = threading.Thread(target=self._run, name="hearth-engine", daemon=True)
             self._thread.start()
