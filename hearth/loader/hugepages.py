@@ -10,7 +10,8 @@ attributes such as `lm_head_qweight`) of at least `min_bytes` is copied once int
 MADV_HUGEPAGE, and every tensor object the modules hold that viewed it (parameters, buffers, attributes) is
 re-pointed in place (`Tensor.set_`), so aliases (a QuantLinear's `weight` Parameter and its `qweight.data`, a tied
 head) stay aliases. One arena for all weights: each tensor only pays 64-byte alignment, not a 2 MiB page of padding.
-Run before anything caches raw pointers (the decode program is built later, by the model runner).
+Run before anything caches raw pointers (the decode program is built later, by the model runner). The copy stops
+after _BUDGET_S seconds (the kernel compacting memory for every 2 MiB fault) and leaves the rest where it is.
 Off with HEARTH_HUGEPAGES=0; a no-op off Linux or when the kernel's THP mode is "never".
 """
 from __future__ import annotations
@@ -30,6 +31,11 @@ from hearth.kernels.quant import QWeight
 logger = logging.getLogger("hearth")
 
 _ALIGN = 64  # bytes; every kernel's loads are unaligned-safe, this keeps rows cache-line aligned
+# Seconds of copying after which the remaining storages stay where they are. Where the kernel has free 2 MiB pages
+# the copy is fast (TinyLlama Q4_0's 0.64 GB in 0.13 s); with THP defrag "madvise" (Debian / Ubuntu's default) and
+# fragmented memory each huge-page fault waits for compaction instead: the same 0.64 GB took 3.1 s and TinyLlama
+# Q8_0's 1.17 GB 3.5-4.2 s, which alone broke the 5 s start-up. The gain is a few percent of decode speed.
+_BUDGET_S = 1.0
 _HUGE = 2 << 20
 _THP_MODE = "/sys/kernel/mm/transparent_hugepage/enabled"
 
@@ -66,7 +72,8 @@ def _held(model: nn.Module) -> Iterator[torch.Tensor | QWeight]:
 
 def move_to_hugepages(model: nn.Module, min_bytes: int = 64 << 10) -> int:
     """Copy the storages of the model's quantized weights (QWeight data / scales / mins) of >= min_bytes into one
-    huge-page arena (see the module doc) and re-point every tensor viewing them. Returns the bytes moved.
+    huge-page arena (see the module doc) and re-point every tensor viewing them, until _BUDGET_S of copying has
+    passed. Returns the bytes moved (arena bytes up to the end of the last storage moved).
     Dense weights stay where they are: a safetensors checkpoint's are the file's own page-cache pages (zero-copy
     load), and copying TinyLlama bf16's 0.95 GB of projections took 2.4 s here with the file's pages cold (0.7 s
     warm): half of the 5 s start-up budget."""
@@ -99,8 +106,14 @@ def move_to_hugepages(model: nn.Module, min_bytes: int = 64 << 10) -> int:
         return 0
     arena_bytes, skip = found
     storage = arena_bytes.untyped_storage()
+    moved, t_copy = 0, time.perf_counter()
     with torch.no_grad():
         for ptr, s in storages.items():
+            if time.perf_counter() - t_copy > _BUDGET_S:  # (the arena's untouched rest costs no memory)
+                logger.info("huge pages: stopped after %.1f s (the kernel is compacting memory for each 2 MiB "
+                            "page); %.2f of %.2f GB of quantized weights stay in 4 KiB pages", _BUDGET_S,
+                            (total - moved) / 1e9, total / 1e9)
+                break
             start = skip + offsets[ptr]
             old = torch.empty(0, dtype=torch.uint8).set_(s, 0, (s.nbytes(),), (1,))
             arena_bytes[offsets[ptr]:offsets[ptr] + s.nbytes()].copy_(old)
@@ -108,10 +121,12 @@ def move_to_hugepages(model: nn.Module, min_bytes: int = 64 << 10) -> int:
                 esize = t.element_size()
                 # byte offset of t inside its old storage, kept inside the new one
                 t.set_(storage, (start + t.storage_offset() * esize) // esize, t.size(), t.stride())
-    del storages, by_storage, old
+            del old  # (the last reference to the old storage: freed before malloc_trim)
+            moved = offsets[ptr] + s.nbytes()
+    del storages, by_storage
     malloc_trim()
-    logger.info("weights in huge pages: %.2f GB in %.2f s", total / 1e9, time.perf_counter() - t0)
-    return total
+    logger.info("weights in huge pages: %.2f GB in %.2f s", moved / 1e9, time.perf_counter() - t0)
+    return moved
 
 
 def arena(nbytes: int) -> tuple[torch.Tensor, int] | None:

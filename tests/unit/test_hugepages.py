@@ -60,3 +60,14 @@ def test_small_storages_and_switch_off(monkeypatch) -> None:
     assert qw.data.data_ptr() == ptr
     monkeypatch.setenv("HEARTH_HUGEPAGES", "0")
     assert not hugepages.enabled()
+
+
+def test_copy_stops_at_its_time_budget(monkeypatch) -> None:
+    """With the budget spent (as when every 2 MiB fault waits for compaction) the weights stay where they are."""
+    root, qw = _model()
+    x = torch.randn(1, 2048)
+    want = quant.linear(x, qw)
+    ptr = qw.data.data_ptr()
+    monkeypatch.setattr(hugepages, "_BUDGET_S", -1.0)
+    assert hugepages.move_to_hugepages(root, min_bytes=1) == 0
+    assert qw.data.data_ptr() == ptr and torch.equal(quant.linear(x, qw), want)
