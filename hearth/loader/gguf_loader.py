@@ -410,11 +410,13 @@ class GGUFCheckpoint:
     _arch: _Arch | None = field(repr=False, default=None)
 
     def tensors(self, dtype: torch.dtype, keep_quantized: frozenset[str] = frozenset(),
-                ) -> Iterator[tuple[str, torch.Tensor | GGUFBlocks]]:
+                placeholders: frozenset[str] = frozenset()) -> Iterator[tuple[str, torch.Tensor | GGUFBlocks]]:
         """(HF name, tensor in HF layout, dtype), one at a time; only one tensor's bytes are resident.
 
         Linear weights and the embedding table of a ggml type named in `keep_quantized` (a subset of
         quant_gguf.KEPT_NAMES: Q8_0, Q4_0, Q4_1, Q4_K, Q6_K) come as GGUFBlocks (raw rows, HF row order) instead.
+        HF names in `placeholders` (values the caller replaces, e.g. a head kept in its blocks) come as zeros of
+        their shape without reading or dequantizing the file's bytes (a stride-0 view: no memory of its own).
         """
         assert self._arch is not None
         cfg = self.hf_config
@@ -426,6 +428,9 @@ class GGUFCheckpoint:
                     hf = _hf_name(info.name, self._arch)
                     if hf is None:
                         continue  # _IGNORED, checked at load
+                    if hf in placeholders:
+                        yield hf, torch.zeros((), dtype=dtype).expand(*info.shape)
+                        continue
                     if _TYPES[info.ggml_type][0] in keep_quantized and (_is_linear_weight(hf, info)
                                                                          or hf == "model.embed_tokens.weight"):
                         yield hf, self._blocks(buf, info, hf)
@@ -446,11 +451,22 @@ class GGUFCheckpoint:
         """False when the head is tied to token_embd.weight (no output.weight tensor)."""
         return any(info.name == "output.weight" for part in self._parts for info in part.tensors)
 
-    def head_blocks(self, keep_quantized: frozenset[str]) -> GGUFBlocks | None:
-        """The LM head's blocks (output.weight, else the tied token_embd.weight) if its type is in keep_quantized."""
+    def _head(self, keep_quantized: frozenset[str]) -> tuple[_Part, _TensorInfo] | None:
         infos = {info.name: (part, info) for part in self._parts for info in part.tensors}
         found = infos.get("output.weight") or infos.get("token_embd.weight")
         if found is None or _TYPES[found[1].ggml_type][0] not in keep_quantized:
+            return None
+        return found
+
+    def head_shape(self, keep_quantized: frozenset[str]) -> tuple[int, ...] | None:
+        """head_blocks' (rows, cols), without reading them; None where head_blocks gives None."""
+        found = self._head(keep_quantized)
+        return None if found is None else tuple(found[1].shape)
+
+    def head_blocks(self, keep_quantized: frozenset[str]) -> GGUFBlocks | None:
+        """The LM head's blocks (output.weight, else the tied token_embd.weight) if its type is in keep_quantized."""
+        found = self._head(keep_quantized)
+        if found is None:
             return None
         part, info = found
         with open(part.path, "rb") as f:

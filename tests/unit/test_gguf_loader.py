@@ -431,3 +431,23 @@ def test_smol_chat_template(smol: dict) -> None:
     text = ck.tokenizer.apply_chat_template(msgs, add_generation_prompt=True)
     assert text == smol["tok"].apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
     assert text.endswith("<|im_start|>assistant\n")
+
+
+def test_kept_untied_head_is_never_dequantized(tmp_path: Path, monkeypatch) -> None:
+    """An output.weight kept in its blocks for the LM head is not dequantized on the way (its dense copy was freed
+    right after: TinyLlama Q8_0, 0.77 s of numpy); the head still comes from the blocks (parity: test_parity_gguf)."""
+    from hearth import LLM, SamplingParams
+    from hearth.loader import gguf_loader
+    from tests.gguf_writer import write_gguf
+    from tests.tiny_models import build_checkpoint, tiny_config
+
+    folder = build_checkpoint(str(tmp_path / "ckpt"), tiny_config("llama"))  # (untied: output.weight is written)
+    write_gguf(folder, tmp_path / "m.gguf", gguf.GGMLQuantizationType.Q8_0)
+    dequantized: list[str] = []
+    real = gguf_loader._dequantize
+    monkeypatch.setattr(gguf_loader, "_dequantize", lambda raw, info: dequantized.append(info.name) or real(raw, info))
+    llm = LLM(str(tmp_path / "m.gguf"), dtype="float32", kv_cache_space=0.05)
+    assert "output.weight" not in dequantized and "output_norm.weight" in dequantized
+    assert llm.engine.model.lm_head_qweight is not None
+    out = llm.generate([{"prompt_token_ids": [5, 6, 7]}], SamplingParams(max_tokens=2, temperature=0.0, logprobs=1))
+    assert len(out[0].outputs[0].token_ids) == 2
