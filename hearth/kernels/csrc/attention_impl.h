@@ -137,6 +137,41 @@ static inline void accumulate_v(float* __restrict acc, const typename KV::E* vb,
   for (int u = 0; u < U; ++u) T::store(acc + u * L, a[u]);
 }
 
+// The same as accumulate_v<KV, U> for RG rows that share keys [j0, j1) (a decode's query heads of one kv head):
+// each V vector is loaded (and widened) once for the RG rows instead of once per row. Per row the same operations
+// in the same order, so the same bits.
+template <class KV, int RG, int U>
+static inline void accumulate_v_rows(float* __restrict acc, int64_t D, const typename KV::E* vb, int64_t ts,
+                                     const float* __restrict sc, int64_t ld, const float* corr, int64_t j0,
+                                     int64_t j1) {
+  typename T::V a[RG][U];
+  for (int g = 0; g < RG; ++g) {
+    const typename T::V vc = T::set1(corr[g]);
+    for (int u = 0; u < U; ++u) a[g][u] = T::mul(T::load(acc + g * D + u * L), vc);
+  }
+  for (int64_t j = j0; j < j1; ++j) {
+    const typename KV::E* vj = vb + j * ts;
+    typename T::V v[U];
+    for (int u = 0; u < U; ++u) v[u] = KV::load(vj + u * L);
+    for (int g = 0; g < RG; ++g) {
+      const typename T::V pv = T::set1(sc[g * ld + j]);
+      for (int u = 0; u < U; ++u) a[g][u] = T::fma(pv, v[u], a[g][u]);
+    }
+  }
+  for (int g = 0; g < RG; ++g)
+    for (int u = 0; u < U; ++u) T::store(acc + g * D + u * L, a[g][u]);
+}
+
+// accumulate_v_rows over all of D for RG rows (row r's acc at acc + r * D, probabilities at sc + r * ld).
+template <class KV, int RG>
+static inline void accumulate_v_group(float* acc, int64_t D, const typename KV::E* vb, int64_t ts, const float* sc,
+                                      int64_t ld, const float* corr, int64_t j0, int64_t j1) {
+  int64_t d = 0;
+  for (; d + 4 * L <= D; d += 4 * L) accumulate_v_rows<KV, RG, 4>(acc + d, D, vb + d, ts, sc, ld, corr, j0, j1);
+  for (; d + 2 * L <= D; d += 2 * L) accumulate_v_rows<KV, RG, 2>(acc + d, D, vb + d, ts, sc, ld, corr, j0, j1);
+  for (; d < D; d += L) accumulate_v_rows<KV, RG, 1>(acc + d, D, vb + d, ts, sc, ld, corr, j0, j1);
+}
+
 template <class KV>
 static void attend(const AttnParams& p, int64_t s, int64_t h, int64_t t0, int64_t nt, float* scratch) {
   using E = typename KV::E;
@@ -164,6 +199,7 @@ static void attend(const AttnParams& p, int64_t s, int64_t h, int64_t t0, int64_
   // One query token (a decode): every row sees the same keys, so their scores are computed together per block.
   const bool shared = nt == 1 && R <= 32;
   const float* qrow[32];
+  float corr_rows[32];  // shared: each row's rescale of its accumulator for this block, for the joint V pass
   if (shared)
     for (int64_t r = 0; r < R; ++r) qrow[r] = p.q + (qs + t0) * p.q_tok_stride + (h * G + r) * D;
   for (int64_t b = lo / bs; b <= b_end; ++b) {
@@ -222,12 +258,30 @@ static void attend(const AttnParams& p, int64_t s, int64_t h, int64_t t0, int64_
         const float* vsc = p.v_scale + (blk * bs) * p.num_kv_heads + h;
         for (int64_t j = j0; j < j1; ++j) sc[j] *= vsc[j * p.num_kv_heads];
       }
+      if (shared) {  // (every row has this block's keys [j0, j1): one query position)
+        corr_rows[r] = corr;
+        continue;
+      }
       float* ar = acc + r * D;
       int64_t d = 0;
       for (; d + 8 * L <= D; d += 8 * L) accumulate_v<KV, 8>(ar + d, vb + d, ts, sc, j0, j1, corr);
       for (; d + 4 * L <= D; d += 4 * L) accumulate_v<KV, 4>(ar + d, vb + d, ts, sc, j0, j1, corr);
       for (; d + 2 * L <= D; d += 2 * L) accumulate_v<KV, 2>(ar + d, vb + d, ts, sc, j0, j1, corr);
       for (; d < D; d += L) accumulate_v<KV, 1>(ar + d, vb + d, ts, sc, j0, j1, corr);
+    }
+    if (shared) {
+      const int64_t j0 = p.window > 0 ? std::max<int64_t>(0, pos0 - p.window + 1 - kp0) : 0;
+      const int64_t j1 = std::min<int64_t>(bs, pos0 - kp0 + 1);
+      if (j0 < j1) {
+        // 4 rows x 4 vectors of accumulators in the 32 zmm registers, 2 x 4 in the 16 of AVX2
+        constexpr int RG = L >= 16 ? 4 : 2;
+        int64_t r = 0;
+        for (; r + RG <= R; r += RG)
+          accumulate_v_group<KV, RG>(acc + r * D, D, vb, ts, sc_rows + r * ld, ld, corr_rows + r, j0, j1);
+        if (R - r == 3) accumulate_v_group<KV, 3>(acc + r * D, D, vb, ts, sc_rows + r * ld, ld, corr_rows + r, j0, j1);
+        if (R - r == 2) accumulate_v_group<KV, 2>(acc + r * D, D, vb, ts, sc_rows + r * ld, ld, corr_rows + r, j0, j1);
+        if (R - r == 1) accumulate_v_group<KV, 1>(acc + r * D, D, vb, ts, sc_rows + r * ld, ld, corr_rows + r, j0, j1);
+      }
     }
   }
   for (int64_t r = 0; r < R; ++r) {
