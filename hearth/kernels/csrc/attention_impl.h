@@ -172,6 +172,22 @@ static inline void accumulate_v_group(float* acc, int64_t D, const typename KV::
   for (; d < D; d += L) accumulate_v_rows<KV, RG, 1>(acc + d, D, vb + d, ts, sc, ld, corr, j0, j1);
 }
 
+// The V pass of R rows sharing one position (shared_scores' counterpart): 4 rows x 4 vectors of accumulators in
+// the 32 zmm registers, 2 x 4 in the 16 of AVX2.
+template <class KV>
+static inline void shared_v(float* acc, int64_t R, int64_t D, const typename KV::E* vb, int64_t ts, const float* sc,
+                            int64_t ld, const float* corr, int64_t j0, int64_t j1) {
+  constexpr int RG = L >= 16 ? 4 : 2;
+  int64_t r = 0;
+  for (; r + RG <= R; r += RG) accumulate_v_group<KV, RG>(acc + r * D, D, vb, ts, sc + r * ld, ld, corr + r, j0, j1);
+  switch (R - r) {
+    case 3: return accumulate_v_group<KV, 3>(acc + r * D, D, vb, ts, sc + r * ld, ld, corr + r, j0, j1);
+    case 2: return accumulate_v_group<KV, 2>(acc + r * D, D, vb, ts, sc + r * ld, ld, corr + r, j0, j1);
+    case 1: return accumulate_v_group<KV, 1>(acc + r * D, D, vb, ts, sc + r * ld, ld, corr + r, j0, j1);
+    default: return;
+  }
+}
+
 template <class KV>
 static void attend(const AttnParams& p, int64_t s, int64_t h, int64_t t0, int64_t nt, float* scratch) {
   using E = typename KV::E;
@@ -209,11 +225,10 @@ static void attend(const AttnParams& p, int64_t s, int64_t h, int64_t t0, int64_
     if (b < b_end) prefetch_block(kbase + table[b + 1] * p.block_stride, vbase + table[b + 1] * p.block_stride,
                                   bs, ts, D);
     const int64_t kp0 = b * bs;
-    if (shared) {
-      const int64_t j0 = p.window > 0 ? std::max<int64_t>(0, pos0 - p.window + 1 - kp0) : 0;
-      const int64_t j1 = std::min<int64_t>(bs, pos0 - kp0 + 1);
-      if (j0 < j1) shared_scores<KV>(qrow, R, kb, ts, D, j0, j1, sc_rows, ld);
-    }
+    // shared: every row's keys of this block, [sj0, sj1)
+    const int64_t sj0 = p.window > 0 ? std::max<int64_t>(0, pos0 - p.window + 1 - kp0) : 0;
+    const int64_t sj1 = std::min<int64_t>(bs, pos0 - kp0 + 1);
+    if (shared && sj0 < sj1) shared_scores<KV>(qrow, R, kb, ts, D, sj0, sj1, sc_rows, ld);
     for (int64_t r = 0; r < R; ++r) {
       float* sc = sc_rows + r * ld;
       const int64_t t = r / G, pos = pos0 + t;
@@ -258,7 +273,7 @@ static void attend(const AttnParams& p, int64_t s, int64_t h, int64_t t0, int64_
         const float* vsc = p.v_scale + (blk * bs) * p.num_kv_heads + h;
         for (int64_t j = j0; j < j1; ++j) sc[j] *= vsc[j * p.num_kv_heads];
       }
-      if (shared) {  // (every row has this block's keys [j0, j1): one query position)
+      if (shared) {  // (the V pass after the loop)
         corr_rows[r] = corr;
         continue;
       }
@@ -269,20 +284,7 @@ static void attend(const AttnParams& p, int64_t s, int64_t h, int64_t t0, int64_
       for (; d + 2 * L <= D; d += 2 * L) accumulate_v<KV, 2>(ar + d, vb + d, ts, sc, j0, j1, corr);
       for (; d < D; d += L) accumulate_v<KV, 1>(ar + d, vb + d, ts, sc, j0, j1, corr);
     }
-    if (shared) {
-      const int64_t j0 = p.window > 0 ? std::max<int64_t>(0, pos0 - p.window + 1 - kp0) : 0;
-      const int64_t j1 = std::min<int64_t>(bs, pos0 - kp0 + 1);
-      if (j0 < j1) {
-        // 4 rows x 4 vectors of accumulators in the 32 zmm registers, 2 x 4 in the 16 of AVX2
-        constexpr int RG = L >= 16 ? 4 : 2;
-        int64_t r = 0;
-        for (; r + RG <= R; r += RG)
-          accumulate_v_group<KV, RG>(acc + r * D, D, vb, ts, sc_rows + r * ld, ld, corr_rows + r, j0, j1);
-        if (R - r == 3) accumulate_v_group<KV, 3>(acc + r * D, D, vb, ts, sc_rows + r * ld, ld, corr_rows + r, j0, j1);
-        if (R - r == 2) accumulate_v_group<KV, 2>(acc + r * D, D, vb, ts, sc_rows + r * ld, ld, corr_rows + r, j0, j1);
-        if (R - r == 1) accumulate_v_group<KV, 1>(acc + r * D, D, vb, ts, sc_rows + r * ld, ld, corr_rows + r, j0, j1);
-      }
-    }
+    if (shared && sj0 < sj1) shared_v<KV>(acc, R, D, vb, ts, sc_rows, ld, corr_rows, sj0, sj1);
   }
   for (int64_t r = 0; r < R; ++r) {
     const int64_t t = r / G;
