@@ -87,7 +87,7 @@ _QUANT_ACT = {"auto": "auto", "int8x2": "int8x2", "x2": "int8x2", "int8": "int8"
 
 def quant_activations() -> str:
     """HEARTH_QUANT_ACT: how quantized kernels take x (kernels/quant.py): auto (default: int8x2, prompt tokens int8 on
-    VNNI panels), int8x2, int8, float."""
+    VNNI panels; int8 for models of mostly 4-bit weights), int8x2, int8, float."""
     value = _first("HEARTH_QUANT_ACT")
     if value is None:
         return "auto"

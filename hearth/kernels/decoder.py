@@ -91,10 +91,11 @@ def _linear_desc(lin, keep: list) -> _Linear | None:
     if qw is not None:
         keep += [qw.data, qw.scales, qw.mins]
         n, k = qw.shape
+        act = qw.activations or quant.ACTIVATIONS
         if not quant.available() or not quant.supports(k, qw.group) or (
-                qw.panel_rows and quant.ACTIVATIONS == "float"):  # (panels: int8 / int8x2 only; see quant.linear)
+                qw.panel_rows and act == "float"):  # (panels: int8 / int8x2 only; see quant.linear)
             return None
-        return _Linear(_QUANT_KIND[quant.ACTIVATIONS], qw.kernel_code, qw.data.data_ptr(), n, k,
+        return _Linear(_QUANT_KIND[act], qw.kernel_code, qw.data.data_ptr(), n, k,
                        qw.data.stride(0), bias.data_ptr() if bias is not None else None, qw.scales.data_ptr(),
                        qw.mins.data_ptr() if qw.mins is not None else None, qw.scales.stride(0), qw.group,
                        scale_f16=int(qw.scale_f16), gemm_min_m=quant.gemm_min_rows(qw),

@@ -16,7 +16,7 @@ tile of four output rows reads one address range instead of eight streams. Resul
 Q4_0 batch-1 decode was ~9% faster (4 alternated pairs, median tok/s).
 
 Decode kernels (M <= MAX_KERNEL_M), three variants (ACTIVATIONS; HEARTH_QUANT_ACT=float|int8|int8x2, or auto: int8x2
-with PROMPT_INT8, see prompt_rows):
+with prompt rows in int8, see prompt_rows, and mostly-4-bit models in int8, see set_model_activations):
   "int8x2" (default) two-term int8 activations: per block of 32, d1 = amax / 127, q1 = round(x / d1), d2 = d1 / 254,
                     q2 = round((x - 254 d2 q1) / d2), so x ~ d2 * (254 q1 + q2) with error <= d2 / 2 = amax / 64516
                     (see quantize_activations_x2, bit-exact to the kernel). Two integer dot chains (maddubs + madd)
@@ -52,7 +52,8 @@ Why not plain int8 everywhere: it moves logprobs ~3x as much as int8x2 (SmolLM2 
 2386 teacher-forced tokens, mean top-20 KL: int8x2 6.7e-8 in an fp32 model; in the default bf16 model dtype int8x2
 1.0e-3 vs the dtype's own 9.1e-4, int8 3.2e-3), and a decode step of a few rows is memory-bound, so two terms cost
 nothing there. Prompts are compute-bound (int8x2's two vpdpbusd per multiply-add run at bf16's rate), so the
-default (auto) rounds prompt rows to one term on VNNI panels: prefill ~1.4x faster. Near ties go either way under
+default (auto) rounds prompt rows to one term on VNNI panels: prefill ~1.4x faster; and on models of mostly 4-bit
+weights, where the weights' rounding swamps int8's (set_model_activations), every row. Near ties go either way under
 any rounding: SmolLM2 Q4_1 asked "What is the capital of France?" without a system turn starts "The" -1.88 vs "L"
 -1.97 in fp32, an exact tie in bf16, and "L" derails ("L'Etoile, la Marseillaise, ...", as llama.cpp answers).
 
@@ -74,6 +75,7 @@ import contextlib
 import ctypes
 import functools
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
@@ -95,8 +97,9 @@ _ACT_SETTING = envs.quant_activations()
 # The rounding of x for the integer kernels: "int8x2", "int8" or "float" (see the module doc).
 ACTIVATIONS = "int8x2" if _ACT_SETTING == "auto" else _ACT_SETTING
 # HEARTH_QUANT_ACT=auto (default): where ACTIVATIONS is int8x2, prompt rows on VNNI panels take single-term int8
-# (llama.cpp's rounding) and generated tokens keep int8x2; see prompt_rows.
-PROMPT_INT8 = _ACT_SETTING == "auto"
+# (llama.cpp's rounding) and generated tokens keep int8x2 (see prompt_rows); and a model whose quantized weights are
+# mostly 4-bit takes single-term int8 for every row (see set_model_activations).
+AUTO_ACTIVATIONS = _ACT_SETTING == "auto"
 # hq_linear_gemm for several rows: "auto" on AVX-512 CPUs (with VNNI from BCAST_MIN_M rows and in prompt steps only),
 # "1" from gemm_min_rows' few rows wherever AVX-512 runs, "0" never.
 _GEMM_MODE = envs.quant_gemm()
@@ -136,6 +139,9 @@ class QWeight:
     # VNNI panels (to_panels): `data` uint8 [ceil(N / 64), panel bytes], `scales` (and `mins`) [panels, K / group * 64];
     # panel_rows is N then (0: another layout).
     panel_rows: int = 0
+    # The rounding of x its kernels take ("int8x2", "int8", "float"); None: the process-wide ACTIVATIONS. Set per
+    # model at load (set_model_activations).
+    activations: str | None = None
 
     def __post_init__(self) -> None:
         if self.scales.dtype not in (torch.float32, torch.float16) or (
@@ -518,7 +524,7 @@ def _run(x: torch.Tensor, qw: QWeight, bias: torch.Tensor | None, isa_code: int 
     if x.stride(1) != 1 or (m > 1 and x.stride(0) < k):
         x = x.contiguous()
     out = torch.empty(m, n, dtype=torch.float32) if out is None else out
-    act = act or ACTIVATIONS
+    act = act or qw.activations or ACTIVATIONS
     fn = {"int8": _lib().hq_linear_dot, "int8x2": _lib().hq_linear_dot2, "float": _lib().hq_linear,
           "gemm": _lib().hq_linear_gemm, "bcast": _lib().hq_linear_gemm_bcast,
           "panels": _lib().hq_linear_panels, "panels2": _lib().hq_linear_panels2}[act]
@@ -618,10 +624,10 @@ def prompt_rows(generated: int = 0, total: int | None = None):
     repeated seeded request samples the same tokens.
 
     The step's first `generated` of its `total` rows (None: any count) are generated tokens (decodes, speculative
-    verification); with PROMPT_INT8 the others, prompt rows, take single-term int8 activations on int8x2 VNNI panels:
-    prompts are the compute-bound part, where int8x2's two vpdpbusd per multiply-add cost as much as bf16 (prefill ~1.4x
-    faster with one), and each row's rounding depends only on whether it is a prompt token, not on what runs beside
-    it. Linears whose row count is not `total` (MoE experts' token subsets) keep int8x2 for every row."""
+    verification); with AUTO_ACTIVATIONS the others, prompt rows, take single-term int8 activations on int8x2 VNNI
+    panels: prompts are the compute-bound part, where int8x2's two vpdpbusd per multiply-add cost as much as bf16
+    (prefill ~1.4x faster with one), and each row's rounding depends only on whether it is a prompt token, not on what
+    runs beside it. Linears whose row count is not `total` (MoE experts' token subsets) keep int8x2 for every row."""
     prev = getattr(_prompt, "on", False), getattr(_prompt, "generated", 0), getattr(_prompt, "total", None)
     _prompt.on, _prompt.generated, _prompt.total = True, generated, total
     try:
@@ -632,10 +638,31 @@ def prompt_rows(generated: int = 0, total: int | None = None):
 
 def _int8_from(m: int) -> int:
     """Rows [0, result) of an m-row panel call in int8x2, the rest in single-term int8 (see prompt_rows)."""
-    if not (PROMPT_INT8 and ACTIVATIONS == "int8x2" and getattr(_prompt, "on", False)):
+    if not (AUTO_ACTIVATIONS and ACTIVATIONS == "int8x2" and getattr(_prompt, "on", False)):
         return m
     total = _prompt.total
     return min(m, _prompt.generated) if total is None or total == m else m
+
+
+def set_model_activations(qweights: Iterable[QWeight]) -> str | None:
+    """HEARTH_QUANT_ACT=auto: a model whose quantized weights are mostly 4-bit (by count) rounds x to single-term int8
+    for every row of every quantized linear (each QWeight.activations = "int8"); returns "int8", or None where
+    ACTIVATIONS stays (models mostly of 8-bit or 6-bit weights, or another setting).
+
+    Why: there int8's rounding of x is lost in the 4-bit rounding of the weights. SmolLM2 Q4_1, fp32 reference, 2386
+    teacher-forced tokens, mean top-20 KL: every weight moved by a uniform error of one 4-bit step (what rounding to
+    Q4 loses) 0.21, of one Q8_0 step 1.6e-3; int8 activations 2.4e-3 (~1% of the 4-bit rounding's), int8x2 3e-5.
+    It is llama.cpp's rounding on its Q4 formats, and halves the integer work of decode steps of many rows
+    (Qwen2.5-0.5B Q4_0, 32 in flight: ~1.25x output tok/s). Per model, not per step: a sequence's tokens do not
+    depend on what runs beside it."""
+    unique = list({id(q): q for q in qweights}.values())
+    total = sum(q.shape[0] * q.shape[1] for q in unique)
+    four = sum(q.shape[0] * q.shape[1] for q in unique if q.bits == 4)
+    if not (AUTO_ACTIVATIONS and ACTIVATIONS == "int8x2" and 2 * four > total):
+        return None
+    for q in unique:
+        q.activations = "int8"
+    return "int8"
 
 
 def linear(x: torch.Tensor, qw: QWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -651,10 +678,11 @@ def linear(x: torch.Tensor, qw: QWeight, bias: torch.Tensor | None = None) -> to
     b = None if bias is None else bias.float().contiguous()
     x2 = x.reshape(m, k)
     if qw.panel_rows and m > 0:  # (can_panel: the kernels run here)
-        if ACTIVATIONS == "float":  # (only if it changed after the load: can_panel keeps float weights in rows)
+        act = qw.activations or ACTIVATIONS  # (ACTIVATIONS per call)
+        if act == "float":  # (only if it changed after the load: can_panel keeps float weights in rows)
             raise RuntimeError("quantized weights were re-laid into VNNI panels at load, which take int8 / int8x2 "
                                "activations: set HEARTH_QUANT_ACT=float (or HEARTH_QUANT_PANELS=0) before loading")
-        split = _int8_from(m) if ACTIVATIONS == "int8x2" else 0  # (ACTIVATIONS per call)
+        split = _int8_from(m) if act == "int8x2" else 0
         y = torch.empty(m, qw.shape[0], dtype=torch.float32)
         if split:
             _run(x2[:split], qw, b, act="panels2", out=y[:split])

@@ -61,7 +61,7 @@ def _values(value: object) -> Iterator[torch.Tensor | QWeight]:
             yield from _values(v)
 
 
-def _held(model: nn.Module) -> Iterator[torch.Tensor | QWeight]:
+def held(model: nn.Module) -> Iterator[torch.Tensor | QWeight]:
     """Every tensor and QWeight the modules hold: parameters, buffers, attributes (also inside lists / tuples)."""
     for module in model.modules():
         yield from (p for p in module._parameters.values() if p is not None)
@@ -78,16 +78,16 @@ def move_to_hugepages(model: nn.Module, min_bytes: int = 64 << 10) -> int:
     load), and copying TinyLlama bf16's 0.95 GB of projections took 2.4 s here with the file's pages cold (0.7 s
     warm): half of the 5 s start-up budget."""
     t0 = time.perf_counter()
-    held = list(_held(model))
+    values = list(held(model))
     storages: dict[int, torch.UntypedStorage] = {}
-    for q in held:
+    for q in values:
         if isinstance(q, QWeight):
             for t in (q.data, q.scales, q.mins):
                 if t is not None and t.device.type == "cpu" and t.untyped_storage().nbytes() >= min_bytes:
                     storages[t.untyped_storage().data_ptr()] = t.untyped_storage()
     by_storage: dict[int, list[torch.Tensor]] = {}
     seen: set[int] = set()
-    tensors = (t for v in held for t in ((v,) if isinstance(v, torch.Tensor) else (v.data, v.scales, v.mins)))
+    tensors = (t for v in values for t in ((v,) if isinstance(v, torch.Tensor) else (v.data, v.scales, v.mins)))
     for t in tensors:
         if t is None or id(t) in seen:
             continue

@@ -4,8 +4,8 @@
   dequantized fp32 model's (`--quantization none`, gguf.quants dequantization): same weights, same math up to
   summation order. So do they with two-term int8 activations everywhere (HEARTH_QUANT_ACT=int8x2: x ~ d2 * (254 q1
   + q2) per block of 32, error <= amax / 64516). With activations rounded to int8 blocks of 32 (HEARTH_QUANT_ACT=int8,
-  llama.cpp's scheme), or only prompt tokens so (the default, auto, on VNNI panels), they equal it or first differ
-  where fp32's top-2 logits are within INT8_MARGIN.
+  llama.cpp's scheme; and the default, auto, on this mostly-4-bit model), they equal it or first differ where fp32's
+  top-2 logits are within INT8_MARGIN.
 - `--quantization int8` (per-channel, from the dequantized fp32 weights): greedy tokens equal fp32's, or first
   differ at a step where fp32's top-2 logits are within INT8_MARGIN.
 """
@@ -73,7 +73,7 @@ def _check_q4_1_layers(llm: LLM) -> None:
 @pytest.mark.parametrize("activations", ["float", "int8x2"])
 def test_q4_1_kept_quantized_equals_dequantized(dense, monkeypatch, activations: str) -> None:
     monkeypatch.setattr(quant, "ACTIVATIONS", activations)
-    monkeypatch.setattr(quant, "PROMPT_INT8", False)
+    monkeypatch.setattr(quant, "AUTO_ACTIVATIONS", False)
     llm, outs = _greedy(None)
     _check_q4_1_layers(llm)
     for ref, got in zip(dense, outs):
@@ -83,9 +83,12 @@ def test_q4_1_kept_quantized_equals_dequantized(dense, monkeypatch, activations:
 @pytest.mark.parametrize("activations", ["int8", "auto"])
 def test_q4_1_kept_quantized_int8_activations_within_margin(dense, monkeypatch, activations: str) -> None:
     monkeypatch.setattr(quant, "ACTIVATIONS", "int8" if activations == "int8" else "int8x2")
-    monkeypatch.setattr(quant, "PROMPT_INT8", activations == "auto")
+    monkeypatch.setattr(quant, "AUTO_ACTIVATIONS", activations == "auto")
     llm, outs = _greedy(None)
     _check_q4_1_layers(llm)
+    if activations == "auto":  # mostly 4-bit: int8 for every row, the Q8_0 head included
+        assert {m.qweight.activations for m in _quant_layers(llm)} == {"int8"}
+        assert llm.engine.model.lm_head_qweight.activations == "int8"
     _assert_within_margin(dense, outs)
 
 

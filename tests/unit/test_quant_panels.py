@@ -141,19 +141,20 @@ def _run_staggered(llm, a: list[int], b: list[int] | None, steps: int) -> list:
 @needs_panels
 @pytest.mark.parametrize("layer_path", [False, True])
 def test_prompt_rows_take_int8_and_generated_rows_do_not_notice(tmp_path, monkeypatch, layer_path: bool) -> None:
-    """HEARTH_QUANT_ACT=auto: a step's prompt rows take single-term int8 on int8x2 panels, its generated rows int8x2,
-    so a sequence's decode gives the same tokens and logprobs whether or not a prompt shares its steps (both in the
-    C decode program and the layer path)."""
+    """HEARTH_QUANT_ACT=auto on an 8-bit model: a step's prompt rows take single-term int8 on int8x2 panels, its
+    generated rows int8x2, so a sequence's decode gives the same tokens and logprobs whether or not a prompt shares its
+    steps (both in the C decode program and the layer path)."""
     from hearth import LLM
     from hearth.models.blocks import DecoderModel
     from tests.tiny_models import build_checkpoint, tiny_config
 
     monkeypatch.setattr(quant, "ACTIVATIONS", "int8x2")
-    monkeypatch.setattr(quant, "PROMPT_INT8", True)
+    monkeypatch.setattr(quant, "AUTO_ACTIVATIONS", True)
     if layer_path:
         monkeypatch.setattr(DecoderModel, "_decode_program", lambda self: None)
     folder = build_checkpoint(str(tmp_path / "q"), tiny_config("llama", num_hidden_layers=2))
-    llm = LLM(folder, kv_cache_space=0.05, enable_prefix_caching=False, dtype="float32", quantization="int4-g32")
+    llm = LLM(folder, kv_cache_space=0.05, enable_prefix_caching=False, dtype="float32", quantization="int8")
+    assert all(q.activations is None for q in _qweights(llm))  # (8-bit: not the 4-bit models' int8 everywhere)
     a, b = [5, 17, 42, 99, 7, 3], list(range(30, 70))
     alone = _run_staggered(llm, a, None, 8)
     calls: list[tuple[str, int]] = []
@@ -165,7 +166,60 @@ def test_prompt_rows_take_int8_and_generated_rows_do_not_notice(tmp_path, monkey
     if layer_path:  # the step where B's 40 prompt rows ran beside A's decode row: split 1 + 40
         assert ("panels2", 1) in calls and ("panels", 40) in calls
     # prompt rows are rounded differently: B's logprobs alone differ from an all-int8x2 run of the same engine
-    monkeypatch.setattr(quant, "PROMPT_INT8", False)
+    monkeypatch.setattr(quant, "AUTO_ACTIVATIONS", False)
     all_x2 = _run_staggered(llm, b, None, 4)
-    monkeypatch.setattr(quant, "PROMPT_INT8", True)
+    monkeypatch.setattr(quant, "AUTO_ACTIVATIONS", True)
     assert _run_staggered(llm, b, None, 4) != all_x2
+
+
+def _qweights(llm) -> list[quant.QWeight]:
+    from hearth.loader import hugepages
+
+    return [q for q in hugepages.held(llm.engine.model) if isinstance(q, quant.QWeight)]
+
+
+def _q(bits: int, n: int, k: int) -> quant.QWeight:
+    w = torch.randn(n, k) * 0.05
+    return quant.quantize_int8(w, 32) if bits == 8 else quant.quantize_int4(w, 32)
+
+
+def test_auto_rounds_mostly_4bit_models_to_int8(monkeypatch) -> None:
+    """HEARTH_QUANT_ACT=auto: a model whose quantized weights are mostly 4-bit (by count) takes single-term int8 in
+    every quantized linear, its 8-bit head included; a mostly 8-bit one, or another setting, keeps ACTIVATIONS."""
+    monkeypatch.setattr(quant, "ACTIVATIONS", "int8x2")
+    monkeypatch.setattr(quant, "AUTO_ACTIVATIONS", True)
+    body, head = [_q(4, 256, 512) for _ in range(3)], _q(8, 512, 256)  # 3 x 128 Ki 4-bit vs 128 Ki 8-bit
+    assert quant.set_model_activations(body + [head, head]) == "int8"  # (a tied head counts once)
+    assert all(q.activations == "int8" for q in body + [head])
+    mostly_8 = [_q(4, 256, 512), _q(8, 512, 256), _q(8, 256, 256)]
+    assert quant.set_model_activations(mostly_8) is None and all(q.activations is None for q in mostly_8)
+    monkeypatch.setattr(quant, "AUTO_ACTIVATIONS", False)  # HEARTH_QUANT_ACT=int8x2
+    fresh = [_q(4, 256, 512)]
+    assert quant.set_model_activations(fresh) is None and fresh[0].activations is None
+
+
+@pytest.mark.parametrize("layer_path", [False, True])
+def test_auto_4bit_model_runs_int8_everywhere(tmp_path, monkeypatch, layer_path: bool) -> None:
+    """A 4-bit model loaded under auto gives exactly what HEARTH_QUANT_ACT=int8 gives (tokens and logprobs, prompt
+    and decode rows, C decode program and layer path alike), and not what int8x2 gives."""
+    from hearth import LLM, SamplingParams
+    from hearth.models.blocks import DecoderModel
+    from tests.tiny_models import build_checkpoint, tiny_config
+
+    if layer_path:
+        monkeypatch.setattr(DecoderModel, "_decode_program", lambda self: None)
+    folder = build_checkpoint(str(tmp_path / "q"), tiny_config("llama", num_hidden_layers=2))
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, logprobs=3, prompt_logprobs=3)
+
+    def run(activations: str, auto: bool) -> tuple[list, list]:
+        monkeypatch.setattr(quant, "ACTIVATIONS", activations)
+        monkeypatch.setattr(quant, "AUTO_ACTIVATIONS", auto)
+        llm = LLM(folder, kv_cache_space=0.05, dtype="float32", quantization="int4-g32")
+        assert all(q.activations == ("int8" if auto else None) for q in _qweights(llm))
+        out = llm.generate([{"prompt_token_ids": [5, 17, 42, 99, 7, 3] * 3}], params)[0]
+        return ([(lp.token_id, lp.top) for lp in out.prompt_logprobs[1:]],
+                [(t, lp.top) for t, lp in zip(out.outputs[0].token_ids, out.outputs[0].logprobs)])
+
+    auto = run("int8x2", True)
+    assert auto == run("int8", False)
+    assert auto != run("int8x2", False)
