@@ -33,10 +33,12 @@ namespace {
 
 constexpr int kCols = 64;   // outputs per panel
 constexpr int kQuads = 8;   // k quads per block of 32
-// K block in blocks of 32 (512 values): a panel's int8 K block (32 KiB) stays in L1 while the row tiles run against
-// it; with 2048 values the 3-row int8 tiles waited on L2 (Qwen2.5-0.5B Q8_0 stack, 128 rows: 117 -> 95 ms, int8x2
-// 175 -> 144; Q4_0 unchanged; 8 rows Q8_0 15.6 -> 14.1; 256 values no better).
-constexpr int64_t kMaxKC = 16;
+// K block: a panel's K block of at most 32 KiB (int8: 16 blocks of 32, 512 values; int4: 32 blocks) stays in L1 while
+// the row tiles run against it; with 2048 int8 values the 3-row int8 tiles waited on L2 (Qwen2.5-0.5B Q8_0 stack, 128
+// rows: 117 -> 95 ms, int8x2 175 -> 144; 8 rows Q8_0 15.6 -> 14.1; 256 values no better). int4 at 32 KiB rather than
+// 16 (one K block for a 896-wide input: no partial sums through memory): Qwen2.5-0.5B Q4_0 stack, one process,
+// 1365 rows 777 -> 721 ms, 32 rows 21.6 -> 20.6 ms.
+constexpr int64_t kKCBytes = 32 << 10;
 constexpr int64_t kPrefetchBytes = 4096;
 
 enum DType { kF32 = 0, kBF16 = 1, kF16 = 2 };
@@ -223,7 +225,7 @@ void tile_r(int r, const XQ& xq, int64_t m0, const uint8_t* wp, const S* sp, con
 }
 
 // out [M][N] = x . W^T (+ bias) over the panels: x quantized first (rows in parallel), then the blocked loop of
-// panel_common.h (panels split over threads, or row tiles when there are few panels; K in blocks of kMaxKC).
+// panel_common.h (panels split over threads, or row tiles when there are few panels; K in blocks of kKCBytes).
 template <int BITS, bool X2, bool MINS, class S>
 void gemm(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, const uint8_t* w, int64_t N,
           const S* scales, const S* mins, int64_t group, const float* bias, float* out, int nthreads) {
@@ -246,6 +248,7 @@ void gemm(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, const u
   for (int64_t m = 0; m < M; ++m)
     quantize_row(x, x_dtype, m * ldx, K, X2, q + m * K, q + M * K + m * K, fl + m * nb, in + m * nb,
                  in + M * nb + m * nb, fl + M * nb + m * nb);
+  constexpr int64_t kMaxKC = kKCBytes / (kQuads * (BITS == 8 ? 256 : 128));  // blocks of 32 per K block
   const int64_t nk = (nb + kMaxKC - 1) / kMaxKC, KC = (nb + nk - 1) / nk;
   const int nt = (int)std::max<int64_t>(1, std::min<int64_t>(nthreads, std::max(P, ntiles)));
   constexpr int64_t kMC = 64;  // row tiles per pass over a panel block
