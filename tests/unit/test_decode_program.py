@@ -18,6 +18,7 @@ CASES = {
     "mistral-window-f16": (dict(family="mistral", sliding_window=8), dict(dtype="float16")),
     "llama-int4": (dict(family="llama"), dict(dtype="bfloat16", quantization="int4-g32")),
     "llama-int8": (dict(family="llama", attention_bias=True), dict(dtype="float32", quantization="int8")),
+    "llama-int8-bf16": (dict(family="llama"), dict(dtype="bfloat16", quantization="int8")),
     "qwen3-qk-norm-bf16": (dict(family="qwen3"), dict(dtype="bfloat16")),
     "gemma-offset-norm-gelu": (dict(family="gemma"), dict(dtype="float32")),  # (embedding scale stays in Python)
     "phi3-fused-checkpoint": (dict(family="phi3"), dict(dtype="bfloat16")),

@@ -66,6 +66,25 @@ def test_panel_gemm_equals_dequantized_reference(n: int, k: int, act: str) -> No
 
 
 @needs_panels
+@pytest.mark.parametrize("split", [0, 3, 5])
+def test_bf16_output_equals_rounded_fp32(split: int, monkeypatch) -> None:
+    """bf16 x on panels gets its result rounded to bf16 in the kernel (the last K block; earlier ones' partial sums
+    in fp32 scratch): bit-identical to the fp32 result's .to(bfloat16), int8x2 rows before `split`, int8 after."""
+    monkeypatch.setattr(quant, "_int8_from", lambda m: split)
+    monkeypatch.setattr(quant, "ACTIVATIONS", "int8x2")
+    g = torch.Generator().manual_seed(5)
+    bias = torch.randn(130, generator=g)
+    for k in (96, 4352):  # one K block; several (int4: 3 of <= 32 blocks of 32, int8: 5 of <= 16)
+        for name, qw in _formats(130, k).items():
+            p = quant.to_panels(qw)
+            x = (torch.randn(5, k, generator=g) * 2).to(torch.bfloat16)
+            want = torch.cat([quant._run(x[:split], p, bias, act="panels2"),
+                              quant._run(x[split:], p, bias, act="panels")]).to(torch.bfloat16)
+            got = quant.linear(x, p, bias)
+            assert got.dtype == torch.bfloat16 and torch.equal(got, want), (name, k)
+
+
+@needs_panels
 def test_int8x2_is_closer_than_int8() -> None:
     """The two-term activations give a result within ~amax / 64516 of fp32 x; one term within ~amax / 254."""
     qw = quant.to_panels(quant.quantize_int8(torch.randn(128, 512) * 0.05))

@@ -143,6 +143,18 @@ int project(const HkLinearDesc& l, const void* x, int64_t T, int dtype, std::vec
     // per-row sums do not depend on the other rows, so two calls give each row what it would get alone.
     const int64_t split = l.kind == kQuantInt8 ? 0 : std::min(T, std::max<int64_t>(int8_from, 0));
     const char* xb = static_cast<const char*>(x);
+    if (dtype == kBF16) {  // bf16 from the tiles' last K block (the same rounding as narrow's)
+      auto* y16 = static_cast<uint16_t*>(y);
+      rc = 0;
+      if (split > 0)
+        rc = hq_linear_panels_bf16(x, dtype, split, l.K, l.K, l.w, l.w_dtype, l.N, l.scales, l.mins, l.group, l.bias,
+                                   f32.data(), y16, threads, l.scale_f16, 1);
+      if (!rc && split < T)
+        rc = hq_linear_panels_bf16(xb + split * l.K * 2, dtype, T - split, l.K, l.K, l.w, l.w_dtype, l.N, l.scales,
+                                   l.mins, l.group, l.bias, f32.data() + split * l.N, y16 + split * l.N, threads,
+                                   l.scale_f16, 0);
+      return rc;
+    }
     rc = 0;
     if (split > 0)
       rc = hq_linear_panels2(x, dtype, split, l.K, l.K, l.w, l.w_dtype, l.N, l.ldw, l.scales, l.mins, l.ldg, l.group,

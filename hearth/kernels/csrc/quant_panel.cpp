@@ -127,7 +127,7 @@ inline __m512i bcast32(const int8_t* p) {
 // Qwen2.5-0.5B gate_up Q4_0, 128 rows, 773 -> 1222 GOP/s; int8x2 396 -> 582.)
 template <int R, int BITS, bool X2, bool MINS, class S, bool PF>
 void tile(const XQ& xq, int64_t m0, const uint8_t* wp, const S* sp, const S* mp, int64_t b0, int64_t b1,
-          int64_t spg, float* out, int64_t ldo, bool accumulate, const float* bias, int nvalid) {
+          int64_t spg, float* out, int64_t ldo, bool accumulate, const float* bias, int nvalid, uint16_t* out16) {
   constexpr int NV = 4;  // 16-column vectors
   constexpr int32_t kOff = MINS ? 0 : (BITS == 8 ? 128 : 8);
   constexpr int64_t kQuadBytes = BITS == 8 ? 256 : 128;
@@ -208,15 +208,19 @@ void tile(const XQ& xq, int64_t m0, const uint8_t* wp, const S* sp, const S* mp,
       }
     }
   }
-  // (panel_common.h's store for two 32-column halves: the same masked add of the bias or earlier K blocks)
+  // (panel_common.h's stores for two 32-column halves: the same masked add of the bias or earlier K blocks)
   const int nv[2] = {std::min(nvalid, 32), std::max(nvalid - 32, 0)};
-  store_tile<R, NV>(f, out, ldo, accumulate, bias, nv);
+  if (out16 && b1 == nb)  // the last K block of a bf16-output call: rounded here, no fp32 pass after
+    store_tile_bf16<R, NV>(f, out16, ldo, accumulate ? out : nullptr, ldo, bias, nv);
+  else
+    store_tile<R, NV>(f, out, ldo, accumulate, bias, nv);
 }
 
 template <int BITS, bool X2, bool MINS, class S, bool PF>
 void tile_r(int r, const XQ& xq, int64_t m0, const uint8_t* wp, const S* sp, const S* mp, int64_t b0, int64_t b1,
-            int64_t spg, float* out, int64_t ldo, bool accumulate, const float* bias, int nvalid) {
-#define HQ_TILE(R) tile<R, BITS, X2, MINS, S, PF>(xq, m0, wp, sp, mp, b0, b1, spg, out, ldo, accumulate, bias, nvalid)
+            int64_t spg, float* out, int64_t ldo, bool accumulate, const float* bias, int nvalid, uint16_t* out16) {
+#define HQ_TILE(R) \
+  tile<R, BITS, X2, MINS, S, PF>(xq, m0, wp, sp, mp, b0, b1, spg, out, ldo, accumulate, bias, nvalid, out16)
   if (r == 1) return HQ_TILE(1);
   if constexpr (!X2)
     if (r == 3) return HQ_TILE(3);
@@ -226,9 +230,12 @@ void tile_r(int r, const XQ& xq, int64_t m0, const uint8_t* wp, const S* sp, con
 
 // out [M][N] = x . W^T (+ bias) over the panels: x quantized first (rows in parallel), then the blocked loop of
 // panel_common.h (panels split over threads, or row tiles when there are few panels; K in blocks of kKCBytes).
+// out16 (or null): the result rounded to bf16 there instead (out then only holds the partial sums of earlier K
+// blocks, and is not touched where K is one block).
 template <int BITS, bool X2, bool MINS, class S>
 void gemm(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, const uint8_t* w, int64_t N,
-          const S* scales, const S* mins, int64_t group, const float* bias, float* out, int nthreads) {
+          const S* scales, const S* mins, int64_t group, const float* bias, float* out, uint16_t* out16,
+          int nthreads) {
   constexpr int MR = X2 ? 2 : 3;
   const int64_t nb = K / 32, spg = group / 32, ng = K / group, P = (N + kCols - 1) / kCols;
   const int64_t panel_bytes = nb * kQuads * (BITS == 8 ? 256 : 128), ntiles = (M + MR - 1) / MR;
@@ -257,22 +264,24 @@ void gemm(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, const u
     auto fn = t % kMC == 0 ? tile_r<BITS, X2, MINS, S, true> : tile_r<BITS, X2, MINS, S, false>;
     fn((int)r, xq, m0, w + p * panel_bytes, scales + p * ng * kCols, MINS ? mins + p * ng * kCols : nullptr, b0,
        b0 + kc, spg, out + m0 * N + col, N, b0 > 0, bias ? bias + col : nullptr,
-       (int)std::min<int64_t>(kCols, N - col));
+       (int)std::min<int64_t>(kCols, N - col), out16 ? out16 + m0 * N + col : nullptr);
   });
 }
 
 template <int BITS, bool X2>
 void gemm_s(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, const uint8_t* w, int64_t N,
-            const void* scales, const void* mins, int64_t group, const float* bias, float* out, int nthreads,
-            bool f16) {
+            const void* scales, const void* mins, int64_t group, const float* bias, float* out, uint16_t* out16,
+            int nthreads, bool f16) {
+#define HQ_GEMM(MINS, s, mn) gemm<BITS, X2, MINS>(x, x_dtype, M, K, ldx, w, N, s, mn, group, bias, out, out16, nthreads)
   if (f16) {
     auto s = static_cast<const uint16_t*>(scales), mn = static_cast<const uint16_t*>(mins);
-    if (BITS == 4 && mins) return gemm<BITS, X2, true>(x, x_dtype, M, K, ldx, w, N, s, mn, group, bias, out, nthreads);
-    return gemm<BITS, X2, false>(x, x_dtype, M, K, ldx, w, N, s, mn, group, bias, out, nthreads);
+    if (BITS == 4 && mins) return HQ_GEMM(true, s, mn);
+    return HQ_GEMM(false, s, mn);
   }
   auto s = static_cast<const float*>(scales), mn = static_cast<const float*>(mins);
-  if (BITS == 4 && mins) return gemm<BITS, X2, true>(x, x_dtype, M, K, ldx, w, N, s, mn, group, bias, out, nthreads);
-  return gemm<BITS, X2, false>(x, x_dtype, M, K, ldx, w, N, s, mn, group, bias, out, nthreads);
+  if (BITS == 4 && mins) return HQ_GEMM(true, s, mn);
+  return HQ_GEMM(false, s, mn);
+#undef HQ_GEMM
 }
 
 // Panels [p0, p1) of a plain int8 [N][ldw] / int4 [N][ldw bytes] weight into dst (quant.to_panels's layout, byte for
@@ -324,8 +333,8 @@ void pack_range(const uint8_t* src, int bits, int64_t N, int64_t K, int64_t ldw,
 #pragma GCC pop_options
 
 int run(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, const void* w, int code, int64_t N,
-        const void* scales, const void* mins, int64_t group, const float* bias, float* out, int nthreads,
-        int scale_f16, bool x2) {
+        const void* scales, const void* mins, int64_t group, const float* bias, float* out, uint16_t* out16,
+        int nthreads, int scale_f16, bool x2) {
   if (!cpu_has_vnni()) return -1;
   if ((code != kPanelsInt8 && code != kPanelsInt4) || K % 32 || group % 32 || K % group || x_dtype < 0 ||
       x_dtype > 2 || (code == kPanelsInt8 && mins))
@@ -333,13 +342,16 @@ int run(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, const voi
   if (M <= 0) return 0;
   const auto wp = static_cast<const uint8_t*>(w);
   const bool f16 = scale_f16 != 0;
+#define HQ_GEMM_S(BITS, X2) gemm_s<BITS, X2>(x, x_dtype, M, K, ldx, wp, N, scales, mins, group, bias, out, out16, \
+                                            nthreads, f16)
   if (code == kPanelsInt8) {
-    if (x2) gemm_s<8, true>(x, x_dtype, M, K, ldx, wp, N, scales, mins, group, bias, out, nthreads, f16);
-    else gemm_s<8, false>(x, x_dtype, M, K, ldx, wp, N, scales, mins, group, bias, out, nthreads, f16);
+    if (x2) HQ_GEMM_S(8, true);
+    else HQ_GEMM_S(8, false);
   } else {
-    if (x2) gemm_s<4, true>(x, x_dtype, M, K, ldx, wp, N, scales, mins, group, bias, out, nthreads, f16);
-    else gemm_s<4, false>(x, x_dtype, M, K, ldx, wp, N, scales, mins, group, bias, out, nthreads, f16);
+    if (x2) HQ_GEMM_S(4, true);
+    else HQ_GEMM_S(4, false);
   }
+#undef HQ_GEMM_S
   return 0;
 }
 
@@ -370,13 +382,23 @@ int hq_pack_panels(const void* w, int bits, int64_t N, int64_t K, int64_t ldw, u
 int hq_linear_panels(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, const void* w, int code,
                      int64_t N, int64_t, const void* scales, const void* mins, int64_t, int64_t group,
                      const float* bias, float* out, int, int nthreads, int scale_f16) {
-  return run(x, x_dtype, M, K, ldx, w, code, N, scales, mins, group, bias, out, nthreads, scale_f16, false);
+  return run(x, x_dtype, M, K, ldx, w, code, N, scales, mins, group, bias, out, nullptr, nthreads, scale_f16, false);
 }
 
 int hq_linear_panels2(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, const void* w, int code,
                       int64_t N, int64_t, const void* scales, const void* mins, int64_t, int64_t group,
                       const float* bias, float* out, int, int nthreads, int scale_f16) {
-  return run(x, x_dtype, M, K, ldx, w, code, N, scales, mins, group, bias, out, nthreads, scale_f16, true);
+  return run(x, x_dtype, M, K, ldx, w, code, N, scales, mins, group, bias, out, nullptr, nthreads, scale_f16, true);
+}
+
+// hq_linear_panels / hq_linear_panels2 (x2) with the result rounded to bf16 (nearest even, as the fp32 result's
+// .to(torch.bfloat16)) into out16 [M][N]: no fp32 output pass. partial: fp32 [M][N] scratch for the partial sums
+// of K blocks before the last (untouched where K fits one block).
+int hq_linear_panels_bf16(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, const void* w, int code,
+                          int64_t N, const void* scales, const void* mins, int64_t group, const float* bias,
+                          float* partial, uint16_t* out16, int nthreads, int scale_f16, int x2) {
+  return run(x, x_dtype, M, K, ldx, w, code, N, scales, mins, group, bias, partial, out16, nthreads, scale_f16,
+             x2 != 0);
 }
 
 }  // extern "C"
