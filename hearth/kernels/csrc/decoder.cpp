@@ -88,6 +88,13 @@ struct HkStepDesc {
 
 int64_t elem_size(int dtype) { return dtype == kF32 ? 4 : 2; }
 
+// v holds at least n elements. Buffers only grow: resize() to a larger size after a smaller step would zero the new
+// part each time (steps alternate between prompt chunks and decodes; ~1% of a prefill in memset).
+template <class V>
+void grow(V& v, int64_t n) {
+  if ((int64_t)v.size() < n) v.resize(n);
+}
+
 // fp32 [n] -> dtype (torch's .to(dtype) rounding).
 void narrow(const float* src, int dtype, int64_t n, void* dst) {
   if (dtype == kF32) {
@@ -132,7 +139,7 @@ int project(const HkLinearDesc& l, const void* x, int64_t T, int dtype, std::vec
     return hk_linear_dot_panels_bf16(x, dtype, T, l.K, l.K, parts ? l.nparts : 1, parts ? l.part_w : &l.w,
                                      parts ? l.part_n : &l.N, l.bias, static_cast<uint16_t*>(y), threads);
   }
-  f32.resize(T * l.N);
+  grow(f32, T * l.N);
   if (l.kind == kFloat && l.nparts > 1) {
     rc = hk_linear_parts(x, dtype, T, l.K, l.K, l.nparts, l.part_w, l.part_n, l.w_dtype, l.K, l.bias, f32.data(),
                          isa, 0, threads);
@@ -195,7 +202,7 @@ int hk_decoder_layers(const HkLayerDesc* layers, int64_t n, const HkStepDesc* st
                       float final_offset, float final_eps, void* out) {
   thread_local Buffers b;
   const int64_t T = st->T, es = elem_size(dtype);
-  b.h.resize(T * hidden * es);
+  grow(b.h, T * hidden * es);
   for (int64_t li = 0; li < n; ++li) {
     const HkLayerDesc& L = layers[li];
     const int64_t H = L.num_heads, Hkv = L.num_kv_heads, D = L.head_dim;
@@ -211,7 +218,7 @@ int hk_decoder_layers(const HkLayerDesc* layers, int64_t n, const HkStepDesc* st
                        dtype, threads);
     }
     if (rc) return rc;
-    b.qkv.resize(T * nqkv * es);
+    grow(b.qkv, T * nqkv * es);
     if ((rc = project(L.qkv, b.h.data(), T, dtype, b.f32, b.qkv.data(), isa, threads, st->int8_from))) return rc;
     uint8_t* q = b.qkv.data();
     uint8_t* k = q + nq * es;
@@ -228,15 +235,15 @@ int hk_decoder_layers(const HkLayerDesc* layers, int64_t n, const HkStepDesc* st
     if (L.kv_dtype != dtype) return -100;  // (the builder only takes caches in the model dtype)
     if ((rc = hk_kv_write(k, nqkv * es, v, nqkv * es, L.k_cache, L.v_cache, st->slots, T, nkv * es, L.num_slots)))
       return rc;
-    b.q32.resize(T * nq);
-    b.att32.resize(T * nq);
+    grow(b.q32, T * nq);
+    grow(b.att32, T * nq);
     widen_rows(q, dtype, T, nq, nqkv, b.q32.data());
     rc = hk_paged_attention(b.q32.data(), nq, L.k_cache, L.v_cache, L.kv_dtype, nullptr, nullptr,
                             L.block_size * nkv, nkv, st->block_tables, st->bt_stride, st->query_start,
                             st->context_lens, nullptr, st->num_seqs, b.att32.data(), nq, L.block_size, H, Hkv, D,
                             L.scale, L.softcap, L.window, nullptr, dtype == kBF16, L.attn_isa, threads);
     if (rc) return rc;
-    b.att.resize(T * nq * es);
+    grow(b.att, T * nq * es);
     narrow(b.att32.data(), dtype, T * nq, b.att.data());
     if ((rc = project(L.o, b.att.data(), T, dtype, b.f32, x, isa, threads, st->int8_from))) return rc;
     if (L.post_norm1 && (rc = hk_rms_norm(x, hidden, nullptr, 0, L.post_norm1, L.norm_offset, L.eps, x, nullptr, T,
@@ -247,9 +254,9 @@ int hk_decoder_layers(const HkLayerDesc* layers, int64_t n, const HkStepDesc* st
                           hidden, dtype, threads)))
       return rc;
     const int64_t inter = L.gate_up.N / 2;
-    b.gu.resize(T * L.gate_up.N * es);
+    grow(b.gu, T * L.gate_up.N * es);
     if ((rc = project(L.gate_up, b.h.data(), T, dtype, b.f32, b.gu.data(), isa, threads, st->int8_from))) return rc;
-    b.act.resize(T * inter * es);
+    grow(b.act, T * inter * es);
     if ((rc = hk_act_and_mul(b.gu.data(), L.gate_up.N, b.act.data(), T, inter, L.act, dtype, threads))) return rc;
     if ((rc = project(L.down, b.act.data(), T, dtype, b.f32, x, isa, threads, st->int8_from))) return rc;
     if (L.post_norm2 && (rc = hk_rms_norm(x, hidden, nullptr, 0, L.post_norm2, L.norm_offset, L.eps, x, nullptr, T,
