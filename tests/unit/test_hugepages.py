@@ -71,3 +71,14 @@ def test_copy_stops_at_its_time_budget(monkeypatch) -> None:
     monkeypatch.setattr(hugepages, "_BUDGET_S", -1.0)
     assert hugepages.move_to_hugepages(root, min_bytes=1) == 0
     assert qw.data.data_ptr() == ptr and torch.equal(quant.linear(x, qw), want)
+
+
+
+def test_slow_copy_stops_after_its_probe(monkeypatch) -> None:
+    """A copy running below _MIN_RATE once _PROBE_S has passed stops there, well inside the time budget."""
+    root, qw = _model()
+    ptr = qw.data.data_ptr()
+    monkeypatch.setattr(hugepages, "_PROBE_S", -1.0)
+    monkeypatch.setattr(hugepages, "_MIN_RATE", 1e18)
+    assert hugepages._BUDGET_S >= 1.0 and hugepages.move_to_hugepages(root, min_bytes=1) == 0
+    assert qw.data.data_ptr() == ptr
