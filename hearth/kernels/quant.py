@@ -53,9 +53,10 @@ Why not plain int8 everywhere: it moves logprobs ~3x as much as int8x2 (SmolLM2 
 1.0e-3 vs the dtype's own 9.1e-4, int8 3.2e-3), and a decode step of a few rows is memory-bound, so two terms cost
 nothing there. Prompts are compute-bound (int8x2's two vpdpbusd per multiply-add run at bf16's rate), so the
 default (auto) rounds prompt rows to one term on VNNI panels: prefill ~1.4x faster; and on models of mostly 4-bit
-weights, where the weights' rounding swamps int8's (set_model_activations), every row. Near ties go either way under
-any rounding: SmolLM2 Q4_1 asked "What is the capital of France?" without a system turn starts "The" -1.88 vs "L"
--1.97 in fp32, an exact tie in bf16, and "L" derails ("L'Etoile, la Marseillaise, ...", as llama.cpp answers).
+weights, where the weights' rounding swamps int8's (set_model_activations), every row but the LM head's. Near ties
+go either way under any rounding: SmolLM2 Q4_1 asked "What is the capital of France?" without a system turn starts
+"The" -1.88 vs "L" -1.97 in fp32, an exact tie in bf16, and "L" derails ("L'Etoile, la Marseillaise, ...", as
+llama.cpp answers).
 
 On AVX512-VNNI CPUs quantized projections are re-laid at load into VNNI panels instead (to_panels, PANELS;
 csrc/quant_panel.cpp): 64 columns x 4 k per 32-bit lane group, read by one broadcast-form vpdpbusd GEMM for every row
@@ -665,18 +666,20 @@ def _int8_from(m: int) -> int:
     return min(m, _prompt.generated) if total is None or total == m else m
 
 
-def set_model_activations(qweights: Iterable[QWeight]) -> str | None:
+def set_model_activations(qweights: Iterable[QWeight], head: QWeight | None = None) -> str | None:
     """HEARTH_QUANT_ACT=auto: a model whose quantized weights are mostly 4-bit (by count) rounds x to single-term int8
-    for every row of every quantized linear (each QWeight.activations = "int8"); returns "int8", or None where
-    ACTIVATIONS stays (models mostly of 8-bit or 6-bit weights, or another setting).
+    for every row of every quantized linear (each QWeight.activations = "int8") but its LM head `head`; returns
+    "int8", or None where ACTIVATIONS stays (models mostly of 8-bit or 6-bit weights, or another setting).
 
     Why: there int8's rounding of x is lost in the 4-bit rounding of the weights. SmolLM2 Q4_1, fp32 reference, 2386
     teacher-forced tokens, mean top-20 KL: every weight moved by a uniform error of one 4-bit step (what rounding to
     Q4 loses) 0.21, of one Q8_0 step 1.6e-3; int8 activations 2.4e-3 (~1% of the 4-bit rounding's), int8x2 3e-5.
     It is llama.cpp's rounding on its Q4 formats, and halves the integer work of decode steps of many rows
     (Qwen2.5-0.5B Q4_0, 32 in flight: ~1.25x output tok/s). Per model, not per step: a sequence's tokens do not
-    depend on what runs beside it."""
-    unique = list({id(q): q for q in qweights}.values())
+    depend on what runs beside it. The head keeps ACTIVATIONS: its outputs are the logits themselves, where a near
+    tie decides a greedy token (SmolLM2 Q4_1 in bf16, asked "What is the capital of France?" after a system turn,
+    answers "The capital of France is Paris." with an int8x2 head and "La femme de France, ..." with one term)."""
+    unique = [q for q in {id(q): q for q in qweights}.values() if q is not head]
     total = sum(q.shape[0] * q.shape[1] for q in unique)
     four = sum(q.shape[0] * q.shape[1] for q in unique if q.bits == 4)
     if not (AUTO_ACTIVATIONS and ACTIVATIONS == "int8x2" and 2 * four > total):

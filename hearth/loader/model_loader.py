@@ -134,9 +134,11 @@ def load_model(args: EngineArgs) -> LoadedModel:
         loaded = _load_gguf(path, args)
     else:
         loaded = _load_hf_folder(path, args)
-    act = quant.set_model_activations(q for q in hugepages.held(loaded.model) if isinstance(q, quant.QWeight))
+    act = quant.set_model_activations((q for q in hugepages.held(loaded.model) if isinstance(q, quant.QWeight)),
+                                      getattr(loaded.model, "lm_head_qweight", None))
     if act:
-        logger.info("mostly 4-bit weights: activations rounded to %s for every row (HEARTH_QUANT_ACT=auto)", act)
+        logger.info("mostly 4-bit weights: activations rounded to %s for every row but the LM head's "
+                    "(HEARTH_QUANT_ACT=auto)", act)
     if hugepages.enabled():
         hugepages.move_to_hugepages(loaded.model)
     panel_pack.pack_dense_weights(loaded.model, path, loaded.model_config.dtype)

@@ -204,12 +204,12 @@ def _q(bits: int, n: int, k: int) -> quant.QWeight:
 
 def test_auto_rounds_mostly_4bit_models_to_int8(monkeypatch) -> None:
     """HEARTH_QUANT_ACT=auto: a model whose quantized weights are mostly 4-bit (by count) takes single-term int8 in
-    every quantized linear, its 8-bit head included; a mostly 8-bit one, or another setting, keeps ACTIVATIONS."""
+    every quantized linear but its LM head (the logits); a mostly 8-bit one, or another setting, keeps ACTIVATIONS."""
     monkeypatch.setattr(quant, "ACTIVATIONS", "int8x2")
     monkeypatch.setattr(quant, "AUTO_ACTIVATIONS", True)
-    body, head = [_q(4, 256, 512) for _ in range(3)], _q(8, 512, 256)  # 3 x 128 Ki 4-bit vs 128 Ki 8-bit
-    assert quant.set_model_activations(body + [head, head]) == "int8"  # (a tied head counts once)
-    assert all(q.activations == "int8" for q in body + [head])
+    body, other, head = [_q(4, 256, 512) for _ in range(2)], _q(8, 512, 256), _q(8, 1024, 256)
+    assert quant.set_model_activations(body + [other, other, head], head) == "int8"  # (each counts once)
+    assert all(q.activations == "int8" for q in body + [other]) and head.activations is None
     mostly_8 = [_q(4, 256, 512), _q(8, 512, 256), _q(8, 256, 256)]
     assert quant.set_model_activations(mostly_8) is None and all(q.activations is None for q in mostly_8)
     monkeypatch.setattr(quant, "AUTO_ACTIVATIONS", False)  # HEARTH_QUANT_ACT=int8x2
@@ -220,7 +220,7 @@ def test_auto_rounds_mostly_4bit_models_to_int8(monkeypatch) -> None:
 @pytest.mark.parametrize("layer_path", [False, True])
 def test_auto_4bit_model_runs_int8_everywhere(tmp_path, monkeypatch, layer_path: bool) -> None:
     """A 4-bit model loaded under auto gives exactly what HEARTH_QUANT_ACT=int8 gives (tokens and logprobs, prompt
-    and decode rows, C decode program and layer path alike), and not what int8x2 gives."""
+    and decode rows, C decode program and layer path alike), and not what int8x2 gives. (Its head is dense here.)"""
     from hearth import LLM, SamplingParams
     from hearth.models.blocks import DecoderModel
     from tests.tiny_models import build_checkpoint, tiny_config
