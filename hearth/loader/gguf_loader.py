@@ -480,7 +480,8 @@ class GGUFCheckpoint:
         """Raw rows of a block-quantized weight; q/k rows un-permuted (rows of block formats are independent)."""
         _, block, block_bytes = _TYPES[info.ggml_type]
         rows, cols = info.shape
-        data = torch.frombuffer(bytearray(buf[info.start:info.start + info.nbytes]), dtype=torch.uint8)
+        with memoryview(buf) as mv:  # one copy of the bytes (slicing the mmap itself made a bytes copy first)
+            data = torch.frombuffer(bytearray(mv[info.start:info.start + info.nbytes]), dtype=torch.uint8)
         blocks = GGUFBlocks(info.ggml_type, (rows, cols), data.reshape(rows, cols // block * block_bytes))
         heads = None
         if self._arch.permute_qk and ".self_attn.q_proj." in hf:
