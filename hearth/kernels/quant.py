@@ -228,6 +228,8 @@ def _lib() -> ctypes.CDLL | None:
                                           i32, i32]
     lib.hq_linear_panels_bf16.restype = i32
     lib.hq_pack_panels.argtypes = [ptr, i32, i64, i64, i64, ptr, i32]
+    lib.hq_pack_panels_blocks.argtypes = [ptr, i32, i64, i64, i64, i64, i64, ptr, i32]
+    lib.hq_pack_panels_blocks.restype = i32
     lib.hq_pack_panels.restype = i32
     lib.hq_dequant.argtypes = [ptr, i32, i64, i64, ptr, ptr, i64, i64, i64, i64, ptr, i32, i32, i32]
     lib.hq_dequant.restype = i32
@@ -408,14 +410,16 @@ def to_panels(qw: QWeight, chunk: int = 64, kernel: bool = True) -> QWeight:
             u = u.reshape(p1 - p0, k // 4, 2, 2, 16, 4)
             u = u[:, :, :, 0] | (u[:, :, :, 1] << 4)
         data[p0:p1] = u.reshape(p1 - p0, -1)
-    pad = p * PANEL_COLS - n
+    return QWeight(qw.bits, qw.group, data, panel_scales(qw.scales), panel_scales(qw.mins), panel_rows=n)
 
-    def per_panel_scales(s: torch.Tensor | None) -> torch.Tensor | None:
-        if s is None:
-            return None
-        return F.pad(s, (0, 0, 0, pad)).reshape(p, PANEL_COLS, -1).transpose(1, 2).reshape(p, -1).contiguous()
 
-    return QWeight(qw.bits, qw.group, data, per_panel_scales(qw.scales), per_panel_scales(qw.mins), panel_rows=n)
+def panel_scales(s: torch.Tensor | None) -> torch.Tensor | None:
+    """Per-row scales (or mins) [N, K / group] -> the panels' [ceil(N / 64), K / group * 64] (rows past N: zero)."""
+    if s is None:
+        return None
+    p = -(-s.shape[0] // PANEL_COLS)
+    return (F.pad(s, (0, 0, 0, p * PANEL_COLS - s.shape[0])).reshape(p, PANEL_COLS, -1).transpose(1, 2)
+            .reshape(p, -1).contiguous())
 
 
 def from_panels(qw: QWeight) -> QWeight:

@@ -112,6 +112,45 @@ def repack(ggml_type: int, data: torch.Tensor, shape: tuple[int, int]) -> QWeigh
                    torch.from_numpy(np.ascontiguousarray(scales)), torch.from_numpy(np.ascontiguousarray(mins)))
 
 
+# The panel packer's view of a GGUF block: (bits, bytes before the weights).
+_PANEL_BLOCKS = {"Q8_0": (8, 2), "Q4_0": (4, 2), "Q4_1": (4, 4)}
+
+
+def panels_from_blocks(parts: list[GGUFBlocks]) -> QWeight | None:
+    """cat(parts) (one layer's shards, rows in order) in VNNI panels, packed straight from the GGUF rows: the same
+    QWeight as to_panels(cat(repack(part))) without the plain-row copy of each part or their concatenation (each weight
+    byte was written three times at load). None where that does not apply: a type other than Q8_0 / Q4_0 / Q4_1 (or
+    mixed), a part before the last that does not fill whole 64-row panels, or no panel kernels (can_panel)."""
+    from hearth.kernels import quant
+
+    names = {p.type_name for p in parts}
+    name = names.pop() if len(names) == 1 else None
+    if name not in _PANEL_BLOCKS or any(p.shape[0] % quant.PANEL_COLS for p in parts[:-1]):
+        return None
+    bits, header = _PANEL_BLOCKS[name]
+    n_all, k = sum(p.shape[0] for p in parts), parts[0].shape[1]
+    probe = QWeight(bits, 32, torch.empty(1, k if bits == 8 else k // 2, dtype=torch.int8 if bits == 8 else
+                                          torch.uint8), torch.empty(1, k // 32, dtype=torch.float16), None)
+    if not quant.can_panel(probe):
+        return None
+    nbytes = KEPT_TYPES[parts[0].ggml_type][2]
+    panels = -(-n_all // quant.PANEL_COLS)
+    data = torch.empty(panels, quant.PANEL_COLS * k * bits // 8, dtype=torch.uint8)
+    scales, mins, p0 = [], [], 0
+    for part in parts:
+        n = part.shape[0]
+        raw = part.data if part.data.is_contiguous() else part.data.contiguous()
+        if quant._lib().hq_pack_panels_blocks(raw.data_ptr(), bits, n, k, raw.stride(0), nbytes, header,
+                                              data[p0].data_ptr(), torch.get_num_threads()):
+            return None
+        b = raw.numpy().reshape(n, k // 32, nbytes)
+        scales.append(quant.panel_scales(torch.from_numpy(_f16_raw(b[:, :, 0:2]))))
+        if name == "Q4_1":
+            mins.append(quant.panel_scales(torch.from_numpy(_f16_raw(b[:, :, 2:4]))))
+        p0 += -(-n // quant.PANEL_COLS)
+    return QWeight(bits, 32, data, torch.cat(scales), torch.cat(mins) if mins else None, panel_rows=n_all)
+
+
 def repack_q6_tiles(blocks: GGUFBlocks) -> QWeight:
     """Q6_K blocks -> hearth's 6-bit tiles (QWeight bits 6, the decode kernels' format for a Q6_K LM head; see
     quant.cpp kQ6Rec): each row's super-blocks stay the file's own 210-byte blocks ([ql 128][qh 64][16 scales][d]),

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from hearth import kernels
-from hearth.kernels import quant
+from hearth.kernels import quant, quant_gguf
 from hearth.kernels.quant_gguf import GGUFBlocks
 from hearth.layers.linear import Linear
 
@@ -86,16 +86,20 @@ class QuantLinear(Linear):
         order = [None] if None in self._pending else (list(self.shards) or [None])
         parts = [self._pending[name] for name in order]
         self._pending = {}
-        qw = self._quantize(parts)
-        if qw is None:  # dense: exactly what Linear would hold
-            dense = torch.cat([p.dequantize() if isinstance(p, GGUFBlocks) else p for p in parts])
-            self.weight = nn.Parameter(torch.empty(dense.shape, dtype=self.weight.dtype), requires_grad=False)
-            Linear.load_shard(self, "weight", None, dense)
-            return
-        if quant.can_panel(qw):
-            qw = quant.to_panels(qw)  # AVX512-VNNI: one broadcast-form kernel for every row count (exact re-lay)
-        elif quant.TILES and quant.available() and quant.can_tile(qw):
-            qw = quant.tile_rows4(qw)  # the decode kernels' layout for int4-g32 (exact; see quant.tile_rows4)
+        qw = None
+        if self.scheme == "gguf" and all(isinstance(p, GGUFBlocks) for p in parts):
+            qw = quant_gguf.panels_from_blocks(parts)  # (straight from the file's blocks; None: the path below)
+        if qw is None:
+            qw = self._quantize(parts)
+            if qw is None:  # dense: exactly what Linear would hold
+                dense = torch.cat([p.dequantize() if isinstance(p, GGUFBlocks) else p for p in parts])
+                self.weight = nn.Parameter(torch.empty(dense.shape, dtype=self.weight.dtype), requires_grad=False)
+                Linear.load_shard(self, "weight", None, dense)
+                return
+            if quant.can_panel(qw):
+                qw = quant.to_panels(qw)  # AVX512-VNNI: one broadcast-form kernel for every row count (exact re-lay)
+            elif quant.TILES and quant.available() and quant.can_tile(qw):
+                qw = quant.tile_rows4(qw)  # the decode kernels' layout for int4-g32 (exact; see quant.tile_rows4)
         self.qweight = qw
         self.weight = nn.Parameter(qw.data, requires_grad=False)
         self.scales, self.mins = qw.scales, qw.mins

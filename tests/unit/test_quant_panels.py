@@ -242,3 +242,35 @@ def test_auto_4bit_model_runs_int8_everywhere(tmp_path, monkeypatch, layer_path:
     auto = run("int8x2", True)
     assert auto == run("int8", False)
     assert auto != run("int8x2", False)
+
+
+def _gguf_blocks(ggml_type: int, n: int, k: int, rng):
+    from hearth.kernels import quant_gguf
+
+    nbytes = quant_gguf.KEPT_TYPES[ggml_type][2]
+    raw = rng.integers(0, 256, size=(n, k // 32, nbytes), dtype="uint8")
+    raw[:, :, 0:2] = rng.uniform(0.001, 0.1, size=(n, k // 32, 1)).astype("float16").view("uint8")
+    if ggml_type == 3:  # Q4_1's min
+        raw[:, :, 2:4] = rng.uniform(-0.1, 0.0, size=(n, k // 32, 1)).astype("float16").view("uint8")
+    return quant_gguf.GGUFBlocks(ggml_type, (n, k), torch.from_numpy(raw.reshape(n, -1)))
+
+
+@needs_panels
+@pytest.mark.parametrize("ggml_type", [8, 2, 3])  # Q8_0, Q4_0, Q4_1
+def test_panels_straight_from_gguf_blocks_equal_the_repacked_path(ggml_type: int) -> None:
+    """A layer's GGUF shards packed straight from the file's blocks: byte for byte what repacking each shard to plain
+    rows, concatenating and re-laying gives; a shard before the last that leaves a panel part-filled takes that path."""
+    import numpy as np
+
+    from hearth.kernels import quant_gguf
+    from hearth.layers.quant_linear import _cat
+
+    rng = np.random.default_rng(ggml_type)
+    for rows in ([128, 64, 70], [200], [64, 64]):
+        parts = [_gguf_blocks(ggml_type, n, 256, rng) for n in rows]
+        got = quant_gguf.panels_from_blocks(parts)
+        want = quant.to_panels(_cat([p.repack() for p in parts]))
+        assert got is not None and got.panel_rows == want.panel_rows == sum(rows)
+        assert torch.equal(got.data, want.data) and torch.equal(got.scales, want.scales)
+        assert (got.mins is None and want.mins is None) or torch.equal(got.mins, want.mins)
+    assert quant_gguf.panels_from_blocks([_gguf_blocks(ggml_type, n, 256, rng) for n in (70, 64)]) is None

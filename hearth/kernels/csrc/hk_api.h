@@ -40,6 +40,8 @@ int hq_linear_panels_bf16(const void* x, int x_dtype, int64_t M, int64_t K, int6
                           int64_t N, const void* scales, const void* mins, int64_t group, const float* bias,
                           float* partial, uint16_t* out16, int nthreads, int scale_f16, int x2);
 int hq_pack_panels(const void* w, int bits, int64_t N, int64_t K, int64_t ldw, uint8_t* dst, int nthreads);
+int hq_pack_panels_blocks(const void* w, int bits, int64_t N, int64_t K, int64_t ldw, int64_t block_bytes,
+                          int64_t header, uint8_t* dst, int nthreads);
 int hk_rms_norm(const void* x, int64_t ldx, const void* residual, int64_t ldr, const float* weight, float offset,
                 float eps, void* out, void* sum_out, int64_t T, int64_t H, int dtype, int threads);
 int hk_rope_neox(void* q, int64_t ldq, int64_t Hq, void* k, int64_t ldk, int64_t Hk, int64_t head_dim, int64_t rot,

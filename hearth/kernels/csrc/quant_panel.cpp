@@ -284,11 +284,13 @@ void gemm_s(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, const
 #undef HQ_GEMM
 }
 
-// Panels [p0, p1) of a plain int8 [N][ldw] / int4 [N][ldw bytes] weight into dst (quant.to_panels's layout, byte for
-// byte): each 64-byte vector of a quad is 16 rows' 32-bit groups, gathered; int4 picks each k's nibble half
+// Panels [p0, p1) of an int8 / int4 weight of N rows (row stride ldw bytes) into dst (quant.to_panels's layout, byte
+// for byte): each 64-byte vector of a quad is 16 rows' 32-bit groups, gathered; int4 picks each k's nibble half
 // (elements 0-15 of a block are low nibbles, 16-31 high) and joins two rows per byte. Rows past N become zeros.
-void pack_range(const uint8_t* src, int bits, int64_t N, int64_t K, int64_t ldw, uint8_t* dst, int64_t p0,
-                int64_t p1) {
+// A row is blocks of 32 weights, block_bytes apart, each holding its 32 int8 (or 16 nibble bytes) from byte `header`
+// on: plain rows (32 / 16, 0), or a GGUF file's own blocks (Q8_0 34, 2; Q4_0 18, 2; Q4_1 20, 4: scales skipped).
+void pack_range(const uint8_t* src, int bits, int64_t N, int64_t K, int64_t ldw, int64_t block_bytes, int64_t header,
+                uint8_t* dst, int64_t p0, int64_t p1) {
   const int64_t quads = K / 4, panel_bytes = bits == 8 ? kCols * K : kCols * K / 2;
   const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   const __m512i low = _mm512_set1_epi32(0x0F0F0F0F), flip = _mm512_set1_epi32(int32_t(0x80808080u));
@@ -306,7 +308,8 @@ void pack_range(const uint8_t* src, int bits, int64_t N, int64_t K, int64_t ldw,
         __mmask16 ok;
         rows(16 * v, idx, ok);
         for (int64_t j = 0; j < quads; ++j) {
-          const __m512i g = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), ok, idx, base + 4 * j, 1);
+          const uint8_t* at = base + (4 * j) / 32 * block_bytes + header + (4 * j) % 32;
+          const __m512i g = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), ok, idx, at, 1);
           _mm512_storeu_si512(d + j * 256 + v * 64, _mm512_maskz_xor_epi32(ok, g, flip));
         }
       }
@@ -317,7 +320,7 @@ void pack_range(const uint8_t* src, int bits, int64_t N, int64_t K, int64_t ldw,
         rows(32 * v, ia, oka);
         rows(32 * v + 16, ib, okb);
         for (int64_t j = 0; j < quads; ++j) {
-          const int64_t e = (4 * j) % 32, off = (4 * j) / 32 * 16 + e % 16;
+          const int64_t e = (4 * j) % 32, off = (4 * j) / 32 * block_bytes + header + e % 16;
           const __m128i sh = _mm_cvtsi32_si128(int(4 * (e / 16)));
           const __m512i a = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), oka, ia, base + off, 1);
           const __m512i b = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), okb, ib, base + off, 1);
@@ -359,19 +362,30 @@ int run(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, const voi
 
 extern "C" {
 
-// w (plain rows: int8 [N][ldw], or int4 [N][ldw] bytes with GGUF's nibble order; bits 8 / 4) -> dst (ceil(N / 64)
-// panels, quant.to_panels's layout) over nthreads. Returns 0, -1 without AVX512-VNNI, -2 for a shape it does not take.
-int hq_pack_panels(const void* w, int bits, int64_t N, int64_t K, int64_t ldw, uint8_t* dst, int nthreads) {
+// w (rows of blocks of 32 weights, block_bytes apart, the weights from byte header of each: plain int8 [N][ldw] is
+// 32 / 0, plain int4 with GGUF's nibble order 16 / 0, GGUF Q8_0 rows 34 / 2, Q4_0 18 / 2, Q4_1 20 / 4; bits 8 / 4)
+// -> dst (ceil(N / 64) panels, quant.to_panels's layout) over nthreads. Returns 0, -1 without AVX512-VNNI, -2 for a
+// shape it does not take. hq_pack_panels: plain rows.
+int hq_pack_panels_blocks(const void* w, int bits, int64_t N, int64_t K, int64_t ldw, int64_t block_bytes,
+                          int64_t header, uint8_t* dst, int nthreads) {
   if (!cpu_has_vnni()) return -1;
-  if ((bits != 8 && bits != 4) || K % 32 || N <= 0 || 64 * ldw > INT32_MAX) return -2;
+  const int64_t payload = bits == 8 ? 32 : 16;  // bytes of weights per block of 32
+  if ((bits != 8 && bits != 4) || K % 32 || N <= 0 || 64 * ldw > INT32_MAX || header < 0 ||
+      block_bytes < header + payload || ldw < K / 32 * block_bytes)
+    return -2;
   const int64_t P = (N + kCols - 1) / kCols;
   const int nt = (int)std::max<int64_t>(1, std::min<int64_t>(nthreads, P));
 #pragma omp parallel num_threads(nt)
   {
     const int64_t t = omp_get_thread_num(), T = omp_get_num_threads();
-    pack_range(static_cast<const uint8_t*>(w), bits, N, K, ldw, dst, P * t / T, P * (t + 1) / T);
+    pack_range(static_cast<const uint8_t*>(w), bits, N, K, ldw, block_bytes, header, dst, P * t / T,
+               P * (t + 1) / T);
   }
   return 0;
+}
+
+int hq_pack_panels(const void* w, int bits, int64_t N, int64_t K, int64_t ldw, uint8_t* dst, int nthreads) {
+  return hq_pack_panels_blocks(w, bits, N, K, ldw, bits == 8 ? 32 : 16, 0, dst, nthreads);
 }
 
 // out [M][N] (fp32) = x [M][K] (row stride ldx; f32 / bf16 / f16) . W^T (+ bias), W in VNNI panels (code
