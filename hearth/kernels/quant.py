@@ -228,9 +228,9 @@ def _lib() -> ctypes.CDLL | None:
                                           i32, i32]
     lib.hq_linear_panels_bf16.restype = i32
     lib.hq_pack_panels.argtypes = [ptr, i32, i64, i64, i64, ptr, i32]
+    lib.hq_pack_panels.restype = i32
     lib.hq_pack_panels_blocks.argtypes = [ptr, i32, i64, i64, i64, i64, i64, ptr, i32]
     lib.hq_pack_panels_blocks.restype = i32
-    lib.hq_pack_panels.restype = i32
     lib.hq_dequant.argtypes = [ptr, i32, i64, i64, ptr, ptr, i64, i64, i64, i64, ptr, i32, i32, i32]
     lib.hq_dequant.restype = i32
     lib.hq_dequant_gather.argtypes = [ptr, i32, i64, i64, ptr, ptr, i64, i64, i64, ptr, i64, ptr, i32, i32, i32]
@@ -383,9 +383,13 @@ PANEL_CODES = (5, 6)  # QWeight.kernel_code of int8 / int4 panels (csrc/hk_api.h
 def can_panel(qw: QWeight) -> bool:
     """int8 or int4 in plain rows or 4-row tiles, groups of 32 or more (not GGUF Q6_K's 16), on a CPU with AVX512-VNNI
     where the kernels run and activations are quantized (HEARTH_QUANT_ACT int8 / int8x2)."""
+    return not qw.panel_rows and qw.shape[0] > 0 and panels_take(qw.bits, qw.group, qw.shape[1])
+
+
+def panels_take(bits: int, group: int, k: int) -> bool:
+    """VNNI panels run here for weights of `bits` with scales per `group` along an input of k (see can_panel)."""
     return (PANELS and available() and cpu_info().has_vnni and kernels.isa() == kernels.ISA_AVX512
-            and ACTIVATIONS in ("int8", "int8x2") and qw.bits in (4, 8) and not qw.panel_rows
-            and qw.group % 32 == 0 and qw.shape[1] % 32 == 0 and qw.shape[0] > 0)
+            and ACTIVATIONS in ("int8", "int8x2") and bits in (4, 8) and group % 32 == 0 and k % 32 == 0)
 
 
 def to_panels(qw: QWeight, chunk: int = 64, kernel: bool = True) -> QWeight:

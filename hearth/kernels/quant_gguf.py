@@ -129,9 +129,7 @@ def panels_from_blocks(parts: list[GGUFBlocks]) -> QWeight | None:
         return None
     bits, header = _PANEL_BLOCKS[name]
     n_all, k = sum(p.shape[0] for p in parts), parts[0].shape[1]
-    probe = QWeight(bits, 32, torch.empty(1, k if bits == 8 else k // 2, dtype=torch.int8 if bits == 8 else
-                                          torch.uint8), torch.empty(1, k // 32, dtype=torch.float16), None)
-    if not quant.can_panel(probe):
+    if not quant.panels_take(bits, 32, k):
         return None
     nbytes = KEPT_TYPES[parts[0].ggml_type][2]
     panels = -(-n_all // quant.PANEL_COLS)
