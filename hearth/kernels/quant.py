@@ -549,22 +549,24 @@ def _run(x: torch.Tensor, qw: QWeight, bias: torch.Tensor | None, isa_code: int 
     return out
 
 
-def _panels_bf16(x: torch.Tensor, qw: QWeight, bias: torch.Tensor | None, split: int) -> torch.Tensor:
-    """bf16 x [M, K] on VNNI panels -> bf16 [M, N], rounded in the kernel (the fp32 result's .to(torch.bfloat16)):
-    rows [0, split) with int8x2 activations, the rest single-term int8 (see _int8_from)."""
+def _panels(x: torch.Tensor, qw: QWeight, bias: torch.Tensor | None, split: int, bf16: bool) -> torch.Tensor:
+    """x [M, K] on VNNI panels -> fp32 [M, N], or with bf16 the result rounded to bf16 in the kernel (the fp32
+    result's .to(torch.bfloat16), without an fp32 output pass): rows [0, split) with int8x2 activations, the rest
+    single-term int8 (see _int8_from)."""
     x = x.contiguous()
     (m, k), n = x.shape, qw.shape[0]
-    out = torch.empty(m, n, dtype=torch.bfloat16)
-    partial = torch.empty(m, n, dtype=torch.float32)  # (only K blocks before the last write here)
+    f32 = torch.empty(m, n, dtype=torch.float32)  # the result, or (bf16) the sums of K blocks before the last
+    out = torch.empty(m, n, dtype=torch.bfloat16) if bf16 else None
     for r0, r1, x2 in ((0, split, 1), (split, m, 0)):
         if r1 > r0:
             rc = _lib().hq_linear_panels_bf16(x[r0].data_ptr(), _DTYPE_CODE[x.dtype], r1 - r0, k, k,
                                               qw.data.data_ptr(), qw.kernel_code, n, qw.scales.data_ptr(),
-                                              _ptr(qw.mins), qw.group, _ptr(bias), partial[r0].data_ptr(),
-                                              out[r0].data_ptr(), torch.get_num_threads(), int(qw.scale_f16), x2)
+                                              _ptr(qw.mins), qw.group, _ptr(bias), f32[r0].data_ptr(),
+                                              _ptr(out[r0] if bf16 else None), torch.get_num_threads(),
+                                              int(qw.scale_f16), x2)
             if rc != 0:
                 raise RuntimeError(f"hq_linear_panels_bf16 failed with code {rc}")
-    return out
+    return out if bf16 else f32
 
 
 def quantize_activations(x: torch.Tensor) -> torch.Tensor:
@@ -715,13 +717,7 @@ def linear(x: torch.Tensor, qw: QWeight, bias: torch.Tensor | None = None) -> to
             raise RuntimeError("quantized weights were re-laid into VNNI panels at load, which take int8 / int8x2 "
                                "activations: set HEARTH_QUANT_ACT=float (or HEARTH_QUANT_PANELS=0) before loading")
         split = _int8_from(m) if act == "int8x2" else 0
-        if x2.dtype == torch.bfloat16:  # rounded to bf16 in the kernel: no fp32 output pass
-            return _panels_bf16(x2, qw, b, split).reshape(*x.shape[:-1], qw.shape[0])
-        y = torch.empty(m, qw.shape[0], dtype=torch.float32)
-        if split:
-            _run(x2[:split], qw, b, act="panels2", out=y[:split])
-        if split < m:
-            _run(x2[split:], qw, b, act="panels", out=y[split:])
+        y = _panels(x2, qw, b, split, bf16=x2.dtype == torch.bfloat16)
         return y.reshape(*x.shape[:-1], qw.shape[0]).to(x.dtype)
     rows = gemm_min_rows(qw) if available() and x.dtype in _DTYPE_CODE else 0
     prompt = getattr(_prompt, "on", False)

@@ -176,14 +176,15 @@ def test_prompt_rows_take_int8_and_generated_rows_do_not_notice(tmp_path, monkey
     assert all(q.activations is None for q in _qweights(llm))  # (8-bit: not the 4-bit models' int8 everywhere)
     a, b = [5, 17, 42, 99, 7, 3], list(range(30, 70))
     alone = _run_staggered(llm, a, None, 8)
-    calls: list[tuple[str, int]] = []
-    real = quant._run
-    monkeypatch.setattr(quant, "_run",
-                        lambda x, *r, **kw: calls.append((kw.get("act"), x.shape[0])) or real(x, *r, **kw))
+    calls: list[tuple[int, int]] = []  # (rows, of which int8x2) per panel call
+    real = quant._panels
+    monkeypatch.setattr(quant, "_panels",
+                        lambda x, qw, bias, split, bf16: calls.append((x.shape[0], split)) or real(x, qw, bias, split,
+                                                                                                   bf16))
     mixed = _run_staggered(llm, a, b, 8)
     assert mixed == alone
     if layer_path:  # the step where B's 40 prompt rows ran beside A's decode row: split 1 + 40
-        assert ("panels2", 1) in calls and ("panels", 40) in calls
+        assert (41, 1) in calls
     # prompt rows are rounded differently: B's logprobs alone differ from an all-int8x2 run of the same engine
     monkeypatch.setattr(quant, "AUTO_ACTIVATIONS", False)
     all_x2 = _run_staggered(llm, b, None, 4)

@@ -149,27 +149,16 @@ int project(const HkLinearDesc& l, const void* x, int64_t T, int dtype, std::vec
     // Rows [0, split) in the linear's rounding, the rest (prompt rows, int8x2 linears only) in single-term int8:
     // per-row sums do not depend on the other rows, so two calls give each row what it would get alone.
     const int64_t split = l.kind == kQuantInt8 ? 0 : std::min(T, std::max<int64_t>(int8_from, 0));
+    // A bf16 model's rows are rounded in the tiles' last K block (the same rounding as narrow's), others land in f32.
     const char* xb = static_cast<const char*>(x);
-    if (dtype == kBF16) {  // bf16 from the tiles' last K block (the same rounding as narrow's)
-      auto* y16 = static_cast<uint16_t*>(y);
-      rc = 0;
-      if (split > 0)
-        rc = hq_linear_panels_bf16(x, dtype, split, l.K, l.K, l.w, l.w_dtype, l.N, l.scales, l.mins, l.group, l.bias,
-                                   f32.data(), y16, threads, l.scale_f16, 1);
-      if (!rc && split < T)
-        rc = hq_linear_panels_bf16(xb + split * l.K * 2, dtype, T - split, l.K, l.K, l.w, l.w_dtype, l.N, l.scales,
-                                   l.mins, l.group, l.bias, f32.data() + split * l.N, y16 + split * l.N, threads,
-                                   l.scale_f16, 0);
-      return rc;
-    }
-    rc = 0;
-    if (split > 0)
-      rc = hq_linear_panels2(x, dtype, split, l.K, l.K, l.w, l.w_dtype, l.N, l.ldw, l.scales, l.mins, l.ldg, l.group,
-                             l.bias, f32.data(), isa, threads, l.scale_f16);
-    if (!rc && split < T)
-      rc = hq_linear_panels(xb + split * l.K * elem_size(dtype), dtype, T - split, l.K, l.K, l.w, l.w_dtype, l.N,
-                            l.ldw, l.scales, l.mins, l.ldg, l.group, l.bias, f32.data() + split * l.N, isa, threads,
-                            l.scale_f16);
+    uint16_t* y16 = dtype == kBF16 ? static_cast<uint16_t*>(y) : nullptr;
+    auto rows = [&](int64_t r0, int64_t r1, int x2) {
+      return r1 <= r0 ? 0 : hq_linear_panels_bf16(xb + r0 * l.K * elem_size(dtype), dtype, r1 - r0, l.K, l.K, l.w,
+                                                  l.w_dtype, l.N, l.scales, l.mins, l.group, l.bias,
+                                                  f32.data() + r0 * l.N, y16 ? y16 + r0 * l.N : nullptr, threads,
+                                                  l.scale_f16, x2);
+    };
+    if ((rc = rows(0, split, 1)) || (rc = rows(split, T, 0)) || y16) return rc;
   } else if (l.gemm_min_m > 0 && T >= l.gemm_min_m) {  // (a decode step: many rows take the broadcast form)
     auto fn = T >= l.bcast_min_m ? hq_linear_gemm_bcast : hq_linear_gemm;
     rc = fn(x, dtype, T, l.K, l.K, l.w, l.w_dtype, l.N, l.ldw, l.scales, l.mins, l.ldg, l.group, l.bias, f32.data(),
