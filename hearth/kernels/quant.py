@@ -224,9 +224,9 @@ def _lib() -> ctypes.CDLL | None:
     lib.hq_linear_panels.restype = i32
     lib.hq_linear_panels2.argtypes = lib.hq_linear.argtypes
     lib.hq_linear_panels2.restype = i32
-    lib.hq_linear_panels_bf16.argtypes = [ptr, i32, i64, i64, i64, ptr, i32, i64, ptr, ptr, i64, ptr, ptr, ptr, i32,
-                                          i32, i32]
-    lib.hq_linear_panels_bf16.restype = i32
+    lib.hq_linear_panels_out.argtypes = [ptr, i32, i64, i64, i64, ptr, i32, i64, ptr, ptr, i64, ptr, ptr, ptr, i32,
+                                         i32, i32]
+    lib.hq_linear_panels_out.restype = i32
     lib.hq_pack_panels.argtypes = [ptr, i32, i64, i64, i64, ptr, i32]
     lib.hq_pack_panels.restype = i32
     lib.hq_pack_panels_blocks.argtypes = [ptr, i32, i64, i64, i64, i64, i64, ptr, i32]
@@ -559,13 +559,13 @@ def _panels(x: torch.Tensor, qw: QWeight, bias: torch.Tensor | None, split: int,
     out = torch.empty(m, n, dtype=torch.bfloat16) if bf16 else None
     for r0, r1, x2 in ((0, split, 1), (split, m, 0)):
         if r1 > r0:
-            rc = _lib().hq_linear_panels_bf16(x[r0].data_ptr(), _DTYPE_CODE[x.dtype], r1 - r0, k, k,
-                                              qw.data.data_ptr(), qw.kernel_code, n, qw.scales.data_ptr(),
-                                              _ptr(qw.mins), qw.group, _ptr(bias), f32[r0].data_ptr(),
-                                              _ptr(out[r0] if bf16 else None), torch.get_num_threads(),
-                                              int(qw.scale_f16), x2)
+            rc = _lib().hq_linear_panels_out(x[r0].data_ptr(), _DTYPE_CODE[x.dtype], r1 - r0, k, k,
+                                             qw.data.data_ptr(), qw.kernel_code, n, qw.scales.data_ptr(),
+                                             _ptr(qw.mins), qw.group, _ptr(bias), f32[r0].data_ptr(),
+                                             _ptr(out[r0] if bf16 else None), torch.get_num_threads(),
+                                             int(qw.scale_f16), x2)
             if rc != 0:
-                raise RuntimeError(f"hq_linear_panels_bf16 failed with code {rc}")
+                raise RuntimeError(f"hq_linear_panels_out failed with code {rc}")
     return out if bf16 else f32
 
 

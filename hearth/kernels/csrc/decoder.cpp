@@ -153,10 +153,10 @@ int project(const HkLinearDesc& l, const void* x, int64_t T, int dtype, std::vec
     const char* xb = static_cast<const char*>(x);
     uint16_t* y16 = dtype == kBF16 ? static_cast<uint16_t*>(y) : nullptr;
     auto rows = [&](int64_t r0, int64_t r1, int x2) {
-      return r1 <= r0 ? 0 : hq_linear_panels_bf16(xb + r0 * l.K * elem_size(dtype), dtype, r1 - r0, l.K, l.K, l.w,
-                                                  l.w_dtype, l.N, l.scales, l.mins, l.group, l.bias,
-                                                  f32.data() + r0 * l.N, y16 ? y16 + r0 * l.N : nullptr, threads,
-                                                  l.scale_f16, x2);
+      return r1 <= r0 ? 0 : hq_linear_panels_out(xb + r0 * l.K * elem_size(dtype), dtype, r1 - r0, l.K, l.K, l.w,
+                                                 l.w_dtype, l.N, l.scales, l.mins, l.group, l.bias,
+                                                 f32.data() + r0 * l.N, y16 ? y16 + r0 * l.N : nullptr, threads,
+                                                 l.scale_f16, x2);
     };
     if ((rc = rows(0, split, 1)) || (rc = rows(split, T, 0)) || y16) return rc;
   } else if (l.gemm_min_m > 0 && T >= l.gemm_min_m) {  // (a decode step: many rows take the broadcast form)

@@ -36,9 +36,9 @@ int hq_linear_panels(const void* x, int x_dtype, int64_t M, int64_t K, int64_t l
 int hq_linear_panels2(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, const void* w, int code,
                       int64_t N, int64_t ldw, const void* scales, const void* mins, int64_t ldg, int64_t group,
                       const float* bias, float* out, int isa, int nthreads, int scale_f16);
-int hq_linear_panels_bf16(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, const void* w, int code,
-                          int64_t N, const void* scales, const void* mins, int64_t group, const float* bias,
-                          float* partial, uint16_t* out16, int nthreads, int scale_f16, int x2);
+int hq_linear_panels_out(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, const void* w, int code,
+                         int64_t N, const void* scales, const void* mins, int64_t group, const float* bias,
+                         float* partial, uint16_t* out16, int nthreads, int scale_f16, int x2);
 int hq_pack_panels(const void* w, int bits, int64_t N, int64_t K, int64_t ldw, uint8_t* dst, int nthreads);
 int hq_pack_panels_blocks(const void* w, int bits, int64_t N, int64_t K, int64_t ldw, int64_t block_bytes,
                           int64_t header, uint8_t* dst, int nthreads);

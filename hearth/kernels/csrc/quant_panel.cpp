@@ -405,12 +405,13 @@ int hq_linear_panels2(const void* x, int x_dtype, int64_t M, int64_t K, int64_t 
   return run(x, x_dtype, M, K, ldx, w, code, N, scales, mins, group, bias, out, nullptr, nthreads, scale_f16, true);
 }
 
-// hq_linear_panels / hq_linear_panels2 (x2) with the result rounded to bf16 (nearest even, as the fp32 result's
-// .to(torch.bfloat16)) into out16 [M][N]: no fp32 output pass. partial: fp32 [M][N] scratch for the partial sums
-// of K blocks before the last (untouched where K fits one block); with out16 null, the fp32 result itself.
-int hq_linear_panels_bf16(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, const void* w, int code,
-                          int64_t N, const void* scales, const void* mins, int64_t group, const float* bias,
-                          float* partial, uint16_t* out16, int nthreads, int scale_f16, int x2) {
+// hq_linear_panels / hq_linear_panels2 (x2) with a choice of output: with out16, the result rounded to bf16 (nearest
+// even, as the fp32 result's .to(torch.bfloat16)) into out16 [M][N], no fp32 output pass, and partial fp32 [M][N]
+// scratch for the partial sums of K blocks before the last (untouched where K fits one block); with out16 null,
+// the fp32 result into partial.
+int hq_linear_panels_out(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, const void* w, int code,
+                         int64_t N, const void* scales, const void* mins, int64_t group, const float* bias,
+                         float* partial, uint16_t* out16, int nthreads, int scale_f16, int x2) {
   return run(x, x_dtype, M, K, ldx, w, code, N, scales, mins, group, bias, partial, out16, nthreads, scale_f16,
              x2 != 0);
 }
