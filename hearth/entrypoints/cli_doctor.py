@@ -48,14 +48,12 @@ def run(ns: argparse.Namespace) -> int:
 
 
 def _quant_gemm_row() -> str:
-    import torch
-
     from hearth.kernels import quant
 
-    probe = quant.QWeight(8, 32, torch.zeros(64, 32, dtype=torch.int8), torch.ones(64, 1), None)
-    if quant.can_panel(probe):
-        act = (f"{quant.ACTIVATIONS}, prompt tokens int8 (mostly-4-bit models: int8)" if quant.AUTO_ACTIVATIONS
-               else quant.ACTIVATIONS)
+    if quant.panels_take(8, 32, 32):
+        act = quant.ACTIVATIONS
+        if quant.AUTO_ACTIVATIONS:
+            act += ", prompt tokens int8 (mostly-4-bit models: int8 but the LM head)"
         return (f"VNNI panels: one vpdpbusd kernel for every row count, {act} activations "
                 f"(HEARTH_QUANT_PANELS=0: the row kernels)")
     if quant.gemm_enabled() and quant._vnni_keeps_few_rows():
