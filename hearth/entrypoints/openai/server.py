@@ -19,7 +19,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from hearth import __version__
 from hearth.engine.async_engine import AsyncEngine
-from hearth.entrypoints.openai import serving_tokenize
+from hearth.entrypoints.openai import serving_anthropic, serving_responses, serving_tokenize
 from hearth.entrypoints.openai.errors import APIError, error_body, install_handlers
 from hearth.entrypoints.openai.protocol import (
     ChatCompletionRequest,
@@ -185,4 +185,6 @@ def build_app(engine: AsyncEngine, ctx: ServingContext, config: ServerConfig) ->
     async def detokenize(raw: Request) -> dict:
         return serving_tokenize.detokenize(ctx, await parse_body(raw, DetokenizeRequest))
 
+    serving_responses.register(app, ctx, parse_body)  # POST /v1/responses
+    serving_anthropic.register(app, ctx, parse_body)  # POST /v1/messages, /v1/messages/count_tokens
     return app

@@ -13,6 +13,7 @@ from fastapi import Request
 from hearth.engine.async_engine import AsyncEngine, EngineDeadError, QueueFullError, RequestStream
 from hearth.engine.outputs import StepOutput
 from hearth.entrypoints.openai.errors import APIError, bad_request, error_body
+from hearth.entrypoints.openai.reasoning import ReasoningParser
 from hearth.sampling_params import SamplingParams
 from hearth.structured.params import StructuredOutputsParams
 from hearth.tokenizer import Tokenizer
@@ -31,6 +32,7 @@ class ServingContext:
     model_path: str
     max_model_len: int
     chat_template: str | None = None
+    reasoning_parser: ReasoningParser | None = None  # --reasoning-parser
     created: int = field(default_factory=lambda: int(time.time()))
     _token_texts: dict[int, str] = field(default_factory=dict)  # bounded by the vocabulary
 
