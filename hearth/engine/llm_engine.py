@@ -25,6 +25,7 @@ from hearth.spec_decode.config import SpeculativeConfig
 from hearth.spec_decode.draft_proposer import DraftProposer, load_draft_model
 from hearth.spec_decode.speculator import Speculator
 from hearth.structured.manager import StructuredOutputManager
+from hearth.structured.reasoning import ReasoningGate
 
 logger = logging.getLogger("hearth")
 
@@ -161,6 +162,8 @@ class LLMEngine:
             req = Request(rid, prompt_token_ids, child_params, mc.eos_token_ids, arrival_time)
             if grammar is not None:
                 req.grammar = grammar.new_matcher()  # each of the n sequences walks the grammar on its own
+            if params.reasoning is not None:  # thinking first, then the grammar (if any)
+                req.grammar = ReasoningGate(params.reasoning, req.grammar, self.structured.compiler.vocab_size)
             detok = (IncrementalDetokenizer(self.tokenizer, prompt_token_ids, params.skip_special_tokens)
                      if params.detokenize else None)
             self.seqs[rid] = _Sequence(req, request_id, i, detok)

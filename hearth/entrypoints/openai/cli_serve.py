@@ -20,6 +20,7 @@ DEFAULT_REFILL_WAIT_MS = 30.0
 
 def add_serve_args(p: argparse.ArgumentParser) -> None:
     from hearth.entrypoints.cli import add_engine_args
+    from hearth.entrypoints.openai.reasoning import REASONING_PARSERS
     from hearth.entrypoints.openai.server import DEFAULT_MAX_BODY_BYTES
 
     add_engine_args(p, model_optional=True, max_prefills_per_step=1)
@@ -37,6 +38,11 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
                    help="larger request bodies get 413")
     g.add_argument("--drain-timeout", type=float, default=30.0,
                    help="on SIGTERM, seconds to let in-flight requests finish")
+    g.add_argument("--reasoning-parser", default=None, choices=list(REASONING_PARSERS),
+                   help="split <think>...</think> into the message's reasoning_content (qwen3: the model opens it; "
+                        "deepseek_r1: the prompt does)")
+    g.add_argument("--reasoning-budget", type=int, default=None,
+                   help="with --reasoning-parser: end the thinking (force </think>) after this many tokens")
     g.add_argument("--uvicorn-log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug", "trace"])
 
@@ -98,6 +104,7 @@ def run_serve(ns: argparse.Namespace) -> int:
 
     from hearth import envs
     from hearth.engine.async_engine import AsyncEngine
+    from hearth.entrypoints.openai.reasoning import get_parser
     from hearth.entrypoints.openai.server import ServerConfig, build_app
     from hearth.entrypoints.openai.serving_common import ServingContext
     from hearth.metrics import ServerMetrics
@@ -113,7 +120,9 @@ def run_serve(ns: argparse.Namespace) -> int:
     mc = llm.model_config
     metrics = ServerMetrics(mc.served_model_name)
     engine = AsyncEngine(llm, metrics, ns.max_waiting_requests, ns.refill_wait_ms / 1000)
-    ctx = ServingContext(engine, llm.tokenizer, mc.served_model_name, mc.model, mc.max_model_len)
+    ctx = ServingContext(engine, llm.tokenizer, mc.served_model_name, mc.model, mc.max_model_len,
+                         reasoning_parser=get_parser(ns.reasoning_parser), reasoning_budget=ns.reasoning_budget)
+    ctx.check_reasoning()
     api_key = ns.api_key or envs.api_key()
     app = build_app(engine, ctx, ServerConfig(api_key, ns.max_request_body_bytes, ns.drain_timeout))
     logger.info("serving %r on http://%s:%d/v1 (ready in %.1f s%s)", mc.served_model_name, ns.host, ns.port,

@@ -18,14 +18,18 @@ REASONING_PARSERS = ("qwen3", "deepseek_r1")
 class ReasoningParser:
     name: str  # one of REASONING_PARSERS
 
-    def starts_in_reasoning(self, prompt_text: str) -> bool:
-        """Whether the output begins inside the thinking, from what the prompt already wrote."""
+    def initial_state(self, prompt_text: str) -> str:
+        """Where the output begins, from what the prompt already wrote: "think" (inside the thinking), "before"
+        (the model may open it) or "done" (the template closed it: enable_thinking false)."""
         opened, closed = prompt_text.rfind(THINK_OPEN), prompt_text.rfind(THINK_CLOSE)
         if opened > closed:
-            return True
-        if closed >= 0:  # the template closed the thinking (enable_thinking false): it is over
-            return False
-        return self.name == "deepseek_r1"
+            return "think"
+        if closed >= 0:
+            return "done"
+        return "think" if self.name == "deepseek_r1" else "before"
+
+    def starts_in_reasoning(self, prompt_text: str) -> bool:
+        return self.initial_state(prompt_text) == "think"
 
     def split(self, text: str, in_reasoning: bool) -> tuple[str | None, str]:
         """A whole output as (reasoning or None, content)."""

@@ -19,6 +19,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from hearth import __version__
 from hearth.engine.async_engine import AsyncEngine
+from hearth.entrypoints.ollama import serving as ollama_serving
 from hearth.entrypoints.openai import serving_anthropic, serving_responses, serving_tokenize
 from hearth.entrypoints.openai.errors import APIError, error_body, install_handlers
 from hearth.entrypoints.openai.protocol import (
@@ -33,7 +34,7 @@ from hearth.entrypoints.openai.serving_completion import create_completion
 from hearth.metrics import CONTENT_TYPE
 
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
-_PROTECTED = ("/v1/", "/tokenize", "/detokenize")  # /health, /version, /metrics stay open (probes, scrapers)
+_PROTECTED = ("/v1/", "/tokenize", "/detokenize", "/api/")  # /health, /version, /metrics stay open (probes, scrapers)
 
 logger = logging.getLogger("hearth")
 
@@ -187,4 +188,5 @@ def build_app(engine: AsyncEngine, ctx: ServingContext, config: ServerConfig) ->
 
     serving_responses.register(app, ctx, parse_body)  # POST /v1/responses
     serving_anthropic.register(app, ctx, parse_body)  # POST /v1/messages, /v1/messages/count_tokens
+    ollama_serving.register(app, ctx, parse_body)  # Ollama's /api/*
     return app

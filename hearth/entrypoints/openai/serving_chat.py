@@ -140,7 +140,10 @@ async def start_chat(ctx: ServingContext, req: ChatCompletionRequest, id_prefix:
             err.param = "max_completion_tokens"
         raise err from None
     reasoning = ctx.reasoning_parser
-    starts = reasoning.starts_in_reasoning(text) if reasoning is not None else False
+    state = reasoning.initial_state(text) if reasoning is not None else "done"
+    starts = state == "think"
+    if reasoning is not None:
+        params = ctx.reasoning_params(params, state)
     await ctx.compile_structured(spec, spec_param)
     request_id = new_id(id_prefix)
     stream = await ctx.generate([(request_id, ids, params)])
