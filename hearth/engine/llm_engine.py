@@ -245,7 +245,9 @@ class LLMEngine:
             if status is not None:
                 seq.detok.flush()
             text = seq.detok.text
-            if p.stop_strings and req.num_output_tokens >= p.min_tokens and status is None:
+            # NOTE: the length limit too: a stop string in the last allowed token still ends (and cuts) the text
+            if (p.stop_strings and req.num_output_tokens >= p.min_tokens
+                    and status in (None, RequestStatus.FINISHED_LENGTH)):
                 # Only text not yet streamed: a stop string that began in streamed text (possible only while
                 # min_tokens held the check off) was let through then and must not cut what the client has.
                 hit = find_stop(text, len(text) - seq.emitted_chars, p.stop_strings)
