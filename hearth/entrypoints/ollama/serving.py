@@ -157,7 +157,8 @@ class OllamaAPI:
             return m
 
         return await self._respond(req, raw, run.stream, len(run.prompt_ids), t0, run.choice_stream(),
-                                   lambda text, reason: run.final_message(text, reason), message)
+                                   lambda text, reason: run.final_message(text, reason),
+                                   lambda delta: {"message": message(delta)})
 
     async def generate(self, req: GenerateRequest, raw: Request):
         self.info.check(req.model)
