@@ -95,6 +95,7 @@ def test_reasoning_on_responses_and_messages(think_server):
                                                temperature=0, extra_body=FREE)
     assert [o.type for o in r.output] == ["reasoning", "message"]
     assert r.output[0].content[0].text and r.output[1].content[0].text
+    assert 0 < r.usage.output_tokens_details.reasoning_tokens < r.usage.output_tokens
     ac = anthropic.Anthropic(base_url=think_server.url, api_key="none", max_retries=0)
     kw = dict(model="think", max_tokens=10, messages=ASK, extra_body={**FREE, "temperature": 0})
     msg = ac.messages.create(**kw)

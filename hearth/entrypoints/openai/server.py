@@ -65,6 +65,8 @@ class Guard:
         headers = dict(scope.get("headers") or [])
         if self.expected is not None and scope["path"].startswith(_PROTECTED):
             given = headers.get(b"authorization", b"")
+            if b"x-api-key" in headers:  # Anthropic's clients send the key there
+                given = b"Bearer " + headers[b"x-api-key"]
             # NOTE: constant-time compare, so timing does not leak how much of the key matched.
             if not hmac.compare_digest(given, self.expected):
                 return await _reply(send, 401, error_body("invalid or missing API key: send "

@@ -291,7 +291,9 @@ class ResponsesAPI:
             body = {**head, "output": output, "status": "completed"}
             if reason == "length":
                 body["status"], body["incomplete_details"] = "incomplete", {"reason": "max_output_tokens"}
-            reasoning_tokens = 0  # NOTE: not counted apart from the answer's tokens
+            # NOTE: the thinking re-encoded (the engine counts tokens, not which part they fell in)
+            thought = "".join(i["content"][0]["text"] for i in output if i["type"] == "reasoning")
+            reasoning_tokens = len(self.ctx.tokenizer.encode(thought, add_special_tokens=False)) if thought else 0
             body["usage"] = {"input_tokens": len(run.prompt_ids), "input_tokens_details": {"cached_tokens": cached},
                              "output_tokens": n_out, "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
                              "total_tokens": len(run.prompt_ids) + n_out}
