@@ -1,4 +1,4 @@
-"""Reasoning output and fill-in-the-middle on a tiny random checkpoint whose vocabulary has <think>, </think> (added
+"""Reasoning output (chat completions, Responses, Anthropic Messages, Ollama) and fill-in-the-middle on a tiny random checkpoint whose vocabulary has <think>, </think> (added
 tokens that decode as text, as Qwen3's) and Qwen2.5-Coder's FIM tokens, and whose template opens the thinking.
 `--reasoning-budget 4` forces </think> after 4 thinking tokens, which makes the split deterministic on random
 weights."""
@@ -9,6 +9,7 @@ from collections.abc import Iterator
 
 import anthropic
 import jsonschema
+import ollama
 import openai
 import pytest
 
@@ -105,6 +106,9 @@ def test_reasoning_on_responses_and_messages(think_server):
         final = stream.get_final_message()
     assert [b.type for b in final.content] == ["thinking", "text"]
     assert final.content[0].thinking == msg.content[0].thinking and final.content[1].text == msg.content[1].text
+    oc = ollama.Client(host=think_server.url, timeout=60)
+    chat = oc.chat(model="think", messages=ASK, think=True, options={"temperature": 0, "num_predict": 10})
+    assert chat.message.thinking == msg.content[0].thinking and chat.message.content == msg.content[1].text
 
 
 def test_fim_prompt_layout_token_by_token(think_server, think_model):
