@@ -2,7 +2,7 @@
 model was trained on, from its FIM tokens.
 
 The tokens come from GGUF metadata (tokenizer.ggml.fim_pre/suf/mid_token_id) or, as llama.cpp finds them, by
-their text in the vocabulary: Qwen2.5-Coder <|fim_prefix|>, StarCoder/SmolLM <fim_prefix>, CodeLlama <PRE>,
+their text in the vocabulary: Qwen2.5-Coder <|fim_prefix|>, StarCoder <fim_prefix>, CodeLlama <PRE>,
 DeepSeek-Coder <｜fim▁begin｜>. The layout is llama.cpp's: [BOS] PRE prefix SUF suffix MID; the model writes the
 middle.
 """
@@ -17,7 +17,7 @@ from hearth.tokenizer import Tokenizer
 # (prefix, suffix, middle) token texts, by family
 FIM_TOKEN_NAMES = (
     ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"),  # Qwen2.5-Coder
-    ("<fim_prefix>", "<fim_suffix>", "<fim_middle>"),  # StarCoder, SmolLM
+    ("<fim_prefix>", "<fim_suffix>", "<fim_middle>"),  # StarCoder
     ("<fim-prefix>", "<fim-suffix>", "<fim-middle>"),  # Refact
     ("▁<PRE>", "▁<SUF>", "▁<MID>"),  # CodeLlama (the SentencePiece pieces)
     ("<PRE>", "<SUF>", "<MID>"),  # CodeLlama (tokenizer.json added tokens)
