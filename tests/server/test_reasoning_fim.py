@@ -106,6 +106,9 @@ def test_reasoning_on_responses_and_messages(think_server):
         final = stream.get_final_message()
     assert [b.type for b in final.content] == ["thinking", "text"]
     assert final.content[0].thinking == msg.content[0].thinking and final.content[1].text == msg.content[1].text
+    short = ac.messages.create(**kw, thinking={"type": "enabled", "budget_tokens": 2})  # the request's own budget
+    t2, t4 = short.content[0].thinking, msg.content[0].thinking
+    assert len(t2) < len(t4) and t4.startswith(t2.rstrip("\ufffd"))  # greedy: the same first thinking tokens
     oc = ollama.Client(host=think_server.url, timeout=60)
     chat = oc.chat(model="think", messages=ASK, think=True, options={"temperature": 0, "num_predict": 10})
     assert chat.message.thinking == msg.content[0].thinking and chat.message.content == msg.content[1].text

@@ -175,7 +175,7 @@ class OllamaAPI:
             stream, ids, cs = run.stream, run.prompt_ids, run.choice_stream()
             final = lambda text, reason: run.final_message(text, reason)  # noqa: E731
         else:
-            ids = (req.context or []) + (fim_prompt_ids(self.ctx.fim_tokens(), self.ctx.tokenizer, req.prompt, req.suffix)
+            ids = (req.context or []) + (fim_prompt_ids(self.ctx.fim, self.ctx.tokenizer, req.prompt, req.suffix)
                                          if req.suffix is not None else self.ctx.tokenizer.encode(req.prompt))
             stream = await self._submit_raw(ids, req)
             cs, final = None, lambda text, reason: ({"content": text}, reason)
@@ -271,7 +271,7 @@ class OllamaAPI:
             caps.append("tools")
         if self.ctx.reasoning_parser is not None:
             caps.append("thinking")
-        if self.ctx.fim_tokens() is not None:
+        if self.ctx.fim is not None:
             caps.append("insert")
         return {"modelfile": "", "parameters": "", "template": self.ctx.tokenizer.chat_template or "",
                 "details": info.details(), "modified_at": info.modified_at, "capabilities": caps,

@@ -216,7 +216,11 @@ class MessagesAPI:
         self.ctx = ctx
 
     async def create(self, req: MessagesRequest, raw: Request):
-        run = await start_chat(self.ctx, _chat_request(req), "msg")
+        thinking = req.thinking or {}
+        budget = thinking.get("budget_tokens") if thinking.get("type") == "enabled" else None
+        if budget is not None and (not isinstance(budget, int) or budget < 0):
+            raise APIError(400, f"thinking.budget_tokens must be an integer >= 0, got {budget!r}")
+        run = await start_chat(self.ctx, _chat_request(req), "msg", budget)
         message_id = _new("msg")
         head = {"id": message_id, "type": "message", "role": "assistant", "model": self.ctx.model_name}
         if req.stream:

@@ -110,8 +110,10 @@ class ChoiceStream:
         return self.tools.finish_reason(reason)
 
 
-async def start_chat(ctx: ServingContext, req: ChatCompletionRequest, id_prefix: str = "chatcmpl") -> ChatRun:
-    """Validate, render, tokenize and submit a chat request (user errors are APIError 4xx)."""
+async def start_chat(ctx: ServingContext, req: ChatCompletionRequest, id_prefix: str = "chatcmpl",
+                     reasoning_budget: int | None = None) -> ChatRun:
+    """Validate, render, tokenize and submit a chat request (user errors are APIError 4xx). reasoning_budget:
+    this request's thinking budget (Anthropic's thinking.budget_tokens), instead of --reasoning-budget."""
     ctx.check_model(req.model)
     if req.top_logprobs is not None and not req.logprobs:
         raise APIError(400, "top_logprobs requires logprobs to be true", param="top_logprobs")
@@ -143,7 +145,7 @@ async def start_chat(ctx: ServingContext, req: ChatCompletionRequest, id_prefix:
     state = reasoning.initial_state(text) if reasoning is not None else "done"
     starts = state == "think"
     if reasoning is not None:
-        params = ctx.reasoning_params(params, state)
+        params = ctx.reasoning_params(params, state, reasoning_budget)
     await ctx.compile_structured(spec, spec_param)
     request_id = new_id(id_prefix)
     stream = await ctx.generate([(request_id, ids, params)])

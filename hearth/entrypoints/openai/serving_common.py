@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import json
 import time
 import uuid
@@ -39,13 +40,11 @@ class ServingContext:
     reasoning_budget: int | None = None  # --reasoning-budget
     created: int = field(default_factory=lambda: int(time.time()))
     _token_texts: dict[int, str] = field(default_factory=dict)  # bounded by the vocabulary
-    _fim: list[FIMTokens | None] = field(default_factory=list)  # found on first use
 
-    def fim_tokens(self) -> FIMTokens | None:
-        """The model's fill-in-the-middle tokens (None: it has none)."""
-        if not self._fim:
-            self._fim.append(find_fim_tokens(self.tokenizer, self.engine.engine.model_config.hf_config))
-        return self._fim[0]
+    @functools.cached_property
+    def fim(self) -> FIMTokens | None:
+        """The model's fill-in-the-middle tokens (None: it has none), found on first use."""
+        return find_fim_tokens(self.tokenizer, self.engine.engine.model_config.hf_config)
 
     def check_model(self, name: str | None) -> None:
         # NOTE: an absent model is accepted (vLLM does the same); a wrong one is a 404.
@@ -65,15 +64,15 @@ class ServingContext:
             raise ValueError(f"--reasoning-budget: this model's vocabulary has no {THINK_CLOSE} token to end the "
                              "thinking with; drop the flag")
 
-    def reasoning_params(self, params: SamplingParams, state: str) -> SamplingParams:
-        """Thinking comes before the grammar; the budget forces its end. Plain requests without a budget need
-        neither (their text is split after the fact)."""
+    def reasoning_params(self, params: SamplingParams, state: str, budget: int | None = None) -> SamplingParams:
+        """Thinking comes before the grammar; the budget (the request's, else --reasoning-budget) forces its end.
+        Plain requests without a budget need neither (their text is split after the fact)."""
+        budget = self.reasoning_budget if budget is None else budget
         end = self.tokenizer.backend.token_to_id(THINK_CLOSE)
-        if end is None or (self.reasoning_budget is None and params.structured_outputs is None):
+        if end is None or (budget is None and params.structured_outputs is None):
             return params
         start = self.tokenizer.backend.token_to_id(THINK_OPEN) if state == "before" else None
-        return dataclasses.replace(params, reasoning=ReasoningParams(end, start, state == "think",
-                                                                     self.reasoning_budget))
+        return dataclasses.replace(params, reasoning=ReasoningParams(end, start, state == "think", budget))
 
     def token_text(self, token_id: int) -> str:
         text = self._token_texts.get(token_id)

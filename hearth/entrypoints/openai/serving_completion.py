@@ -87,7 +87,7 @@ async def create_completion(ctx: ServingContext, req: CompletionRequest, raw: Re
     if req.suffix is not None:  # fill-in-the-middle: each prompt is the prefix
         if any(not isinstance(p, str) for p in ([req.prompt] if isinstance(req.prompt, str) else req.prompt)):
             raise APIError(400, "suffix needs the prompt as text, not token ids", param="suffix")
-        prompts = [(text, fim_prompt_ids(ctx.fim_tokens(), ctx.tokenizer, text, req.suffix)) for text, _ in prompts]
+        prompts = [(text, fim_prompt_ids(ctx.fim, ctx.tokenizer, text, req.suffix)) for text, _ in prompts]
     prompt_lp = req.prompt_logprobs
     if req.echo and req.logprobs is not None and prompt_lp is None:
         prompt_lp = req.logprobs  # echo with logprobs returns the prompt's logprobs too
