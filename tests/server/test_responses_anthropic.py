@@ -64,6 +64,10 @@ def test_responses_function_tool_and_follow_up(client: openai.OpenAI):
                {"role": "tool", "tool_call_id": call.call_id, "content": "18 C"}]
     same = client.chat.completions.create(model="tiny", messages=history, max_tokens=1, extra_body=EXTRA)
     assert follow.usage.input_tokens == same.usage.prompt_tokens
+    assert client.responses.retrieve(follow.id).output_text == follow.output_text
+    client.responses.delete(follow.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(follow.id)
     unstored = client.responses.create(model="tiny", input="hi", store=False, max_output_tokens=2, extra_body=EXTRA)
     with pytest.raises(openai.NotFoundError, match="previous_response_id|no stored response"):
         client.responses.create(model="tiny", input="hi", previous_response_id=unstored.id, max_output_tokens=2)

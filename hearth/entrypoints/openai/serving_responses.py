@@ -115,23 +115,27 @@ def _response_format(text: dict[str, Any] | None) -> dict[str, Any] | None:
 
 
 class ResponseStore:
-    """The last STORE_SIZE stored responses' conversations, for previous_response_id."""
+    """The last STORE_SIZE stored responses (body, and the conversation up to and with it) in memory."""
 
     def __init__(self, size: int = STORE_SIZE) -> None:
         self.size = size
-        self.items: OrderedDict[str, list[dict[str, Any]]] = OrderedDict()
+        self.items: OrderedDict[str, tuple[dict[str, Any], list[dict[str, Any]]]] = OrderedDict()
 
-    def get(self, response_id: str) -> list[dict[str, Any]]:
+    def get(self, response_id: str, param: str | None = "previous_response_id") -> tuple[dict, list[dict]]:
         if response_id not in self.items:
             raise APIError(404, f"no stored response has the id {response_id!r} (responses made with store false, "
-                                f"and all but the last {self.size}, are not kept)", param="previous_response_id",
+                                f"and all but the last {self.size}, are not kept)", param=param,
                            code="response_not_found")
         return self.items[response_id]
 
-    def put(self, response_id: str, messages: list[dict[str, Any]]) -> None:
-        self.items[response_id] = messages
+    def put(self, response_id: str, body: dict[str, Any], messages: list[dict[str, Any]]) -> None:
+        self.items[response_id] = (body, messages)
         while len(self.items) > self.size:
             self.items.popitem(last=False)
+
+    def delete(self, response_id: str) -> None:
+        self.get(response_id, None)
+        del self.items[response_id]
 
 
 def _chat_request(req: ResponsesRequest, messages: list[dict[str, Any]]) -> ChatCompletionRequest:
@@ -273,7 +277,7 @@ class ResponsesAPI:
         self.store = ResponseStore()
 
     async def create(self, req: ResponsesRequest, raw: Request):
-        history = self.store.get(req.previous_response_id) if req.previous_response_id else []
+        history = self.store.get(req.previous_response_id)[1] if req.previous_response_id else []
         conversation = history + input_messages(req.input)
         system = [{"role": "system", "content": req.instructions}] if req.instructions else []
         chat = _chat_request(req, system + conversation)
@@ -298,7 +302,7 @@ class ResponsesAPI:
                              "output_tokens": n_out, "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
                              "total_tokens": len(run.prompt_ids) + n_out}
             if req.store:
-                self.store.put(response_id, conversation + _output_messages(output))
+                self.store.put(response_id, body, conversation + _output_messages(output))
             return body
 
         if req.stream:
@@ -364,3 +368,12 @@ def register(app: FastAPI, ctx: ServingContext, parse_body: Callable[[Request, t
     @app.post("/v1/responses")
     async def responses(raw: Request):
         return await api.create(await parse_body(raw, ResponsesRequest), raw)
+
+    @app.get("/v1/responses/{response_id}")
+    async def retrieve(response_id: str) -> dict:
+        return api.store.get(response_id, None)[0]
+
+    @app.delete("/v1/responses/{response_id}")
+    async def delete(response_id: str) -> dict:
+        api.store.delete(response_id)
+        return {"id": response_id, "object": "response", "deleted": True}
