@@ -99,6 +99,8 @@ def test_messages_text_whole_and_streamed(server):
     assert "content_block_start" in events and "content_block_stop" in events
     assert final.content[0].text == m.content[0].text and final.stop_reason == "max_tokens"
     assert final.usage.output_tokens == 6
+    assert final.usage.input_tokens + final.usage.cache_read_input_tokens == (
+        m.usage.input_tokens + m.usage.cache_read_input_tokens)
     count = ac.messages.count_tokens(model="tiny", system="Be brief.", extra_body={"chat_template": TOOLS_TEMPLATE},
                                      messages=[{"role": "user", "content": "The quick brown fox"}])
     assert count.input_tokens == m.usage.input_tokens + m.usage.cache_read_input_tokens

@@ -165,6 +165,8 @@ class OllamaAPI:
         if not req.prompt and req.suffix is None:
             return {"model": req.model, "created_at": _now(), "response": "", "done_reason": "load", "done": True}
         t0 = time.monotonic()
+        if req.images:
+            raise APIError(400, "images are not supported: hearth serves text models")
         if req.template:
             raise APIError(400, "template is not supported: hearth renders the model's chat template (pass raw "
                                 "true with a prompt you formatted yourself)")

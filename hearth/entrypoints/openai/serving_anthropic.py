@@ -256,11 +256,12 @@ class MessagesAPI:
         yield _sse({"type": "message_start", "message": start})
         yield _sse({"type": "ping"})
         blocks, cs = _Blocks(), run.choice_stream()
-        n_out, reason, stop = 0, None, None
+        n_out, reason, stop, cached = 0, None, None, 0
         try:
             async with Guarded(raw, run.stream) as outputs:
                 async for out in outputs:
                     n_out += len(out.new_token_ids)
+                    cached = max(cached, out.num_cached_tokens)
                     for event in blocks.add(cs.delta(out.new_text, out.finished)):
                         yield _sse(event)
                     if out.finished:
@@ -275,7 +276,8 @@ class MessagesAPI:
             yield _sse(event)
         stop_reason, stop_sequence = _stop_reason(reason, stop)
         yield _sse({"type": "message_delta", "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence},
-                    "usage": {"output_tokens": n_out}})
+                    "usage": {"output_tokens": n_out, "input_tokens": len(run.prompt_ids) - cached,
+                              "cache_read_input_tokens": cached}})
         yield _sse({"type": "message_stop"})
 
     def count_tokens(self, req: CountTokensRequest) -> dict[str, int]:
