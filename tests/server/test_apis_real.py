@@ -58,8 +58,8 @@ def test_anthropic_messages_answers(smol):
     cut = ac.messages.create(**{**kw, "stop_sequences": ["Paris"]})
     assert (cut.stop_reason, cut.stop_sequence) == ("stop_sequence", "Paris") and "Paris" not in cut.content[0].text
     tool = {"name": "get_weather", "description": "Current weather in a city", "input_schema": WEATHER_PARAMS}
-    with ac.messages.stream(model=name, max_tokens=40, tools=[tool], tool_choice={"type": "tool", "name": "get_weather"},
-                            extra_body={"temperature": 0},
+    with ac.messages.stream(model=name, max_tokens=40, tools=[tool], extra_body={"temperature": 0},
+                            tool_choice={"type": "tool", "name": "get_weather"},
                             messages=[{"role": "user", "content": "What is the weather in Paris?"}]) as stream:
         final = stream.get_final_message()
     use = final.content[0]

@@ -1,7 +1,7 @@
-"""Reasoning output (chat completions, Responses, Anthropic Messages, Ollama) and fill-in-the-middle on a tiny random checkpoint whose vocabulary has <think>, </think> (added
-tokens that decode as text, as Qwen3's) and Qwen2.5-Coder's FIM tokens, and whose template opens the thinking.
-`--reasoning-budget 4` forces </think> after 4 thinking tokens, which makes the split deterministic on random
-weights."""
+"""Reasoning output (chat completions, Responses, Anthropic Messages, Ollama) and fill-in-the-middle on a tiny
+random checkpoint whose vocabulary has <think>, </think> (added tokens that decode as text, as Qwen3's) and
+Qwen2.5-Coder's FIM tokens, and whose template opens the thinking. `--reasoning-budget 4` forces </think> after 4
+thinking tokens, which makes the split deterministic on random weights."""
 from __future__ import annotations
 
 import json

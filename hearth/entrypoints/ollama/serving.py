@@ -8,7 +8,7 @@ import json
 import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from datetime import datetime, timezone
+from datetime import datetime, UTC
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -41,7 +41,7 @@ def _error(status: int, message: str) -> JSONResponse:
 
 
 def _now() -> str:
-    return datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")
+    return datetime.now(UTC).isoformat().replace("+00:00", "Z")
 
 
 def _validated(model: type, body: dict[str, Any]) -> Any:
@@ -62,7 +62,7 @@ class ModelInfo:
         files = [path] if os.path.isfile(path) else [os.path.join(d, f) for d, _, fs in os.walk(path) for f in fs]
         self.size = sum(os.path.getsize(f) for f in files if os.path.exists(f))
         mtime = max((os.path.getmtime(f) for f in files if os.path.exists(f)), default=time.time())
-        self.modified_at = datetime.fromtimestamp(mtime, timezone.utc).isoformat().replace("+00:00", "Z")
+        self.modified_at = datetime.fromtimestamp(mtime, UTC).isoformat().replace("+00:00", "Z")
         # NOTE: not a hash of the weights (hashing GBs at start-up is not worth it): of the path, size and time
         self.digest = hashlib.sha256(f"{path}:{self.size}:{mtime}".encode()).hexdigest()
         mc = ctx.engine.engine.model_config

@@ -124,7 +124,8 @@ def _chat_request(req: CountTokensRequest) -> ChatCompletionRequest:
         body["chat_template_kwargs"] = {"enable_thinking": req.thinking.get("type") != "disabled"}
     fmt = (req.output_config or {}).get("format")
     if fmt:  # structured output: {"type": "json_schema", "schema": {...}}, through the grammar path
-        body["response_format"] = {"type": "json_schema", "json_schema": {"name": "output", "schema": fmt.get("schema")}}
+        body["response_format"] = {"type": "json_schema",
+                                   "json_schema": {"name": "output", "schema": fmt.get("schema")}}
     body.update({k: v for k, v in (req.model_extra or {}).items() if k in CHAT_EXTRAS and k not in ("stop",)})
     if isinstance(req, MessagesRequest):
         body["max_tokens"] = req.max_tokens
