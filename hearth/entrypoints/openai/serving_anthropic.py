@@ -5,138 +5,22 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, Literal
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError
 
 from hearth.engine.async_engine import EngineDeadError
+from hearth.entrypoints.openai.anthropic_protocol import CountTokensRequest, MessagesRequest, chat_request
 from hearth.entrypoints.openai.errors import APIError, _validation_message
-from hearth.entrypoints.openai.protocol import ChatCompletionRequest
 from hearth.entrypoints.openai.serving_chat import ChatRun, render_chat, start_chat
 from hearth.entrypoints.openai.serving_common import Guarded, ServingContext
-from hearth.entrypoints.openai.serving_responses import CHAT_EXTRAS
 from hearth.entrypoints.openai.serving_tools import plan_tools
 
 # Anthropic's error types by HTTP status
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                 404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error"}
-
-
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-
-class AnthropicTool(_Model):
-    name: str
-    description: str | None = None
-    input_schema: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
-
-
-class AnthropicMessage(_Model):
-    role: Literal["user", "assistant"]
-    content: str | list[dict[str, Any]]
-
-
-class CountTokensRequest(_Model):
-    model: str | None = None
-    messages: list[AnthropicMessage] = Field(min_length=1)
-    system: str | list[dict[str, Any]] | None = None
-    tools: list[AnthropicTool] | None = None
-    tool_choice: dict[str, Any] | None = None
-    thinking: dict[str, Any] | None = None
-    output_config: dict[str, Any] | None = None
-
-
-class MessagesRequest(CountTokensRequest):
-    max_tokens: StrictInt
-    stop_sequences: list[str] | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: StrictInt | None = None
-    stream: StrictBool = False
-    metadata: dict[str, Any] | None = None
-
-
-def _text(blocks: str | list[dict[str, Any]], where: str) -> str:
-    if isinstance(blocks, str):
-        return blocks
-    texts = []
-    for b in blocks:
-        if b.get("type") != "text" or not isinstance(b.get("text"), str):
-            raise APIError(400, f"{where}: content blocks of type {b.get('type')!r} are not supported here",
-                           param="messages")
-        texts.append(b["text"])
-    return "\n".join(texts)
-
-
-def chat_messages(req: CountTokensRequest) -> list[dict[str, Any]]:
-    """Anthropic's system + messages as chat messages: tool_use blocks become the assistant's tool_calls,
-    tool_result blocks tool messages."""
-    out: list[dict[str, Any]] = []
-    if req.system:
-        out.append({"role": "system", "content": _text(req.system, "system")})
-    for m in req.messages:
-        if isinstance(m.content, str):
-            out.append({"role": m.role, "content": m.content})
-            continue
-        texts: list[str] = []
-        calls: list[dict[str, Any]] = []
-        for b in m.content:
-            kind = b.get("type")
-            if kind == "text":
-                texts.append(b.get("text") or "")
-            elif kind == "tool_use" and m.role == "assistant":
-                calls.append({"id": b.get("id"), "type": "function",
-                              "function": {"name": b.get("name"), "arguments": json.dumps(b.get("input") or {})}})
-            elif kind == "tool_result" and m.role == "user":
-                content = b.get("content")
-                result = _text(content, "tool_result") if content is not None else ""
-                out.append({"role": "tool", "tool_call_id": b.get("tool_use_id"), "content": result})
-            elif kind in ("thinking", "redacted_thinking"):
-                continue  # earlier thinking is not fed back (chat templates drop it too)
-            else:
-                raise APIError(400, f"{m.role} content blocks of type {kind!r} are not supported",
-                               param="messages")
-        if texts or calls:
-            msg: dict[str, Any] = {"role": m.role, "content": "\n".join(texts) if texts else None}
-            if calls:
-                msg["tool_calls"] = calls
-            out.append(msg)
-    return out
-
-
-def _chat_request(req: CountTokensRequest) -> ChatCompletionRequest:
-    body: dict[str, Any] = {"model": req.model, "messages": chat_messages(req)}
-    if req.tools:
-        body["tools"] = [{"type": "function", "function": {"name": t.name, "description": t.description,
-                                                           "parameters": t.input_schema}} for t in req.tools]
-    choice = req.tool_choice or {}
-    kind = choice.get("type")
-    if kind is not None:
-        body["tool_choice"] = {"auto": "auto", "any": "required", "none": "none"}.get(kind) or (
-            {"type": "function", "function": {"name": choice.get("name")}} if kind == "tool" else kind)
-    if choice.get("disable_parallel_tool_use"):
-        body["parallel_tool_calls"] = False
-    if req.thinking is not None:  # Qwen3-style templates take the switch as enable_thinking
-        body["chat_template_kwargs"] = {"enable_thinking": req.thinking.get("type") != "disabled"}
-    fmt = (req.output_config or {}).get("format")
-    if fmt:  # structured output: {"type": "json_schema", "schema": {...}}, through the grammar path
-        body["response_format"] = {"type": "json_schema",
-                                   "json_schema": {"name": "output", "schema": fmt.get("schema")}}
-    body.update({k: v for k, v in (req.model_extra or {}).items() if k in CHAT_EXTRAS and k not in ("stop",)})
-    if isinstance(req, MessagesRequest):
-        body["max_tokens"] = req.max_tokens
-        for ours, theirs in (("stop", "stop_sequences"), ("temperature", "temperature"), ("top_p", "top_p"),
-                             ("top_k", "top_k")):
-            if getattr(req, theirs) is not None:
-                body[ours] = getattr(req, theirs)
-    try:
-        return ChatCompletionRequest.model_validate({k: v for k, v in body.items() if v is not None})
-    except ValidationError as e:
-        raise RequestValidationError(e.errors()) from None
 
 
 def _stop_reason(finish_reason: str | None, stop: int | str | None) -> tuple[str | None, str | None]:
@@ -221,7 +105,7 @@ class MessagesAPI:
         budget = thinking.get("budget_tokens") if thinking.get("type") == "enabled" else None
         if budget is not None and (not isinstance(budget, int) or budget < 0):
             raise APIError(400, f"thinking.budget_tokens must be an integer >= 0, got {budget!r}")
-        run = await start_chat(self.ctx, _chat_request(req), "msg", budget)
+        run = await start_chat(self.ctx, chat_request(req), "msg", budget)
         message_id = _new("msg")
         head = {"id": message_id, "type": "message", "role": "assistant", "model": self.ctx.model_name}
         if req.stream:
@@ -283,7 +167,7 @@ class MessagesAPI:
 
     def count_tokens(self, req: CountTokensRequest) -> dict[str, int]:
         self.ctx.check_model(req.model)
-        chat = _chat_request(req)
+        chat = chat_request(req)
         plan = plan_tools(chat)
         text = render_chat(self.ctx, chat.messages, True, kwargs=chat.chat_template_kwargs, tools=plan)
         return {"input_tokens": len(self.ctx.tokenizer.encode(text, add_special_tokens=False))}
