@@ -131,3 +131,20 @@ def test_api_key_in_anthropic_header() -> None:
     assert asyncio.run(get({"authorization": "Bearer k1"})) == 200
     assert asyncio.run(get({"x-api-key": "k2"})) == 401
     assert asyncio.run(get({})) == 401
+
+
+def test_ollama_history_as_chat_messages() -> None:
+    """Ollama's history shape (arguments as an object, tool results named by tool_name) as the chat template sees
+    it; and the tool calls of an answer in Ollama's shape."""
+    from hearth.entrypoints.ollama.protocol import OllamaMessage
+    from hearth.entrypoints.ollama.serving import _chat_messages, _tool_calls
+    from hearth.entrypoints.openai.protocol import ChatMessage
+
+    args = {"city": "Paris"}
+    history = [OllamaMessage(role="assistant", tool_calls=[{"function": {"name": "get_weather", "arguments": args}}]),
+               OllamaMessage(role="tool", content="18 C", tool_name="get_weather")]
+    msgs = [ChatMessage.model_validate(m).as_dict() for m in _chat_messages(history)]
+    assert msgs[0]["tool_calls"][0]["function"] == {"name": "get_weather", "arguments": args}
+    assert msgs[1] == {"role": "tool", "content": "18 C", "name": "get_weather"}
+    call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+    assert _tool_calls([call]) == [{"function": {"name": "get_weather", "arguments": args}}]
