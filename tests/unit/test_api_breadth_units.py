@@ -148,3 +148,24 @@ def test_ollama_history_as_chat_messages() -> None:
     assert msgs[1] == {"role": "tool", "content": "18 C", "name": "get_weather"}
     call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
     assert _tool_calls([call]) == [{"function": {"name": "get_weather", "arguments": args}}]
+
+
+def test_fim_tokens_from_gguf_file(tmp_path, monkeypatch) -> None:
+    """tokenizer.ggml.fim_* metadata reaches the config the server reads FIM tokens from."""
+    import gguf
+
+    from hearth.loader.gguf_loader import load_gguf
+    from tests.unit.test_gguf_loader import write_llama
+
+    write_template = gguf.GGUFWriter.add_chat_template
+
+    def with_fim(self, template):  # write_llama's metadata, plus llama.cpp's FIM keys
+        write_template(self, template)
+        for key, token in (("pre", 3), ("suf", 4), ("mid", 5)):
+            self.add_uint32(f"tokenizer.ggml.fim_{key}_token_id", token)
+
+    monkeypatch.setattr(gguf.GGUFWriter, "add_chat_template", with_fim)
+    write_llama(tmp_path / "fim.gguf")
+    ck = load_gguf(str(tmp_path / "fim.gguf"))
+    fim = find_fim_tokens(ck.tokenizer, ck.hf_config)
+    assert (fim.prefix, fim.suffix, fim.middle) == (3, 4, 5)
