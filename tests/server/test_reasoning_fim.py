@@ -8,6 +8,7 @@ import json
 from collections.abc import Iterator
 
 import anthropic
+import httpx
 import jsonschema
 import ollama
 import openai
@@ -65,6 +66,21 @@ def test_reasoning_split_whole_and_streamed(think_server):
     assert thought == m.reasoning_content and said == m.content
     first_content = next(i for i, d in enumerate(deltas) if d.content)
     assert all(not getattr(d, "reasoning_content", None) for d in deltas[first_content:])
+
+
+def test_history_thinking_does_not_close_this_turn(think_server):
+    """An earlier assistant turn's closed <think> block is in the prompt, and this turn's generation prompt opens
+    nothing (qwen3: the model may open it): a <think> the model writes still starts a thinking, with its budget."""
+    from tests.tiny_models import CHATML
+
+    think_id = httpx.post(think_server.url + "/tokenize", json={"prompt": "<think>"}).json()["tokens"]
+    history = [*ASK, {"role": "assistant", "content": "<think>\nold</think>\n\nold answer"},
+               {"role": "user", "content": "Paris is"}]
+    r = think_server.client().chat.completions.create(
+        model="think", messages=history, max_tokens=8, temperature=0, logprobs=True,
+        logit_bias={str(think_id[0]): 100}, extra_body={**FREE, "chat_template": CHATML})  # the model opens it
+    tokens = [t.token for t in r.choices[0].logprobs.content]
+    assert len(think_id) == 1 and tokens[0] == "<think>" and tokens[1 + BUDGET] == "</think>"
 
 
 def test_enable_thinking_false_is_all_content(think_server):

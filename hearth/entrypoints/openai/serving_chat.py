@@ -142,7 +142,15 @@ async def start_chat(ctx: ServingContext, req: ChatCompletionRequest, id_prefix:
             err.param = "max_completion_tokens"
         raise err from None
     reasoning = ctx.reasoning_parser
-    state = reasoning.initial_state(text) if reasoning is not None else "done"
+    state = "done"
+    if reasoning is not None:
+        opened = text
+        if req.add_generation_prompt and not req.continue_final_message:
+            # NOTE: only the generation prompt tells whether this turn's thinking is open: earlier assistant turns
+            # in the history may hold closed <think> blocks of their own.
+            head = render_chat(ctx, req.messages, False, False, req.chat_template, req.chat_template_kwargs, plan)
+            opened = text[len(head):] if text.startswith(head) else text
+        state = reasoning.initial_state(opened)
     starts = state == "think"
     if reasoning is not None:
         params = ctx.reasoning_params(params, state, reasoning_budget)
