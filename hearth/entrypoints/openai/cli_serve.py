@@ -113,6 +113,8 @@ def run_serve(ns: argparse.Namespace) -> int:
         raise ValueError(f"--max-waiting-requests must be >= 0, got {ns.max_waiting_requests}")
     if ns.refill_wait_ms < 0:
         raise ValueError(f"--refill-wait-ms must be >= 0, got {ns.refill_wait_ms}")
+    if ns.reasoning_budget is not None and ns.reasoning_parser is None:  # (before the model loads)
+        raise ValueError("--reasoning-budget needs --reasoning-parser (qwen3 or deepseek_r1)")
     if not 0 <= ns.port < 65536:
         raise ValueError(f"--port must be in [0, 65535], got {ns.port}")
     t0 = time.perf_counter()
