@@ -73,6 +73,10 @@ def test_keys_required_and_open_routes(keyed):
     page = httpx.get(keyed.url + "/")  # the page itself is open: it asks for the key
     assert page.status_code == 200 and "text/html" in page.headers["content-type"]
     assert keyed.client(KEYS["alice"]).models.list().data[0].id == "tiny"
+    status = httpx.get(keyed.url + "/status", headers={"authorization": f"Bearer {KEYS['alice']}"}).json()
+    (model,) = status["models"]
+    assert model["name"] == "tiny" and model["state"] == "loaded" and model["kv_cache_total_blocks"] > 0
+    assert model["kv_cache_used_blocks"] == status["num_requests_running"] == 0
 
 
 def test_requests_per_minute_429_on_the_third(keyed):

@@ -108,8 +108,6 @@ def test_chat_page(smol, browser):
     answer = wait_answer(d, "done")
     assert "Paris" in answer.text
     assert int(answer.get_attribute("data-chunks")) > 1  # it arrived streamed, in pieces
-    ARTIFACTS.mkdir(exist_ok=True)
-    d.save_screenshot(str(ARTIFACTS / "web_chat.png"))
 
     # regenerate: the same question answered again (greedy: the same answer)
     answer.find_element("xpath", ".//button[text()='Regenerate']").click()
@@ -129,6 +127,14 @@ def test_chat_page(smol, browser):
     convs = d.execute_script("return JSON.parse(localStorage.getItem('hearth.conversations'))")
     assert [m["content"] for m in convs[0]["messages"] if m["role"] == "user"] == ["What is the capital of Italy?"]
 
+    # a streamed code block, rendered as one
+    d.find_element("id", "new-chat").click()
+    ask(d, "Show me a Python hello world program.")
+    code = wait_answer(d, "done").find_element("css selector", "pre > code.language-python")
+    assert 'print("Hello World")' in code.text
+    ARTIFACTS.mkdir(exist_ok=True)
+    d.save_screenshot(str(ARTIFACTS / "web_chat.png"))
+
     # stop mid-answer: the request is aborted and its KV blocks go back
     aborted = smol.metric("vllm:request_success_total", finished_reason="abort")
     set_field(d, "max_tokens", "900")
@@ -145,7 +151,7 @@ def test_chat_page(smol, browser):
     # the status view, fed from /status
     WebDriverWait(d, 10).until(lambda d: served[-1] in d.find_element("id", "status").text)
     assert "KV" in d.find_element("id", "status").text
-    assert len(d.find_elements("css selector", "#conversations li")) == 2
+    assert len(d.find_elements("css selector", "#conversations li")) == 3
     d.save_screenshot(str(ARTIFACTS / "web_chat_stopped.png"))
     # the page's requests were counted against the student's key
     assert smol.metric("hearth:key_requests_total", key_name="student") >= 4
