@@ -107,13 +107,13 @@ def parse_key_file(path: str) -> list[KeySpec]:
         specs.append(KeySpec(ADMIN_NAME, admin_key, admin=True))
     for i, entry in enumerate(entries):
         where = f"--api-key-file {path}: keys[{i}]"
-        extra = set(entry) - _KEY_FIELDS
-        if extra:
-            raise ValueError(f"{where}: unknown field(s) {sorted(extra)}; expected {sorted(_KEY_FIELDS)}")
         name, key = entry.get("name"), entry.get("key")
         if not isinstance(name, str) or not name:
             raise ValueError(f"{where}: name must be a non-empty string")
         where = f"--api-key-file {path}: key {name!r}"
+        extra = set(entry) - _KEY_FIELDS
+        if extra:
+            raise ValueError(f"{where}: unknown field(s) {sorted(extra)}; expected {sorted(_KEY_FIELDS)}")
         if not isinstance(key, str) or not key:
             raise ValueError(f"{where}: key must be a non-empty string")
         models = entry.get("models")

@@ -29,7 +29,7 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--api-key", default=None,
                    help="require 'Authorization: Bearer <key>' on /v1 (env HEARTH_API_KEY / VLLM_API_KEY)")
     g.add_argument("--api-key-file", default=None,
-                   help="per-user keys with limits, a TOML file (see docs/FEATURE.md); re-read on SIGHUP")
+                   help="per-user keys with limits, a TOML file (see docs/web-and-keys.md); re-read on SIGHUP")
     g.add_argument("--max-waiting-requests", type=int, default=None,
                    help="refuse requests with 503 + Retry-After when this many are already waiting")
     g.add_argument("--refill-wait-ms", type=float, default=DEFAULT_REFILL_WAIT_MS,
