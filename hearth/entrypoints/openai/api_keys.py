@@ -21,7 +21,6 @@ import contextvars
 import hmac
 import logging
 import math
-import threading
 import time
 import tomllib
 from collections import deque
@@ -153,7 +152,6 @@ class KeyRing:
         self.usage: dict[str, KeyUsage] = {}
         self.metrics = KeyMetrics(registry) if registry is not None else None
         self._clock, self._wall = clock, wall
-        self._lock = threading.Lock()  # reload() may come from a signal handler between event-loop callbacks
         self._install(specs)
 
     @classmethod
@@ -166,11 +164,11 @@ class KeyRing:
         return cls([KeySpec("default", api_key, admin=True)], None, registry)
 
     def _install(self, specs: list[KeySpec]) -> None:
-        table = [(f"Bearer {s.key}".encode(), s) for s in specs]
-        with self._lock:
-            self._specs = table
-            for s in specs:
-                self.usage.setdefault(s.name, KeyUsage())
+        # NOTE: everything here runs on the event loop (SIGHUP arrives through loop.add_signal_handler), and the
+        # table is swapped in one assignment, so a request sees the old keys or the new ones, never a mix.
+        for s in specs:
+            self.usage.setdefault(s.name, KeyUsage())
+        self._specs = [(f"Bearer {s.key}".encode(), s) for s in specs]
 
     def reload(self) -> bool:
         """Re-read the file (SIGHUP). A broken file keeps the keys in force and says why, once, in the log."""
