@@ -48,6 +48,8 @@ class Guard:
         if admin and not spec.admin:
             return await _reply(send, 403, error_body(f"{path} needs the admin key; key {spec.name!r} is not it",
                                                       "permission_error", None, "admin_key_required"))
+        if scope["method"] == "GET" and path == "/v1/models" and spec.models is not None:
+            return await self.app(scope, receive, _only_models(send, spec.models))
         if not (scope["method"] == "POST" and path.startswith("/v1/")):
             return await self._sized(headers, scope, receive, send)
         if self._too_large(headers):
@@ -130,6 +132,32 @@ class Guard:
             return replay, error_body(f"key {spec.name!r} may not use the model {model!r}; it may use {allowed}",
                                       "permission_error", "model", "model_not_allowed")
         return replay, None
+
+
+def _only_models(send: Send, allowed: frozenset[str]) -> Send:
+    """GET /v1/models for a key with a model list: only its models (so the page's picker offers no 403s)."""
+    start: Message | None = None
+    chunks: list[bytes] = []
+
+    async def filtered(message: Message) -> None:
+        nonlocal start
+        if message["type"] == "http.response.start":
+            start = message
+            return
+        chunks.append(message.get("body", b""))
+        if message.get("more_body", False):
+            return
+        body = b"".join(chunks)
+        if start is not None and start["status"] == 200:
+            obj = json.loads(body)
+            obj["data"] = [m for m in obj.get("data", []) if m.get("id") in allowed]
+            body = json.dumps(obj).encode()
+        kept = [(k, v) for k, v in (start or {}).get("headers", []) if k.lower() != b"content-length"]
+        await send({**(start or {"type": "http.response.start", "status": 500}),
+                    "headers": [*kept, (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})
+
+    return filtered
 
 
 async def _reply(send: Send, status: int, body: dict, extra: list[tuple[bytes, bytes]] | None = None) -> None:
