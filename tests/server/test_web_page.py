@@ -148,9 +148,16 @@ def test_chat_page(smol, browser):
     assert wait_until(lambda: smol.health()["kv_used_blocks"] == 0 and smol.health()["num_requests_running"] == 0)
     assert wait_until(lambda: smol.metric("vllm:request_success_total", finished_reason="abort") == aborted + 1)
 
+    # a refused request shows the server's message
+    set_field(d, "max_tokens", "5000")
+    ask(d, "Hello")
+    refused = wait_answer(d, "error", 30)
+    assert "error" in refused.get_attribute("class").split() and "max_tokens" in refused.text
+
     # the status view, fed from /status
     WebDriverWait(d, 10).until(lambda d: served[-1] in d.find_element("id", "status").text)
-    assert "KV" in d.find_element("id", "status").text
+    WebDriverWait(d, 10).until(lambda d: "running 0" in d.find_element("id", "status").text)
+    assert "KV 0.0% (0/" in d.find_element("id", "status").text
     assert len(d.find_elements("css selector", "#conversations li")) == 3
     d.save_screenshot(str(ARTIFACTS / "web_chat_stopped.png"))
     # the page's requests were counted against the student's key
