@@ -56,7 +56,10 @@ class Guard:
             return await self._reply_too_large(send)
         receive = self._counted(receive)
         if spec.models is not None:
-            receive, refusal = await self._check_model(spec, receive)
+            try:
+                receive, refusal = await self._check_model(spec, receive)
+            except BodyTooLarge:  # raised here, outside the app's handlers, so answered here
+                return await self._reply_too_large(send)
             if refusal is not None:
                 return await _reply(send, 403, refusal)
         try:
