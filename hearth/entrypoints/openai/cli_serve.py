@@ -101,8 +101,8 @@ def run_serve(ns: argparse.Namespace) -> int:
     from hearth import envs
     from hearth.engine.async_engine import AsyncEngine
     from hearth.entrypoints.openai.server import ServerConfig, build_app
-    from hearth.entrypoints.openai.serving_keys import key_ring
     from hearth.entrypoints.openai.serving_common import ServingContext
+    from hearth.entrypoints.openai.serving_keys import key_ring
     from hearth.metrics import ServerMetrics
 
     if ns.max_waiting_requests is not None and ns.max_waiting_requests < 0:
