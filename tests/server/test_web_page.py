@@ -132,6 +132,7 @@ def test_chat_page(smol, browser):
     ask(d, "Show me a Python hello world program.")
     code = wait_answer(d, "done").find_element("css selector", "pre > code.language-python")
     assert 'print("Hello World")' in code.text
+    assert "answer tokens" in last_answer(d).text  # the usage the stream ended with
     ARTIFACTS.mkdir(exist_ok=True)
     d.save_screenshot(str(ARTIFACTS / "web_chat.png"))
 

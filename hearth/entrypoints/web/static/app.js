@@ -84,9 +84,22 @@ function renderConversations() {
 function renderMarkdown(text) { return md.render(text); }
 
 function fillBody(body, m) {
-  if (m.role === "assistant") body.innerHTML = renderMarkdown(m.content);
-  else body.textContent = m.content;
+  if (m.role === "assistant") {
+    body.innerHTML = renderMarkdown(m.content);
+    for (const pre of body.querySelectorAll("pre")) pre.prepend(button("copy", () => copyText(pre.querySelector("code").textContent)));
+  } else body.textContent = m.content;
   if (m.role === "user") body.style.whiteSpace = "pre-wrap";
+}
+
+function copyText(text) {
+  if (navigator.clipboard && window.isSecureContext) { navigator.clipboard.writeText(text); return; }
+  // plain http on a lab network is not a secure context: no Clipboard API there
+  const area = document.createElement("textarea");
+  area.value = text;
+  document.body.append(area);
+  area.select();
+  document.execCommand("copy");
+  area.remove();
 }
 
 function messageElement(conv, m, i) {
@@ -105,8 +118,9 @@ function messageElement(conv, m, i) {
   if (m.error && !m.content) body.textContent = m.error;
   else fillBody(body, m);
   div.append(who, body);
+  const tokens = m.usage ? `${m.usage.prompt_tokens} prompt + ${m.usage.completion_tokens} answer tokens` : "";
   const note = m.stopped ? "stopped" : m.error && m.content ? `error: ${m.error}` :
-    m.finish === "length" ? "cut at max tokens" : "";
+    m.finish === "length" ? `cut at max tokens · ${tokens}` : tokens;
   if (note) { const n = document.createElement("div"); n.className = "note"; n.textContent = note; div.append(n); }
   div.dataset.state = m.streaming ? "streaming" : m.stopped ? "stopped" : m.error ? "error" : "done";
   div.dataset.chunks = m.chunks || 0;
