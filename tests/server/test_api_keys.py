@@ -105,27 +105,36 @@ def test_model_not_allowed_403(keyed):
 
 
 def test_concurrent_requests_limit(keyed):
-    streaming, done = threading.Event(), threading.Event()
+    # The first request is held in flight by its own body, which ends only when the test says so (a long answer
+    # would race the second request on a fast model).
+    release, result = threading.Event(), {}
 
-    def long_stream() -> None:
-        body = {"model": "tiny", "prompt": "Once", "max_tokens": 200, "ignore_eos": True, "stream": True}
-        with httpx.stream("POST", keyed.url + "/v1/completions", json=body, timeout=60,
-                          headers={"authorization": f"Bearer {KEYS['carol']}"}) as r:
-            for line in r.iter_lines():
-                if line.startswith("data: {"):
-                    streaming.set()
-        done.set()
+    def body():
+        yield b'{"model": "tiny", "prompt": "Hello", "max_tokens": 2'
+        release.wait(30)
+        yield b"}"
 
-    t = threading.Thread(target=long_stream)
+    def first() -> None:
+        result["status"] = httpx.post(keyed.url + "/v1/completions", content=body(), timeout=60,
+                                      headers={"authorization": f"Bearer {KEYS['carol']}"}).status_code
+
+    t = threading.Thread(target=first)
     t.start()
     try:
-        assert streaming.wait(30)
+        assert wait_until(lambda: usage(keyed, "carol")["in_flight"] == 1)
         err = error(complete(keyed, "carol"), 429)
         assert "max_concurrent_requests = 1" in err["message"]
     finally:
+        release.set()
         t.join(60)
-    assert done.is_set()
-    assert complete(keyed, "carol").status_code == 200  # the finished stream gave its slot back
+    assert result["status"] == 200
+    assert wait_until(lambda: usage(keyed, "carol")["in_flight"] == 0)
+    assert complete(keyed, "carol").status_code == 200  # the finished request gave its slot back
+
+
+def usage(server, name: str) -> dict:
+    r = httpx.get(server.url + "/keys/usage", headers={"authorization": f"Bearer {ADMIN}"})
+    return next(row for row in r.json()["data"] if row["name"] == name)["usage"]
 
 
 def test_tokens_per_day(keyed):
