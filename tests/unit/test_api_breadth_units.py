@@ -116,11 +116,13 @@ def test_fim_from_gguf_metadata_and_none() -> None:
 def test_api_key_in_anthropic_header() -> None:
     from fastapi import FastAPI
 
-    from hearth.entrypoints.openai.server import Guard
+    from hearth.entrypoints.openai.guard import Guard
+    from hearth.entrypoints.openai.serving_keys import key_ring
 
     app = FastAPI()
     app.get("/v1/messages")(lambda: {"ok": True})
-    guarded = Guard(app, "k1", 1000)
+    app.get("/api/tags")(lambda: {"models": []})
+    guarded = Guard(app, key_ring("k1", None, None), 1000)
 
     async def get(headers: dict[str, str]) -> int:
         transport = httpx.ASGITransport(app=guarded)
@@ -131,6 +133,12 @@ def test_api_key_in_anthropic_header() -> None:
     assert asyncio.run(get({"authorization": "Bearer k1"})) == 200
     assert asyncio.run(get({"x-api-key": "k2"})) == 401
     assert asyncio.run(get({})) == 401
+
+    async def ollama(headers: dict[str, str]) -> int:  # Ollama's routes need the key too
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=guarded), base_url="http://t") as c:
+            return (await c.get("/api/tags", headers=headers)).status_code
+
+    assert asyncio.run(ollama({})) == 401 and asyncio.run(ollama({"authorization": "Bearer k1"})) == 200
 
 
 def test_ollama_history_as_chat_messages() -> None:

@@ -11,7 +11,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import ValidationError
 
 from hearth import __version__
@@ -256,10 +256,6 @@ def register(app: FastAPI, ctx: ServingContext, parse_body: Callable[[Request, t
             return _error(e.status, e.message)
         except RequestValidationError as e:
             return _error(400, _validation_message(e)[0])
-
-    @app.get("/")
-    async def root() -> PlainTextResponse:  # what tools probe to find an Ollama server
-        return PlainTextResponse("Ollama is running (hearth)")
 
     @app.get("/api/version")
     async def version() -> dict:
