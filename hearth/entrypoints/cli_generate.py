@@ -23,11 +23,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _add_sampling_args(p: argparse.ArgumentParser, max_tokens: int = 128) -> None:
     s = p.add_argument_group("sampling")
-    s.add_argument("--max-tokens", type=int, default=max_tokens)
-    s.add_argument("--temperature", type=float, default=0.0)
-    s.add_argument("--top-p", type=float, default=1.0)
-    s.add_argument("--top-k", type=int, default=0)
-    s.add_argument("--sampling-seed", type=int, default=None)
+    s.add_argument("--max-tokens", type=int, default=max_tokens, help="most tokens generated per answer")
+    s.add_argument("--temperature", type=float, default=0.0, help="sampling temperature; 0 = greedy")
+    s.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling: keep the tokens of this much mass")
+    s.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens; 0 = all")
+    s.add_argument("--sampling-seed", type=int, default=None,
+                   help="this request's sampling seed (default: the engine's, from --seed)")
 
 
 def _params(ns: argparse.Namespace):

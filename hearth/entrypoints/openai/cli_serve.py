@@ -46,7 +46,7 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--reasoning-budget", type=int, default=None,
                    help="with --reasoning-parser: end the thinking (force </think>) after this many tokens")
     g.add_argument("--uvicorn-log-level", default="info",
-                   choices=["critical", "error", "warning", "info", "debug", "trace"])
+                   choices=["critical", "error", "warning", "info", "debug", "trace"], help="uvicorn's own log level")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
