@@ -21,6 +21,7 @@ from hearth import __version__
 from hearth.engine.async_engine import AsyncEngine
 from hearth.entrypoints.openai import serving_tokenize
 from hearth.entrypoints.openai.errors import APIError, error_body, install_handlers
+from hearth.entrypoints.openai.ollama_embed import register_ollama_embed
 from hearth.entrypoints.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -29,6 +30,7 @@ from hearth.entrypoints.openai.protocol import (
 )
 from hearth.entrypoints.openai.serving_chat import create_chat_completion
 from hearth.entrypoints.openai.serving_common import ServingContext
+from hearth.entrypoints.openai.routes_pooling import register_pooling_routes
 from hearth.entrypoints.openai.serving_completion import create_completion
 from hearth.metrics import CONTENT_TYPE
 
@@ -176,6 +178,9 @@ def build_app(engine: AsyncEngine, ctx: ServingContext, config: ServerConfig) ->
     async def chat_completions(raw: Request):
         body = await parse_body(raw, ChatCompletionRequest)
         return await create_chat_completion(ctx, body, raw)
+
+    register_pooling_routes(app, ctx)
+    register_ollama_embed(app, ctx)
 
     @app.post("/tokenize")
     async def tokenize(raw: Request) -> dict:
