@@ -83,7 +83,7 @@ class LLMEngine:
         kv_dtype = torch.int8 if args.kv_cache_dtype == "int8" else mc.dtype
         self.scheduler_config = SchedulerConfig(
             max_num_seqs=args.max_num_seqs,
-            max_num_batched_tokens=args.max_num_batched_tokens or max(2048, args.max_num_seqs),
+            max_num_batched_tokens=args.max_num_batched_tokens or _default_budget(self.model, args.max_num_seqs),
             max_model_len=mc.max_model_len, max_waiting_requests=args.max_waiting_requests,
             max_prefills_per_decode_step=args.max_prefills_per_decode_step)
         self.runner_type = resolve_runner(args.runner, self.model)
@@ -123,7 +123,7 @@ class LLMEngine:
         pooler = PoolerConfig.parse(args.pooler_config) or loaded.pooler_config or PoolerConfig(
             getattr(self.model, "default_pooling", "LAST"), True)
         self.pooling = PoolingExecutor(self.model, mc, pooler, self.block_manager, args.max_num_seqs,
-                                       max(self.scheduler_config.max_num_batched_tokens, mc.max_model_len))
+                                       self.scheduler_config.max_num_batched_tokens)
         self.seqs: dict[str, _Sequence] = {}  # engine request id -> sequence
         self.parents: dict[str, list[str]] = {}  # user request id -> engine request ids
         self._ids = itertools.count()
@@ -138,6 +138,11 @@ class LLMEngine:
         blocks = self.block_manager.num_usable_blocks  # (without the reserved null block of windowed models)
         tokens = blocks * cc.block_size
         cores = ",".join(map(str, self.bound_cores)) or "unbound"
+        if self.runner_type == "pooling":
+            kv = "no KV cache (encoder)" if not self.runner.attn_layers else f"KV for one pass: {tokens} tokens"
+            return (f"hearth ready for pooling (embeddings, scores): {mc.architecture}, dtype "
+                    f"{str(mc.dtype).removeprefix('torch.')}, {self.threads} threads (cores {cores}; "
+                    f"{cpu_info().isa}), {self.pooling.pooler_summary()}, {kv}, max input {mc.max_model_len} tokens")
         return (f"hearth ready: {mc.architecture}, dtype {str(mc.dtype).removeprefix('torch.')}, "
                 f"{self.threads} threads (cores {cores}; {cpu_info().isa}), KV cache {blocks} blocks x "
                 f"{cc.block_size} = {tokens} tokens, max concurrency {tokens / mc.max_model_len:.1f}x at "
@@ -322,6 +327,12 @@ class LLMEngine:
         siblings = self.parents.get(seq.parent_id)
         if siblings is not None and all(rid not in self.seqs for rid in siblings):
             del self.parents[seq.parent_id]
+
+
+def _default_budget(model: torch.nn.Module, max_num_seqs: int) -> int:
+    """The step's default token budget. An encoder keeps no KV, so a larger pass costs only activations and
+    runs a batch of 64 pooling inputs of 128 tokens in one pass instead of four."""
+    return max(8192 if getattr(model, "is_encoder", False) else 2048, max_num_seqs)
 
 
 def _merge(outs: list[StepOutput]) -> StepOutput:

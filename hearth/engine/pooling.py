@@ -68,6 +68,11 @@ class PoolingExecutor:
         self.hidden_size = int(mc.hf_config["hidden_size"])
         self.waiting: OrderedDict[str, PoolingRequest] = OrderedDict()
 
+    def pooler_summary(self) -> str:
+        if self.can_score:
+            return f"cross-encoder, {self.model.num_labels} label(s)"
+        return f"{self.pooler.pooling_type} pooling{', normalized' if self.pooler.normalize else ''}"
+
     # ---- requests ----
     def check(self, params: PoolingParams) -> None:
         """Raises ValueError (a user error, 400) for what this model cannot do."""
