@@ -13,6 +13,7 @@ from tests.tiny_encoders import build_bert, hf_embed, hf_scores
 
 TEXTS = ["the quick brown fox", "paris is the capital of france " * 3, "a", "what is hearth?"]
 ARGS = ["--dtype", "float32", "--threads", "1"]
+KEY = "sekrit"
 
 
 @pytest.fixture(scope="module")
@@ -23,8 +24,9 @@ def bert(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="module")
 def embed_server(bert: str, tmp_path_factory):
-    srv = start_server([bert, *ARGS, "--served-model-name", "tiny-bert"],
+    srv = start_server([bert, *ARGS, "--served-model-name", "tiny-bert", "--api-key", KEY],
                        str(tmp_path_factory.mktemp("logs") / "bert.log"))
+    srv.http.headers["Authorization"] = f"Bearer {KEY}"
     yield srv
     srv.stop()
 
@@ -42,7 +44,7 @@ def score_server(cross_encoder: str, tmp_path_factory):
 
 
 def test_embeddings_inputs_and_usage(embed_server, bert) -> None:
-    client = embed_server.client()
+    client = embed_server.client(KEY)
     ref = hf_embed(bert, TEXTS)
     r = client.embeddings.create(model="tiny-bert", input=TEXTS)  # the client asks for base64 and decodes it
     assert [d.index for d in r.data] == [0, 1, 2, 3]
@@ -66,7 +68,7 @@ def test_base64_is_little_endian_float32(embed_server) -> None:
 
 
 def test_dimensions_and_normalize(embed_server, bert) -> None:
-    client = embed_server.client()
+    client = embed_server.client(KEY)
     full = hf_embed(bert, TEXTS[:2], normalize=False)
     r = client.embeddings.create(model="tiny-bert", input=TEXTS[:2], dimensions=16)
     got = torch.tensor([d.embedding for d in r.data])
@@ -112,7 +114,7 @@ def test_errors_leave_the_engine_serving(embed_server) -> None:
 
 
 def test_concurrent_requests_batch(embed_server, bert) -> None:
-    client = embed_server.async_client()
+    client = embed_server.async_client(KEY)
 
     async def run():
         return await asyncio.gather(*[client.embeddings.create(model="tiny-bert", input=[t] * 3) for t in TEXTS * 4])
@@ -126,7 +128,7 @@ def test_concurrent_requests_batch(embed_server, bert) -> None:
 def test_ollama_embed(embed_server, bert) -> None:
     import ollama
 
-    client = ollama.Client(host=embed_server.url)
+    client = ollama.Client(host=embed_server.url, headers={"Authorization": f"Bearer {KEY}"})
     r = client.embed(model="tiny-bert", input=TEXTS)
     torch.testing.assert_close(torch.tensor(r.embeddings), hf_embed(bert, TEXTS), atol=1e-5, rtol=1e-4)
     assert r.prompt_eval_count > 0
@@ -136,9 +138,10 @@ def test_ollama_embed(embed_server, bert) -> None:
     assert list(old.embedding) == pytest.approx(r.embeddings[0], abs=1e-6)
     with pytest.raises(ollama.ResponseError, match="not found"):
         client.embed(model="llama3", input="a")
-    long = httpx.post(embed_server.url + "/api/embed", json={"model": "tiny-bert", "input": "fox " * 40,
-                                                            "truncate": False})
+    long = embed_server.http.post("/api/embed", json={"model": "tiny-bert", "input": "fox " * 40, "truncate": False})
     assert long.status_code == 400 and "maximum input length" in long.json()["error"]
+    for route in ("/api/embed", "/api/embeddings", "/v1/embeddings"):  # --api-key guards these routes too
+        assert httpx.post(embed_server.url + route, json={"input": "a", "prompt": "a"}).status_code == 401
 
 
 def test_score_and_rerank(score_server, cross_encoder) -> None:

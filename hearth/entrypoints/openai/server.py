@@ -35,7 +35,8 @@ from hearth.entrypoints.openai.serving_completion import create_completion
 from hearth.metrics import CONTENT_TYPE
 
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
-_PROTECTED = ("/v1/", "/tokenize", "/detokenize")  # /health, /version, /metrics stay open (probes, scrapers)
+# /health, /version, /metrics stay open (probes, scrapers)
+_PROTECTED = ("/v1/", "/tokenize", "/detokenize", "/api/embed")
 
 logger = logging.getLogger("hearth")
 
