@@ -72,4 +72,5 @@ def score(engine: LLMEngine, ids: itertools.count, first: str | Sequence[str], s
                             second if isinstance(second, str) else list(second)):
         prompt, types = encode_pair(engine.tokenizer, a, b, limit)
         inputs.append((prompt, PoolingParams("score", token_type_ids=types)))
-    return [PoolingRequestOutput(rid, prompt, ScoringOutput(float(v[0]))) for rid, prompt, v in run(engine, ids, inputs)]
+    return [PoolingRequestOutput(rid, prompt, ScoringOutput(float(v[0])))
+            for rid, prompt, v in run(engine, ids, inputs)]
