@@ -3,6 +3,8 @@ POST /api/embeddings (one prompt). Errors in Ollama's shape, {"error": "..."}, w
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -24,13 +26,11 @@ def _error(e: APIError | RequestValidationError) -> JSONResponse:
     return JSONResponse({"error": f"{where}: {first.get('msg', 'invalid request')}"}, status_code=400)
 
 
-def register_ollama_embed(app: FastAPI, ctx: ServingContext) -> None:
-    from hearth.entrypoints.openai.server import parse_body  # (server imports this module)
-
+def register(app: FastAPI, ctx: ServingContext, parse_body: Callable[[Request, type], Awaitable[Any]]) -> None:
     def check_model(name: str | None) -> None:
         # Ollama clients always send a model name; "name:latest" is the same model.
         if name and name.removesuffix(":latest") != ctx.model_name:
-            raise APIError(404, f"model {name!r} not found, this server serves {ctx.model_name!r}")
+            raise APIError(404, f"model '{name}' not found; this server serves '{ctx.model_name}'")
 
     @app.post("/api/embed")
     async def embed(raw: Request):
