@@ -16,6 +16,7 @@ from pydantic import ValidationError
 
 from hearth import __version__
 from hearth.engine.async_engine import EngineDeadError, RequestStream
+from hearth.entrypoints.ollama import embed
 from hearth.entrypoints.ollama.model_info import ModelInfo
 from hearth.entrypoints.ollama.protocol import (
     ChatRequest,
@@ -287,7 +288,7 @@ def register(app: FastAPI, ctx: ServingContext, parse_body: Callable[[Request, t
             return await api.generate(await parse_body(raw, GenerateRequest), raw)
         return await ollama_shaped(run())
 
-    # NOTE: POST /api/embed (and the older /api/embeddings) belong with the embeddings work: register them here.
+    embed.register(app, ctx, parse_body)  # POST /api/embed and the older /api/embeddings
 
     for path in ("/api/pull", "/api/push", "/api/create", "/api/copy", "/api/delete"):
         async def not_here() -> JSONResponse:

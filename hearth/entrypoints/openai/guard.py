@@ -15,7 +15,8 @@ from hearth.entrypoints.openai.api_keys import KeyRing, KeySpec, LimitExceeded, 
 from hearth.entrypoints.openai.errors import error_body
 
 _KEYED = ("/v1/", "/tokenize", "/detokenize", "/status", "/api/")  # /api/: Ollama's API
-_GENERATING = ("/v1/", "/api/chat", "/api/generate")  # POSTs here are what a key's limits count
+# POSTs here are what a key's limits count (/api/embed, like /v1/embeddings, runs the model)
+_GENERATING = ("/v1/", "/api/chat", "/api/generate", "/api/embed")
 _ADMIN = ("/models", "/keys")
 
 

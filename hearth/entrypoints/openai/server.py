@@ -28,6 +28,7 @@ from hearth.entrypoints.openai.protocol import (
 )
 from hearth.entrypoints.openai.serving_chat import create_chat_completion
 from hearth.entrypoints.openai.serving_common import ServingContext
+from hearth.entrypoints.openai.routes_pooling import register_pooling_routes
 from hearth.entrypoints.openai.serving_completion import create_completion
 from hearth.entrypoints.web import routes as web
 from hearth.metrics import CONTENT_TYPE
@@ -130,6 +131,8 @@ def build_app(engine: AsyncEngine, ctx: ServingContext, config: ServerConfig) ->
     async def chat_completions(raw: Request):
         body = await parse_body(raw, ChatCompletionRequest)
         return await create_chat_completion(ctx, body, raw)
+
+    register_pooling_routes(app, ctx)
 
     @app.post("/tokenize")
     async def tokenize(raw: Request) -> dict:
