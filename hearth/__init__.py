@@ -10,7 +10,11 @@ def __getattr__(name: str):
         from hearth.entrypoints.llm import LLM
 
         return LLM
+    if name == "EngineArgs":  # vLLM's `from vllm import LLM, EngineArgs, SamplingParams`
+        from hearth.config import EngineArgs
+
+        return EngineArgs
     raise AttributeError(name)
 
 
-__all__ = ["LLM", "SamplingParams", "__version__"]
+__all__ = ["LLM", "EngineArgs", "SamplingParams", "__version__"]

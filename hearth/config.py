@@ -143,3 +143,21 @@ class EngineArgs:
     quantization: str | None = None  # auto (None) | none | int8 | int4[-g32|-g64|-g128] | gguf: layers/quant_linear.py
     # Speculative decoding, vLLM's JSON (a dict or a JSON string): hearth/spec_decode/config.py. None: off.
     speculative_config: dict | str | None = None
+    # Sampling defaults for requests that leave fields unset: hearth/generation_defaults.py.
+    generation_config: str = "auto"  # auto | vllm | FOLDER
+    override_generation_config: dict | str | None = None
+    max_tokens_default: int | None = None
+    # vLLM's arguments with no (or a mapped) meaning on a CPU: hearth/vllm_compat.py accepts, maps or refuses them.
+    device: str = "auto"
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    enforce_eager: bool = False
+    gpu_memory_utilization: float | None = None
+    swap_space: float | None = None
+    disable_log_stats: bool = False
+    trust_remote_code: bool = False
+
+    def __post_init__(self) -> None:
+        from hearth import vllm_compat
+
+        vllm_compat.normalize(self)

@@ -34,6 +34,11 @@ class ServingContext:
     created: int = field(default_factory=lambda: int(time.time()))
     _token_texts: dict[int, str] = field(default_factory=dict)  # bounded by the vocabulary
 
+    @property
+    def sampling_defaults(self) -> dict:
+        """The engine's generation_config defaults for fields a request leaves unset (generation_defaults.py)."""
+        return getattr(self.engine.engine, "generation_defaults", {})
+
     def check_model(self, name: str | None) -> None:
         # NOTE: an absent model is accepted (vLLM does the same); a wrong one is a 404.
         if name is not None and name != self.model_name:
