@@ -156,6 +156,10 @@ class EngineArgs:
     swap_space: float | None = None
     disable_log_stats: bool = False
     trust_remote_code: bool = False
+    # vLLM's --runner: auto | generate | pooling (embeddings and scores; encoders always pool). hearth/engine/pooling.py
+    runner: str = "auto"
+    # vLLM's --pooler-config JSON, {"pooling_type": "MEAN"|"CLS"|"LAST", "normalize": bool}; None: the checkpoint's
+    pooler_config: dict | str | None = None
 
     def __post_init__(self) -> None:
         from hearth import vllm_compat

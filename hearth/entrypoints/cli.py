@@ -59,6 +59,7 @@ def add_engine_args(p: argparse.ArgumentParser, model_optional: bool = False, ma
                    help='speculative decoding, as JSON: {"method": "ngram", "num_speculative_tokens": 4, '
                         '"prompt_lookup_max": 4, "prompt_lookup_min": 2} (prompt lookup) or {"model": "DRAFT", '
                         '"num_speculative_tokens": 4} (a small draft model of the same vocabulary)')
+    add_pooling_args(g)
     g = p.add_argument_group("sampling defaults", "for requests that leave a field unset")
     g.add_argument("--generation-config", default="auto",
                    help="auto: the checkpoint's generation_config.json (the bundled model: greedy, 1024 tokens); "
@@ -71,13 +72,24 @@ def add_engine_args(p: argparse.ArgumentParser, model_optional: bool = False, ma
     vllm_compat.add_vllm_args(p)
 
 
+def add_pooling_args(g: argparse._ArgumentGroup) -> None:
+    g.add_argument("--runner", default="auto", choices=["auto", "generate", "pooling"],
+                   help="pooling: serve embeddings / scores only (auto: pooling for encoders such as BERT)")
+    g.add_argument("--task", default=None, choices=["auto", "generate", "embed", "embedding", "score", "classify"],
+                   help="vLLM's older name for --runner: embed, score and classify mean --runner pooling")
+    g.add_argument("--pooler-config", default=None,
+                   help='pooling of embeddings, as JSON: {"pooling_type": "MEAN"|"CLS"|"LAST", "normalize": true} '
+                        "(default: the checkpoint's sentence-transformers config, else CLS for encoders and LAST "
+                        "for decoders, normalized)")
+
+
 ENGINE_ARG_NAMES = ["model", "tokenizer", "dtype", "max_model_len", "max_num_seqs", "max_num_batched_tokens",
                     "max_prefills_per_decode_step",
                     "block_size", "kv_cache_space", "kv_cache_dtype", "enable_prefix_caching", "threads",
                     "omp_threads_bind", "seed", "chat_template", "served_model_name", "quantization",
                     "speculative_config", "generation_config", "override_generation_config", "max_tokens_default",
                     "tensor_parallel_size", "pipeline_parallel_size", "enforce_eager", "gpu_memory_utilization",
-                    "swap_space", "disable_log_stats", "device", "trust_remote_code"]
+                    "swap_space", "disable_log_stats", "device", "trust_remote_code", "runner", "pooler_config"]
 
 
 def engine_args_from(ns: argparse.Namespace):
@@ -91,6 +103,9 @@ def engine_args_from(ns: argparse.Namespace):
         kwargs["model"] = flag
     if isinstance(kwargs.get("served_model_name"), list):
         kwargs["served_model_name"] = kwargs["served_model_name"][0]
+    task = getattr(ns, "task", None)
+    if task not in (None, "auto"):
+        kwargs["runner"] = "generate" if task == "generate" else "pooling"
     if hasattr(ns, "max_waiting_requests"):
         kwargs["max_waiting_requests"] = ns.max_waiting_requests
     return EngineArgs(**kwargs)
@@ -116,6 +131,9 @@ def build_parser() -> argparse.ArgumentParser:
     from hearth.entrypoints import cli_doctor
 
     cli_doctor.register(sub)
+    from hearth.entrypoints import cli_keys
+
+    cli_keys.register(sub)
     return parser
 
 
