@@ -69,6 +69,8 @@ def test_launch_line_and_environment_are_honoured(vllm_server: ApiServer) -> Non
     assert "accepted --trust-remote-code: hearth never runs a model's own Python code" in log
     assert "default sampling (auto): max_tokens=1024, temperature=0.0" in log
     assert vllm_server.metric("hearth:threads") == 1  # OMP_NUM_THREADS, as vLLM's CPU backend takes it
+    # VLLM_CPU_KVCACHE_SPACE=0.5 (GiB) sized the KV cache
+    assert vllm_server.metric("vllm:cache_config_info", cpu_kvcache_space_bytes=str(2**29), block_size="16") == 1
     assert vllm_server.client().models.list().data[0].id == "smollm2"
 
 
