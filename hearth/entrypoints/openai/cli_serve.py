@@ -20,6 +20,7 @@ DEFAULT_REFILL_WAIT_MS = 30.0
 
 def add_serve_args(p: argparse.ArgumentParser) -> None:
     from hearth.entrypoints.cli import add_engine_args
+    from hearth.entrypoints.openai.gateway import add_gateway_args
     from hearth.entrypoints.openai.server import DEFAULT_MAX_BODY_BYTES
 
     add_engine_args(p, model_optional=True, max_prefills_per_step=1)
@@ -39,6 +40,7 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
                    help="on SIGTERM, seconds to let in-flight requests finish")
     g.add_argument("--uvicorn-log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug", "trace"])
+    add_gateway_args(p)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -98,6 +100,7 @@ def run_serve(ns: argparse.Namespace) -> int:
 
     from hearth import envs
     from hearth.engine.async_engine import AsyncEngine
+    from hearth.entrypoints.openai.gateway import Gateway, gateway_config_from
     from hearth.entrypoints.openai.server import ServerConfig, build_app
     from hearth.entrypoints.openai.serving_common import ServingContext
     from hearth.metrics import ServerMetrics
@@ -108,6 +111,7 @@ def run_serve(ns: argparse.Namespace) -> int:
         raise ValueError(f"--refill-wait-ms must be >= 0, got {ns.refill_wait_ms}")
     if not 0 <= ns.port < 65536:
         raise ValueError(f"--port must be in [0, 65535], got {ns.port}")
+    gateway_config = gateway_config_from(ns, envs.upstream_api_key())
     t0 = time.perf_counter()
     llm = _load_engine(ns)
     mc = llm.model_config
@@ -115,7 +119,8 @@ def run_serve(ns: argparse.Namespace) -> int:
     engine = AsyncEngine(llm, metrics, ns.max_waiting_requests, ns.refill_wait_ms / 1000)
     ctx = ServingContext(engine, llm.tokenizer, mc.served_model_name, mc.model, mc.max_model_len)
     api_key = ns.api_key or envs.api_key()
-    app = build_app(engine, ctx, ServerConfig(api_key, ns.max_request_body_bytes, ns.drain_timeout))
+    gateway = Gateway(gateway_config, ctx, metrics.registry) if gateway_config.enabled else None
+    app = build_app(engine, ctx, ServerConfig(api_key, ns.max_request_body_bytes, ns.drain_timeout), gateway)
     logger.info("serving %r on http://%s:%d/v1 (ready in %.1f s%s)", mc.served_model_name, ns.host, ns.port,
                 time.perf_counter() - t0, ", API key required" if api_key else "")
     uvicorn.run(app, host=ns.host, port=ns.port, log_level=ns.uvicorn_log_level,

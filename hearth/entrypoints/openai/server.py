@@ -21,6 +21,7 @@ from hearth import __version__
 from hearth.engine.async_engine import AsyncEngine
 from hearth.entrypoints.openai import serving_tokenize
 from hearth.entrypoints.openai.errors import APIError, error_body, install_handlers
+from hearth.entrypoints.openai.gateway import Gateway
 from hearth.entrypoints.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -129,13 +130,16 @@ async def warm_when_idle(engine: AsyncEngine, warm_up: Callable[[], object], idl
         logger.debug("chat template warm-up failed: %s", e)
 
 
-def build_app(engine: AsyncEngine, ctx: ServingContext, config: ServerConfig) -> FastAPI:
+def build_app(engine: AsyncEngine, ctx: ServingContext, config: ServerConfig,
+              gateway: Gateway | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(_: FastAPI):
         engine.start()
         warm = asyncio.create_task(warm_when_idle(engine, ctx.tokenizer.warm_up))
         yield
         warm.cancel()
+        if gateway is not None:
+            await gateway.aclose()
         # uvicorn has already drained in-flight HTTP requests by now (graceful shutdown on SIGTERM).
         engine.shutdown(config.drain_timeout)
 
@@ -170,11 +174,15 @@ def build_app(engine: AsyncEngine, ctx: ServingContext, config: ServerConfig) ->
     @app.post("/v1/completions")
     async def completions(raw: Request):
         body = await parse_body(raw, CompletionRequest)
+        if gateway is not None:
+            return await gateway.handle(raw, body, create_completion)
         return await create_completion(ctx, body, raw)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(raw: Request):
         body = await parse_body(raw, ChatCompletionRequest)
+        if gateway is not None:
+            return await gateway.handle(raw, body, create_chat_completion)
         return await create_chat_completion(ctx, body, raw)
 
     @app.post("/tokenize")
