@@ -5,12 +5,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from hearth.entrypoints.openai.cli_ray import DEFAULT_TARGET_ONGOING_REQUESTS
 from hearth.ray.ingress import HearthIngress
 from hearth.ray.replica import HearthModel, ReplicaServerConfig
 
 INGRESS_NAME = "HearthIngress"
 MODEL_NAME = "HearthModel"
-DEFAULT_TARGET_ONGOING_REQUESTS = 8
 
 
 def _physical_cores() -> int:
@@ -19,7 +19,7 @@ def _physical_cores() -> int:
     return psutil.cpu_count(logical=False) or 1
 
 
-def build_app(model: str | None = None, *, num_replicas: int | None = 1, min_replicas: int | None = None,
+def build_app(model: str | None = None, *, num_replicas: int | None = None, min_replicas: int | None = None,
               max_replicas: int | None = None, target_ongoing_requests: float = DEFAULT_TARGET_ONGOING_REQUESTS,
               num_cpus_per_replica: float | None = None, api_key: str | None = None,
               max_waiting_requests: int | None = None, refill_wait_ms: float = 30.0,
@@ -31,12 +31,15 @@ def build_app(model: str | None = None, *, num_replicas: int | None = 1, min_rep
     num_cpus_per_replica: CPUs each replica reserves (default: `threads` if given, else this machine's physical
     cores); each replica's engine uses that many threads unless `threads` says otherwise. min_replicas /
     max_replicas turn on Ray Serve autoscaling on ongoing requests per replica (target_ongoing_requests), starting
-    from num_replicas (or min_replicas). Raises ValueError on bad values.
+    from num_replicas (default 1; with autoscaling, min_replicas). Raises ValueError on bad values.
     """
     from ray import serve
 
     from hearth.config import EngineArgs
 
+    if engine_args.get("tensor_parallel_size", 1) != 1:
+        raise ValueError("tensor parallelism is not available with Ray Serve replicas")
+    engine_args.pop("tensor_parallel_size", None)
     fields = {f.name for f in dataclasses.fields(EngineArgs)}
     unknown = sorted(set(engine_args) - fields)
     if unknown:
@@ -53,7 +56,7 @@ def build_app(model: str | None = None, *, num_replicas: int | None = 1, min_rep
     # cores, so replicas leave placement to the OS unless a core list is given.
     if engine_args.get("omp_threads_bind") in (None, "auto"):
         engine_args["omp_threads_bind"] = "nobind"
-    EngineArgs(**engine_args)  # validate here, not in a replica that would then restart forever
+    EngineArgs(**engine_args)  # (a wrong field fails here, not in every replica)
 
     options: dict[str, Any] = {"name": MODEL_NAME, "ray_actor_options": {"num_cpus": num_cpus_per_replica},
                                # Ray's default (5) would cap a replica below its batch: let hearth's scheduler queue.
@@ -69,7 +72,8 @@ def build_app(model: str | None = None, *, num_replicas: int | None = 1, min_rep
         options["autoscaling_config"] = {"min_replicas": lo, "max_replicas": hi, "initial_replicas": start,
                                          "target_ongoing_requests": target_ongoing_requests}
     else:
-        if num_replicas is None or num_replicas < 1:
+        num_replicas = 1 if num_replicas is None else num_replicas
+        if num_replicas < 1:
             raise ValueError(f"--num-replicas must be >= 1, got {num_replicas}")
         options["num_replicas"] = num_replicas
 

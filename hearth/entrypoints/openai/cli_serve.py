@@ -20,6 +20,7 @@ DEFAULT_REFILL_WAIT_MS = 30.0
 
 def add_serve_args(p: argparse.ArgumentParser) -> None:
     from hearth.entrypoints.cli import add_engine_args
+    from hearth.entrypoints.openai.cli_ray import add_ray_args
     from hearth.entrypoints.openai.gateway import add_gateway_args
     from hearth.entrypoints.openai.server import DEFAULT_MAX_BODY_BYTES
 
@@ -41,6 +42,7 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--uvicorn-log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug", "trace"])
     add_gateway_args(p)
+    add_ray_args(p)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -105,6 +107,10 @@ def run_serve(ns: argparse.Namespace) -> int:
     from hearth.entrypoints.openai.serving_common import ServingContext
     from hearth.metrics import ServerMetrics
 
+    if ns.ray:
+        from hearth.entrypoints.openai.cli_ray import run_ray_serve
+
+        return run_ray_serve(ns)
     if ns.max_waiting_requests is not None and ns.max_waiting_requests < 0:
         raise ValueError(f"--max-waiting-requests must be >= 0, got {ns.max_waiting_requests}")
     if ns.refill_wait_ms < 0:
