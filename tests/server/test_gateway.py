@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.server.conftest import TINY_ARGS, ServerProcess, start_server
+from tests.server.conftest import TINY_ARGS, ServerProcess, start_server, wait_until
 
 GREEDY = {"temperature": 0.0, "ignore_eos": True}
 MIN_PROMPT_TOKENS = 48
@@ -83,6 +83,17 @@ def test_routing_validation_and_streaming(gateway: ServerProcess, upstream: Serv
     assert all(c.model == "big" for c in chunks)
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
     assert _upstream_count(gateway) == before + 3
+
+
+def test_client_gone_mid_stream_aborts_upstream(gateway: ServerProcess, upstream: ServerProcess) -> None:
+    body = {"model": "big", "prompt": "a long answer", "max_tokens": 200, "stream": True, "ignore_eos": True}
+    with httpx.Client(base_url=gateway.url, timeout=30) as http, http.stream("POST", "/v1/completions", json=body) as r:
+        assert r.status_code == 200 and r.headers["x-hearth-route"] == "upstream"
+        next(r.iter_lines())
+    # (closing the client's connection closes the gateway's upstream stream: the upstream aborts and frees KV)
+    assert wait_until(lambda: upstream.health()["num_requests_running"] == 0 and upstream.health()["kv_used_blocks"]
+                      == 0, timeout=20)
+    assert upstream.metric("vllm:request_success_total", finished_reason="abort") >= 1
 
 
 def test_answer_cache(gateway: ServerProcess) -> None:

@@ -99,6 +99,31 @@ def test_replicas_share_requests_errors_metrics(ray_app: RayApp) -> None:
     assert 'vllm:request_success_total{engine="' in text
 
 
+def _metric_sum(text: str, name: str, **labels: str) -> float:
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
+            total += float(line.rpartition(" ")[2])
+    return total
+
+
+def test_client_gone_mid_stream_aborts_on_the_replica(ray_app: RayApp) -> None:
+    body = {"model": "tiny", "prompt": "a long answer", "max_tokens": 200, "stream": True, "ignore_eos": True}
+    headers = {"authorization": f"Bearer {KEY}"}
+    with httpx.Client(base_url=ray_app.url, timeout=30) as http, \
+            http.stream("POST", "/v1/completions", json=body, headers=headers) as r:
+        assert r.status_code == 200
+        next(r.iter_lines())
+
+    def aborted_and_idle() -> bool:
+        text = httpx.get(ray_app.url + "/metrics", timeout=10).text
+        return (_metric_sum(text, "vllm:request_success_total", finished_reason="abort") >= 1
+                and _metric_sum(text, "vllm:num_requests_running") == 0
+                and _metric_sum(text, "hearth:kv_cache_used_blocks") == 0)
+
+    assert wait_until(aborted_and_idle, timeout=30, interval=0.5)
+
+
 def test_killed_replica_is_replaced(ray_app: RayApp) -> None:
     before = _replica_tags()
     victim = sorted(before)[0]
