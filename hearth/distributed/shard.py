@@ -137,7 +137,7 @@ def shard_model(model: nn.Module, rank: int, world: int, group: dist.ProcessGrou
     unknown = [n for n, m in model.named_modules() if isinstance(m, Linear) and id(m) not in handled]
     if unknown:
         raise ValueError(f"tensor parallelism does not cover {type(model).__name__} yet (e.g. {unknown[0]}): "
-                         "Llama, Mistral, Qwen2, Qwen3 and Mixtral-style models only")
+                         "models built from hearth's shared attention and MLP blocks only")
     return stats
 
 
