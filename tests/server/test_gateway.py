@@ -1,7 +1,6 @@
 """Gateway mode: a second hearth server (serving the tiny checkpoint as "big") stands in for the GPU upstream."""
 from __future__ import annotations
 
-import statistics
 import time
 from collections.abc import Iterator
 
@@ -54,6 +53,7 @@ def test_routing_validation_and_streaming(gateway: ServerProcess, upstream: Serv
     before = _upstream_count(gateway)
     up_before = upstream.metric("vllm:request_success_total")
 
+    assert [m["id"] for m in http.get("/v1/models").json()["data"]] == ["tiny", "big"]  # the upstream's too
     short = _chat(http, "hello there")
     assert short.status_code == 200 and short.headers["x-hearth-route"] == "local"
     assert short.json()["model"] == "tiny"
@@ -137,3 +137,4 @@ def test_upstream_down_fails_only_upstream_requests(gateway: ServerProcess, upst
     local = _chat(http, "still here?")
     assert local.status_code == 200 and local.headers["x-hearth-route"] == "local"
     assert gateway.health()["status"] == "ok"
+    assert [m["id"] for m in http.get("/v1/models").json()["data"]] == ["tiny"]

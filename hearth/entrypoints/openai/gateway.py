@@ -138,6 +138,18 @@ class Gateway:
         if self._client is not None:
             await self._client.aclose()
 
+    async def upstream_models(self) -> list[dict[str, Any]]:
+        """The upstream's /v1/models entries, so clients see every model they can ask for here; none when it is
+        down or answers with something else (the local list still goes out)."""
+        if self._client is None:
+            return []
+        try:
+            resp = await self._client.get("/v1/models", timeout=3.0)
+            data = resp.json().get("data", []) if resp.status_code == 200 else []
+        except (httpx.HTTPError, ValueError, AttributeError):
+            return []
+        return [m for m in data if isinstance(m, dict) and m.get("id") != self.ctx.model_name]
+
     async def handle(self, raw: Request, req: ChatCompletionRequest | CompletionRequest,
                      serve_local: LocalHandler) -> Response:
         for text in _texts(req):

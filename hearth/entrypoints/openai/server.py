@@ -167,9 +167,10 @@ def build_app(engine: AsyncEngine, ctx: ServingContext, config: ServerConfig,
 
     @app.get("/v1/models")
     async def models() -> dict:
+        upstream = await gateway.upstream_models() if gateway is not None else []
         return {"object": "list", "data": [{"id": ctx.model_name, "object": "model", "created": ctx.created,
                                             "owned_by": "hearth", "root": ctx.model_path, "parent": None,
-                                            "max_model_len": ctx.max_model_len}]}
+                                            "max_model_len": ctx.max_model_len}, *upstream]}
 
     @app.post("/v1/completions")
     async def completions(raw: Request):
