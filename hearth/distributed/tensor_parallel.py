@@ -81,6 +81,8 @@ class TensorParallel:
         self.world = args.tensor_parallel_size
         if args.speculative_config:
             raise ValueError("speculative decoding is not available with --tensor-parallel-size > 1 yet")
+        if args.quantization not in (None, "auto", "none"):  # (GGUF blocks kept by "auto" are refused by the shard)
+            raise ValueError(f"tensor parallelism needs dense weights, not --quantization {args.quantization}")
         from hearth.platform import release_calling_thread
 
         # The workers inherit this thread's core mask when spawned: the process's whole set, not an earlier pin.
