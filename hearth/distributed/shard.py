@@ -31,17 +31,21 @@ class AllReduceStats:
 class RowParallel(nn.Module):
     """inner(x) on this rank's input slice, summed over the group."""
 
-    def __init__(self, inner: nn.Module, group: dist.ProcessGroup | None, stats: AllReduceStats) -> None:
+    def __init__(self, inner: nn.Module, group: dist.ProcessGroup, stats: AllReduceStats, widen: bool = True) -> None:
         super().__init__()
-        self.inner, self.group, self.stats = inner, group, stats
+        self.inner, self.group, self.stats, self.widen = inner, group, stats, widen
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.inner(x).contiguous()
+        # NOTE: 16-bit activations go in widened (exact), so each rank's partial sum comes out in fp32 unrounded and
+        # the sum is rounded once, as one rank's fp32 accumulation is.
+        dtype = x.dtype
+        wide = self.widen and dtype in (torch.bfloat16, torch.float16)
+        y = self.inner(x.float() if wide else x).float().contiguous()
         t0 = time.perf_counter()
-        dist.all_reduce(y, group=self.group)
+        self.group.allreduce([y]).wait()
         self.stats.seconds += time.perf_counter() - t0
         self.stats.calls += 1
-        return y
+        return y.to(dtype)
 
 
 def _rows(lin: Linear, keep: list[tuple[int, int]], shard_sizes: dict[str, int] | None) -> None:
@@ -85,7 +89,7 @@ def _split(n: int, world: int, what: str) -> int:
     return n // world
 
 
-def shard_model(model: nn.Module, rank: int, world: int, group: dist.ProcessGroup | None = None) -> AllReduceStats:
+def shard_model(model: nn.Module, rank: int, world: int, group: dist.ProcessGroup) -> AllReduceStats:
     """Shard `model` (loaded, not yet packed or quantized) for `rank` of `world`. Returns its all-reduce stats."""
     from hearth.models.blocks import DecoderModel, QKVAttention
     from hearth.models.llama import LlamaMLP
@@ -119,8 +123,11 @@ def shard_model(model: nn.Module, rank: int, world: int, group: dist.ProcessGrou
                         lin.weight = nn.Parameter(torch.empty(0, lin.in_features), requires_grad=False)
                         lin.parts = None
             handled.add(id(m.gate))  # the router: replicated, every rank routes alike
+            # (not widened: the router and experts see the activations as one rank does; the block's own fp32 sum
+            # is what gets all-reduced)
+            m.fp32_out = True
             parent, attr = _parent(model, name)
-            setattr(parent, attr, RowParallel(m, group, stats))
+            setattr(parent, attr, RowParallel(m, group, stats, widen=False))
         elif isinstance(m, LlamaMLP) and id(m.gate_up_proj) not in handled:
             gu = _check_dense(f"{name}.gate_up_proj", m.gate_up_proj)
             inter = _split(gu.out_features // 2, world, "intermediate size")

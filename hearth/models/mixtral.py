@@ -30,6 +30,7 @@ class SparseMoE(nn.Module):
         self.experts = nn.ModuleList(LlamaMLP(hidden, intermediate, act) for _ in range(num_experts))
         # Tensor parallelism (hearth/distributed/shard.py): the experts this rank runs; None: all of them.
         self.local_experts: list[bool] | None = None
+        self.fp32_out = False  # tensor parallelism: return the fp32 sum (all-reduced, then rounded once)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         probs = torch.softmax(self.gate(x).float(), dim=-1)  # [T, E]
@@ -48,7 +49,7 @@ class SparseMoE(nn.Module):
                 y = expert(x[rows]) * weights.flatten()[order[start:start + n]].unsqueeze(1)
                 out.index_add_(0, rows, y.float())
             start += n
-        return out.to(x.dtype)
+        return out if self.fp32_out else out.to(x.dtype)
 
 
 class MixtralForCausalLM(CausalLMBase):

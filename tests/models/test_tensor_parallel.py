@@ -1,5 +1,5 @@
 """Tensor parallelism (2 ranks, 1 thread each, gloo): greedy tokens equal to one rank's on tiny random Llama, Qwen2
-and Mixtral checkpoints (float32: the all-reduce's partial sums round like one rank's fp32 accumulation)."""
+and Mixtral checkpoints, in float32 and bfloat16 (partial sums are all-reduced in fp32 and rounded once)."""
 from __future__ import annotations
 
 import gc
@@ -11,18 +11,18 @@ from tests.tiny_models import build_checkpoint, tiny_config
 
 PROMPTS = ["The quick brown fox", "hello world", "a b c d e f g", "Paris is the capital of"]
 GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
-ENGINE = dict(threads=1, kv_cache_space=0.05, dtype="float32")
+ENGINE = dict(threads=1, kv_cache_space=0.05)
 
 
 def _tokens(llm: LLM) -> list[list[int]]:
     return [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY)]
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2", "mixtral"])
-def test_tp2_greedy_equals_tp1(family: str, tmp_path) -> None:
+@pytest.mark.parametrize("family, dtype", [("llama", "float32"), ("qwen2", "bfloat16"), ("mixtral", "bfloat16")])
+def test_tp2_greedy_equals_tp1(family: str, dtype: str, tmp_path) -> None:
     path = build_checkpoint(str(tmp_path / family), tiny_config(family))
-    want = _tokens(LLM(path, **ENGINE))
-    llm = LLM(path, tensor_parallel_size=2, **ENGINE)
+    want = _tokens(LLM(path, dtype=dtype, **ENGINE))
+    llm = LLM(path, tensor_parallel_size=2, dtype=dtype, **ENGINE)
     tp = llm.engine.tp
     assert tp is not None and tp.world == 2
     attn = [m for m in llm.engine.model.modules() if type(m).__name__ == "Attention"]
@@ -40,4 +40,4 @@ def test_tp2_greedy_equals_tp1(family: str, tmp_path) -> None:
 def test_tp_refuses_quantized_weights(tmp_path) -> None:
     path = build_checkpoint(str(tmp_path / "llama"), tiny_config("llama"))
     with pytest.raises(ValueError, match="needs dense weights"):
-        LLM(path, tensor_parallel_size=2, quantization="int8", **ENGINE)
+        LLM(path, tensor_parallel_size=2, quantization="int8", dtype="float32", **ENGINE)
