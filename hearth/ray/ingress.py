@@ -35,11 +35,12 @@ class HearthIngress:
                                           namespace=BOARD_NAMESPACE, get_if_exists=True).remote()
 
     def __serve_build_asgi_app__(self) -> FastAPI:
-        from hearth.entrypoints.openai.server import Guard
+        from hearth.entrypoints.openai.guard import Guard
+        from hearth.entrypoints.openai.serving_keys import key_ring
 
         app = FastAPI(title="hearth (Ray Serve)", version=__version__)
         install_handlers(app)
-        app.add_middleware(Guard, api_key=self.api_key, max_body_bytes=self.max_body_bytes)
+        app.add_middleware(Guard, keys=key_ring(self.api_key, None, None), max_body_bytes=self.max_body_bytes)
 
         @app.get("/metrics")
         async def metrics() -> Response:
