@@ -26,6 +26,7 @@ from hearth.spec_decode.config import SpeculativeConfig
 from hearth.spec_decode.draft_proposer import DraftProposer, load_draft_model
 from hearth.spec_decode.speculator import Speculator
 from hearth.structured.manager import StructuredOutputManager
+from hearth.structured.reasoning import ReasoningGate
 
 logger = logging.getLogger("hearth")
 
@@ -166,6 +167,8 @@ class LLMEngine:
             req = Request(rid, prompt_token_ids, child_params, mc.eos_token_ids, arrival_time)
             if grammar is not None:
                 req.grammar = grammar.new_matcher()  # each of the n sequences walks the grammar on its own
+            if params.reasoning is not None:  # thinking first, then the grammar (if any)
+                req.grammar = ReasoningGate(params.reasoning, req.grammar, self.structured.compiler.vocab_size)
             detok = (IncrementalDetokenizer(self.tokenizer, prompt_token_ids, params.skip_special_tokens)
                      if params.detokenize else None)
             self.seqs[rid] = _Sequence(req, request_id, i, detok)
@@ -247,7 +250,9 @@ class LLMEngine:
             if status is not None:
                 seq.detok.flush()
             text = seq.detok.text
-            if p.stop_strings and req.num_output_tokens >= p.min_tokens and status is None:
+            # NOTE: the length limit too: a stop string in the last allowed token still ends (and cuts) the text
+            if (p.stop_strings and req.num_output_tokens >= p.min_tokens
+                    and status in (None, RequestStatus.FINISHED_LENGTH)):
                 # Only text not yet streamed: a stop string that began in streamed text (possible only while
                 # min_tokens held the check off) was let through then and must not cut what the client has.
                 hit = find_stop(text, len(text) - seq.emitted_chars, p.stop_strings)

@@ -22,6 +22,7 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     from hearth.entrypoints.cli import add_engine_args
     from hearth.entrypoints.openai.cli_ray import add_ray_args
     from hearth.entrypoints.openai.gateway import add_gateway_args
+    from hearth.entrypoints.openai.reasoning import REASONING_PARSERS
     from hearth.entrypoints.openai.server import DEFAULT_MAX_BODY_BYTES
 
     add_engine_args(p, model_optional=True, max_prefills_per_step=1)
@@ -41,6 +42,11 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
                    help="larger request bodies get 413")
     g.add_argument("--drain-timeout", type=float, default=30.0,
                    help="on SIGTERM, seconds to let in-flight requests finish")
+    g.add_argument("--reasoning-parser", default=None, choices=list(REASONING_PARSERS),
+                   help="split <think>...</think> into the message's reasoning_content (qwen3: the model opens it; "
+                        "deepseek_r1: the prompt does)")
+    g.add_argument("--reasoning-budget", type=int, default=None,
+                   help="with --reasoning-parser: end the thinking (force </think>) after this many tokens")
     g.add_argument("--uvicorn-log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug", "trace"])
     add_gateway_args(p)
@@ -105,6 +111,7 @@ def run_serve(ns: argparse.Namespace) -> int:
     from hearth import envs
     from hearth.engine.async_engine import AsyncEngine
     from hearth.entrypoints.openai.gateway import Gateway, gateway_config_from
+    from hearth.entrypoints.openai.reasoning import get_parser
     from hearth.entrypoints.openai.server import ServerConfig, build_app
     from hearth.entrypoints.openai.serving_common import ServingContext
     from hearth.entrypoints.openai.serving_keys import key_ring
@@ -118,6 +125,8 @@ def run_serve(ns: argparse.Namespace) -> int:
         raise ValueError(f"--max-waiting-requests must be >= 0, got {ns.max_waiting_requests}")
     if ns.refill_wait_ms < 0:
         raise ValueError(f"--refill-wait-ms must be >= 0, got {ns.refill_wait_ms}")
+    if ns.reasoning_budget is not None and ns.reasoning_parser is None:  # (before the model loads)
+        raise ValueError("--reasoning-budget needs --reasoning-parser (qwen3 or deepseek_r1)")
     if not 0 <= ns.port < 65536:
         raise ValueError(f"--port must be in [0, 65535], got {ns.port}")
     gateway_config = gateway_config_from(ns, envs.upstream_api_key())
@@ -128,7 +137,9 @@ def run_serve(ns: argparse.Namespace) -> int:
     mc = llm.model_config
     metrics = ServerMetrics(mc.served_model_name)
     engine = AsyncEngine(llm, metrics, ns.max_waiting_requests, ns.refill_wait_ms / 1000)
-    ctx = ServingContext(engine, llm.tokenizer, mc.served_model_name, mc.model, mc.max_model_len)
+    ctx = ServingContext(engine, llm.tokenizer, mc.served_model_name, mc.model, mc.max_model_len,
+                         reasoning_parser=get_parser(ns.reasoning_parser), reasoning_budget=ns.reasoning_budget)
+    ctx.check_reasoning()
     api_key = ns.api_key or (envs.api_key() if not ns.api_key_file else None)
     gateway = Gateway(gateway_config, ctx, metrics.registry) if gateway_config.enabled else None
     app = build_app(engine, ctx, ServerConfig(api_key, ns.max_request_body_bytes, ns.drain_timeout,

@@ -16,7 +16,8 @@ from pydantic import BaseModel, ValidationError
 
 from hearth import __version__
 from hearth.engine.async_engine import AsyncEngine
-from hearth.entrypoints.openai import serving_keys, serving_tokenize
+from hearth.entrypoints.ollama import serving as ollama_serving
+from hearth.entrypoints.openai import serving_anthropic, serving_keys, serving_responses, serving_tokenize
 from hearth.entrypoints.openai.errors import APIError, install_handlers
 from hearth.entrypoints.openai.gateway import Gateway
 from hearth.entrypoints.openai.guard import Guard
@@ -147,4 +148,7 @@ def build_app(engine: AsyncEngine, ctx: ServingContext, config: ServerConfig,
     async def detokenize(raw: Request) -> dict:
         return serving_tokenize.detokenize(ctx, await parse_body(raw, DetokenizeRequest))
 
+    serving_responses.register(app, ctx, parse_body)  # POST /v1/responses, GET/DELETE /v1/responses/{id}
+    serving_anthropic.register(app, ctx, parse_body)  # POST /v1/messages, /v1/messages/count_tokens
+    ollama_serving.register(app, ctx, parse_body)  # Ollama's /api/*
     return app
