@@ -147,3 +147,5 @@ class EngineArgs:
     runner: str = "auto"
     # vLLM's --pooler-config JSON, {"pooling_type": "MEAN"|"CLS"|"LAST", "normalize": bool}; None: the checkpoint's
     pooler_config: dict | str | None = None
+    # Ranks of tensor parallelism (processes on this host, gloo all-reduce): hearth/distributed/. 1: off.
+    tensor_parallel_size: int = 1
