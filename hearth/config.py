@@ -149,7 +149,6 @@ class EngineArgs:
     max_tokens_default: int | None = None
     # vLLM's arguments with no (or a mapped) meaning on a CPU: hearth/vllm_compat.py accepts, maps or refuses them.
     device: str = "auto"
-    tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
     enforce_eager: bool = False
     gpu_memory_utilization: float | None = None
@@ -160,6 +159,8 @@ class EngineArgs:
     runner: str = "auto"
     # vLLM's --pooler-config JSON, {"pooling_type": "MEAN"|"CLS"|"LAST", "normalize": bool}; None: the checkpoint's
     pooler_config: dict | str | None = None
+    # Ranks of tensor parallelism (processes on this host, gloo all-reduce): hearth/distributed/. 1: off.
+    tensor_parallel_size: int = 1
 
     def __post_init__(self) -> None:
         from hearth import vllm_compat

@@ -36,12 +36,10 @@ def normalize(args: Any) -> None:
     """Map and check the vLLM fields of an EngineArgs in place (see the module doc)."""
     if args.device not in ("cpu", "auto"):
         raise ValueError(f"device={args.device!r}: hearth runs on the CPU only; use device='cpu' (or leave it out)")
-    for name, flag in (("tensor_parallel_size", "--tensor-parallel-size"),
-                       ("pipeline_parallel_size", "--pipeline-parallel-size")):
-        value = getattr(args, name)
-        if value != 1:
-            raise ValueError(f"{flag} {value}: hearth runs one process on one CPU socket (no tensor or pipeline "
-                             f"parallelism yet); use {flag} 1 and --threads N for more cores")
+    if args.pipeline_parallel_size != 1:  # (--tensor-parallel-size N is hearth's own: hearth/distributed/)
+        raise ValueError(f"--pipeline-parallel-size {args.pipeline_parallel_size}: hearth has no pipeline "
+                         "parallelism; use --pipeline-parallel-size 1 (and --tensor-parallel-size N to split a model "
+                         "over processes)")
     if args.dtype in _DTYPE_ALIASES:
         args.dtype = _DTYPE_ALIASES[args.dtype]
     if args.dtype == "float16":
@@ -78,8 +76,6 @@ def add_vllm_args(p: argparse.ArgumentParser) -> None:
     """vLLM's flags with no hearth meaning (or a mapped one), so a `vllm serve` line runs with the program renamed."""
     g = p.add_argument_group("vLLM compatibility", "accepted so vLLM command lines run unchanged; on a CPU most "
                                                    "mean nothing (one info line says so)")
-    g.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
-                   help="must be 1: no tensor parallelism yet (default: %(default)s)")
     g.add_argument("--pipeline-parallel-size", "-pp", type=int, default=1,
                    help="must be 1 (default: %(default)s)")
     g.add_argument("--enforce-eager", action="store_true", help="no-op: no CUDA graphs (default: off)")

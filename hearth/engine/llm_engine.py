@@ -19,6 +19,7 @@ from hearth.engine.outputs import StepOutput
 from hearth.engine.pooling import PoolingExecutor, resolve_runner
 from hearth.engine.request import Request, RequestStatus
 from hearth.engine.scheduler import Scheduler
+from hearth.distributed import start_tensor_parallel
 from hearth.layers.attention import Attention
 from hearth.layers.pooler import PoolerConfig
 from hearth.loader.model_loader import DEFAULT_MODEL_FILE, load_model
@@ -67,11 +68,13 @@ class LLMEngine:
     def __init__(self, args: EngineArgs) -> None:
         self.args = args
         bind = args.omp_threads_bind or envs.omp_threads_bind()
-        self.threads, self.bound_cores = setup_threads(args.threads, bind)
+        self.tp = start_tensor_parallel(args, bind, self)
+        self.threads, self.bound_cores = setup_threads(*((self.tp.threads, self.tp.bind) if self.tp else
+                                                         (args.threads, bind)))
         keep_freed_memory()  # process-wide glibc setting, before the model and its activations are allocated
         torch.manual_seed(args.seed)
         spec_config = SpeculativeConfig.parse(args.speculative_config)  # before loading: a bad config fails fast
-        loaded = load_model(args)
+        loaded = load_model(args, self.tp.shard if self.tp else None)
         self.model_config = loaded.model_config
         self.tokenizer = loaded.tokenizer
         self.model = loaded.model
@@ -109,6 +112,8 @@ class LLMEngine:
         self.scheduler = Scheduler(self.scheduler_config, self.block_manager)
         self.runner = ModelRunner(self.model, self.cache_config.num_blocks, args.block_size, kv_dtype,
                                   mc.vocab_size, args.seed)
+        if self.tp is not None:
+            self.tp.attach(self.model, self.cache_config.num_blocks, args.block_size, kv_dtype)
         self.speculator: Speculator | None = None
         if spec_config is not None:
             draft = None

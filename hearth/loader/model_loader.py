@@ -6,7 +6,7 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -129,13 +129,16 @@ def _head_weight(head: GGUFBlocks) -> QWeight:
     return quant.to_panels(qw) if quant.can_panel(qw) else qw
 
 
-def load_model(args: EngineArgs) -> LoadedModel:
+def load_model(args: EngineArgs, shard: Callable[[nn.Module], object] | None = None) -> LoadedModel:
+    """shard: tensor parallelism's in-place slicing of the loaded weights, before they are repacked."""
     path = _check_path(args.model) if args.model else default_model_path()
     t0 = time.perf_counter()
     if os.path.isfile(path):
         loaded = _load_gguf(path, args)
     else:
         loaded = _load_hf_folder(path, args)
+    if shard is not None:
+        shard(loaded.model)
     act = quant.set_model_activations((q for q in hugepages.held(loaded.model) if isinstance(q, quant.QWeight)),
                                       getattr(loaded.model, "lm_head_qweight", None))
     checks.chat_template_present(loaded.tokenizer, path)
@@ -146,7 +149,8 @@ def load_model(args: EngineArgs) -> LoadedModel:
                     "(HEARTH_QUANT_ACT=auto)", act)
     if hugepages.enabled():
         hugepages.move_to_hugepages(loaded.model)
-    panel_pack.pack_dense_weights(loaded.model, path, loaded.model_config.dtype)
+    # (a rank's slice must not be cached under the whole checkpoint's name)
+    panel_pack.pack_dense_weights(loaded.model, path if shard is None else None, loaded.model_config.dtype)
     logger.info("loaded %s (%s, %s) in %.1f s", path, loaded.model_config.architecture,
                 str(loaded.model_config.dtype).removeprefix("torch."), time.perf_counter() - t0)
     return loaded

@@ -50,9 +50,10 @@ def test_mapped_flags(caplog) -> None:
 
 def test_values_hearth_cannot_honour_name_the_fix() -> None:
     with pytest.raises(ValueError) as e:
-        _args(["serve", "--tensor-parallel-size", "2"])
-    assert str(e.value) == ("--tensor-parallel-size 2: hearth runs one process on one CPU socket (no tensor or "
-                            "pipeline parallelism yet); use --tensor-parallel-size 1 and --threads N for more cores")
+        _args(["serve", "--pipeline-parallel-size", "2"])
+    assert str(e.value) == ("--pipeline-parallel-size 2: hearth has no pipeline parallelism; use "
+                            "--pipeline-parallel-size 1 (and --tensor-parallel-size N to split a model over processes)")
+    assert _args(["serve", "--tensor-parallel-size", "2"]).tensor_parallel_size == 2  # (hearth's own: distributed/)
     with pytest.raises(ValueError, match="two models given: 'a' and --model 'b'; give one"):
         _args(["serve", "a", "--model", "b"])
 
@@ -62,7 +63,7 @@ def test_cli_error_is_one_line_exit_2(capsys) -> None:
 
     assert main(["serve", "--pipeline-parallel-size", "4"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("hearth serve: error: --pipeline-parallel-size 4: hearth runs one process")
+    assert err.startswith("hearth serve: error: --pipeline-parallel-size 4: hearth has no pipeline parallelism")
     assert "\n" not in err
 
 

@@ -23,6 +23,8 @@ DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
 
 def add_serve_args(p: argparse.ArgumentParser) -> None:
     from hearth.entrypoints.cli import add_engine_args
+    from hearth.entrypoints.openai.cli_ray import add_ray_args
+    from hearth.entrypoints.openai.gateway_args import add_gateway_args
     from hearth.entrypoints.openai.reasoning import REASONING_PARSERS
 
     add_engine_args(p, model_optional=True, max_prefills_per_step=1)
@@ -49,6 +51,8 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
                    help="with --reasoning-parser: end the thinking (force </think>) after this many tokens")
     g.add_argument("--uvicorn-log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug", "trace"])
+    add_gateway_args(p)
+    add_ray_args(p)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -109,12 +113,17 @@ def run_serve(ns: argparse.Namespace) -> int:
 
     from hearth import envs
     from hearth.engine.async_engine import AsyncEngine
+    from hearth.entrypoints.openai.gateway import Gateway, gateway_config_from
     from hearth.entrypoints.openai.reasoning import get_parser
     from hearth.entrypoints.openai.server import ServerConfig, build_app
     from hearth.entrypoints.openai.serving_common import ServingContext
     from hearth.entrypoints.openai.serving_keys import key_ring
     from hearth.metrics import ServerMetrics
 
+    if ns.ray:
+        from hearth.entrypoints.openai.cli_ray import run_ray_serve
+
+        return run_ray_serve(ns)
     if ns.max_waiting_requests is not None and ns.max_waiting_requests < 0:
         raise ValueError(f"--max-waiting-requests must be >= 0, got {ns.max_waiting_requests}")
     if ns.refill_wait_ms < 0:
@@ -123,6 +132,7 @@ def run_serve(ns: argparse.Namespace) -> int:
         raise ValueError("--reasoning-budget needs --reasoning-parser (qwen3 or deepseek_r1)")
     if not 0 <= ns.port < 65536:
         raise ValueError(f"--port must be in [0, 65535], got {ns.port}")
+    gateway_config = gateway_config_from(ns, envs.upstream_api_key())
     if ns.api_key_file:  # a broken key file fails now, not after the model has loaded
         key_ring(ns.api_key, ns.api_key_file, None)
     t0 = time.perf_counter()
@@ -139,8 +149,9 @@ def run_serve(ns: argparse.Namespace) -> int:
                          reasoning_parser=get_parser(ns.reasoning_parser), reasoning_budget=ns.reasoning_budget)
     ctx.check_reasoning()
     api_key = ns.api_key or (envs.api_key() if not ns.api_key_file else None)
+    gateway = Gateway(gateway_config, ctx, metrics.registry) if gateway_config.enabled else None
     app = build_app(engine, ctx, ServerConfig(api_key, ns.max_request_body_bytes, ns.drain_timeout,
-                                              ns.api_key_file))
+                                              ns.api_key_file), gateway)
     logger.info("serving %r on http://%s:%d/v1 (ready in %.1f s%s)", mc.served_model_name, ns.host, ns.port,
                 time.perf_counter() - t0, ", API key required" if api_key or ns.api_key_file else "")
     config = uvicorn.Config(app, host=ns.host, port=ns.port, log_level=ns.uvicorn_log_level,
