@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from unittest import mock
 
 REGENERATE = "python -m hearth.entrypoints.cli_docs > docs/configuration.md"
-_VARIABLE = re.compile(r"^(HEARTH|VLLM)_[A-Z0-9_]+$")
+_VARIABLE = re.compile(r"^(HEARTH|VLLM|OMP)_[A-Z0-9_]+$")
 
 
 @dataclass
@@ -83,7 +83,7 @@ def flag_rows() -> list[Row]:
 
 
 def _variables(function) -> list[str]:
-    """The HEARTH_* / VLLM_* names an envs.py function reads (the string constants in its body)."""
+    """The HEARTH_* / VLLM_* / OMP_* names an envs.py function reads (the string constants in its body)."""
     tree = ast.parse(inspect.getsource(function))
     names = [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)]
     return list(dict.fromkeys(n for n in names if _VARIABLE.match(n)))
