@@ -122,6 +122,8 @@ class SamplingParams:
 
     def check_vocab(self, vocab_size: int) -> None:
         """Token ids the user named must exist in the model's vocabulary."""
-        for tok in list(self.logit_bias or {}) + list(self.stop_token_ids or []):
-            if not 0 <= tok < vocab_size:
-                raise ValueError(f"token id {tok} is out of range for this model's vocabulary (size {vocab_size})")
+        for name, ids in (("logit_bias", list(self.logit_bias or {})), ("stop_token_ids", self.stop_token_ids or [])):
+            for tok in ids:
+                if not 0 <= tok < vocab_size:
+                    raise ValueError(f"{name}: token id {tok} is out of range for this model's vocabulary "
+                                     f"(size {vocab_size})")

@@ -150,6 +150,9 @@ class LLMEngine:
             raise ValueError(f"this model's maximum context length is {mc.max_model_len} tokens, but the request "
                              f"asks for {n_prompt + max_tokens} ({n_prompt} in the prompt and {max_tokens} to "
                              "generate): shorten the prompt or lower max_tokens")
+        if params.min_tokens > mc.max_model_len - n_prompt:
+            raise ValueError(f"min_tokens ({params.min_tokens}) is more than this model's context leaves after the "
+                             f"prompt ({mc.max_model_len} - {n_prompt} = {mc.max_model_len - n_prompt} tokens)")
         # NOTE: compiled here, before anything is queued: an invalid schema is a ValueError (400), never a step error.
         grammar = self.structured.compile(params.structured_outputs) if params.structured_outputs else None
         children = []

@@ -37,8 +37,22 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
                    help="larger request bodies get 413")
     g.add_argument("--drain-timeout", type=float, default=30.0,
                    help="on SIGTERM, seconds to let in-flight requests finish")
+    g.add_argument("--allowed-hosts", type=_csv, default=None,
+                   help="comma list of Host header names to answer ('*': any; default: the bind address, plus "
+                        "localhost and 127.0.0.1 on loopback; any for 0.0.0.0); others get 400 (DNS rebinding)")
+    g.add_argument("--allowed-origins", type=_csv, default=[],
+                   help="comma list of origins allowed cross-origin requests (CORS), '*' for any; default none: "
+                        "requests with another site's Origin get 403")
+    g.add_argument("--header-timeout", type=float, default=10.0,
+                   help="close connections whose request headers are not complete after this many seconds")
+    g.add_argument("--body-timeout", type=float, default=30.0,
+                   help="answer 408 when a request body stalls for this many seconds")
     g.add_argument("--uvicorn-log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug", "trace"])
+
+
+def _csv(value: str) -> list[str]:
+    return [v.strip() for v in value.split(",") if v.strip()]
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -115,11 +129,22 @@ def run_serve(ns: argparse.Namespace) -> int:
     engine = AsyncEngine(llm, metrics, ns.max_waiting_requests, ns.refill_wait_ms / 1000)
     ctx = ServingContext(engine, llm.tokenizer, mc.served_model_name, mc.model, mc.max_model_len)
     api_key = ns.api_key or envs.api_key()
-    app = build_app(engine, ctx, ServerConfig(api_key, ns.max_request_body_bytes, ns.drain_timeout))
+    from hearth.entrypoints.openai.guard import default_allowed_hosts
+    from hearth.entrypoints.openai.http_server import Server, header_timeout_protocol
+
+    for flag, value in (("--header-timeout", ns.header_timeout), ("--body-timeout", ns.body_timeout)):
+        if value <= 0:
+            raise ValueError(f"{flag} must be > 0, got {value}")
+    hosts = ns.allowed_hosts if ns.allowed_hosts is not None else default_allowed_hosts(ns.host)
+    app = build_app(engine, ctx, ServerConfig(api_key, ns.max_request_body_bytes, ns.drain_timeout, hosts,
+                                              ns.allowed_origins, ns.body_timeout))
     logger.info("serving %r on http://%s:%d/v1 (ready in %.1f s%s)", mc.served_model_name, ns.host, ns.port,
                 time.perf_counter() - t0, ", API key required" if api_key else "")
-    uvicorn.run(app, host=ns.host, port=ns.port, log_level=ns.uvicorn_log_level,
-                timeout_graceful_shutdown=ns.drain_timeout)
+    # uvicorn waits a little past the drain deadline, so the streams ended at it can send their last events.
+    config = uvicorn.Config(app, host=ns.host, port=ns.port, log_level=ns.uvicorn_log_level,
+                            http=header_timeout_protocol(ns.header_timeout),
+                            timeout_graceful_shutdown=int(ns.drain_timeout) + 3)
+    Server(config, on_exit=lambda: engine.drain(ns.drain_timeout)).run()
     return 0
 
 

@@ -2,25 +2,21 @@
 from __future__ import annotations
 
 import asyncio
-import hmac
-import json
 import logging
 from collections.abc import Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
-from typing import TypeVar
+from dataclasses import dataclass, field
 
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ValidationError
-from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from hearth import __version__
-from hearth.engine.async_engine import AsyncEngine
+from hearth.engine.async_engine import AsyncEngine, ShutdownError
 from hearth.entrypoints.openai import serving_tokenize
-from hearth.entrypoints.openai.errors import APIError, error_body, install_handlers
+from hearth.entrypoints.openai.body import install_openapi, openapi_body, parse_body  # noqa: F401 (re-export)
+from hearth.entrypoints.openai.errors import error_body, install_handlers
+from hearth.entrypoints.openai.guard import Guard, GuardConfig
 from hearth.entrypoints.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -33,7 +29,6 @@ from hearth.entrypoints.openai.serving_completion import create_completion
 from hearth.metrics import CONTENT_TYPE
 
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
-_PROTECTED = ("/v1/", "/tokenize", "/detokenize")  # /health, /version, /metrics stay open (probes, scrapers)
 
 logger = logging.getLogger("hearth")
 
@@ -43,72 +38,9 @@ class ServerConfig:
     api_key: str | None = None
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     drain_timeout: float = 30.0
-
-
-class _BodyTooLarge(StarletteHTTPException):
-    def __init__(self, limit: int) -> None:
-        super().__init__(413, f"the request body is larger than the limit of {limit} bytes")
-
-
-class Guard:
-    """Pure ASGI middleware (so streaming and disconnects pass through untouched): API key, then body size."""
-
-    def __init__(self, app: ASGIApp, api_key: str | None, max_body_bytes: int) -> None:
-        self.app = app
-        self.expected = f"Bearer {api_key}".encode() if api_key else None
-        self.max_body_bytes = max_body_bytes
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        headers = dict(scope.get("headers") or [])
-        if self.expected is not None and scope["path"].startswith(_PROTECTED):
-            given = headers.get(b"authorization", b"")
-            # NOTE: constant-time compare, so timing does not leak how much of the key matched.
-            if not hmac.compare_digest(given, self.expected):
-                return await _reply(send, 401, error_body("invalid or missing API key: send "
-                                                          "'Authorization: Bearer <key>'", "invalid_request_error",
-                                                          None, "invalid_api_key"))
-        length = headers.get(b"content-length")
-        if length is not None and length.isdigit() and int(length) > self.max_body_bytes:
-            return await _reply(send, 413, error_body(f"the request body is larger than the limit of "
-                                                      f"{self.max_body_bytes} bytes", "invalid_request_error",
-                                                      None, "request_too_large"))
-        seen = 0
-
-        async def counted() -> Message:  # chunked bodies carry no content-length: count as they arrive
-            nonlocal seen
-            message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self.max_body_bytes:
-                    raise _BodyTooLarge(self.max_body_bytes)
-            return message
-
-        await self.app(scope, counted, send)
-
-
-async def _reply(send: Send, status: int, body: dict) -> None:
-    data = json.dumps(body).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]})
-    await send({"type": "http.response.body", "body": data})
-
-
-M = TypeVar("M", bound=BaseModel)
-
-
-async def parse_body(raw: Request, model: type[M]) -> M:
-    """JSON whatever the content-type says (curl users forget it); bad JSON and bad fields are 400s."""
-    data = await raw.body()
-    try:
-        obj = json.loads(data)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise APIError(400, f"the request body is not valid JSON: {e}") from None
-    try:
-        return model.model_validate(obj)
-    except ValidationError as e:
-        raise RequestValidationError(e.errors()) from None
+    allowed_hosts: list[str] | None = None  # None: any Host (see guard.default_allowed_hosts)
+    allowed_origins: list[str] = field(default_factory=list)
+    body_timeout: float = 30.0
 
 
 async def warm_when_idle(engine: AsyncEngine, warm_up: Callable[[], object], idle_s: float = 5.0,
@@ -141,8 +73,18 @@ def build_app(engine: AsyncEngine, ctx: ServingContext, config: ServerConfig) ->
 
     app = FastAPI(title="hearth", version=__version__, lifespan=lifespan)
     install_handlers(app)
-    app.add_middleware(Guard, api_key=config.api_key, max_body_bytes=config.max_body_bytes)
+    if config.allowed_origins:
+        app.add_middleware(CORSMiddleware, allow_origins=config.allowed_origins, allow_methods=["*"],
+                           allow_headers=["*"])
+    # NOTE: added last, so it is the outermost layer: refused hosts and origins never reach CORS or a route.
+    app.add_middleware(Guard, config=GuardConfig(config.api_key, config.max_body_bytes, config.allowed_hosts,
+                                                 config.allowed_origins, config.body_timeout))
+    install_openapi(app)
     app.state.engine, app.state.ctx = engine, ctx
+
+    @app.exception_handler(ShutdownError)
+    async def shutting_down(_: Request, exc: ShutdownError) -> JSONResponse:
+        return JSONResponse(error_body(str(exc), "server_error", None, "server_shutting_down"), status_code=503)
 
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -164,24 +106,24 @@ def build_app(engine: AsyncEngine, ctx: ServingContext, config: ServerConfig) ->
     @app.get("/v1/models")
     async def models() -> dict:
         return {"object": "list", "data": [{"id": ctx.model_name, "object": "model", "created": ctx.created,
-                                            "owned_by": "hearth", "root": ctx.model_path, "parent": None,
+                                            "owned_by": "hearth", "root": ctx.model_name, "parent": None,
                                             "max_model_len": ctx.max_model_len}]}
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", openapi_extra=openapi_body(CompletionRequest))
     async def completions(raw: Request):
         body = await parse_body(raw, CompletionRequest)
         return await create_completion(ctx, body, raw)
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", openapi_extra=openapi_body(ChatCompletionRequest))
     async def chat_completions(raw: Request):
         body = await parse_body(raw, ChatCompletionRequest)
         return await create_chat_completion(ctx, body, raw)
 
-    @app.post("/tokenize")
+    @app.post("/tokenize", openapi_extra=openapi_body(TokenizeRequest))
     async def tokenize(raw: Request) -> dict:
         return serving_tokenize.tokenize(ctx, await parse_body(raw, TokenizeRequest))
 
-    @app.post("/detokenize")
+    @app.post("/detokenize", openapi_extra=openapi_body(DetokenizeRequest))
     async def detokenize(raw: Request) -> dict:
         return serving_tokenize.detokenize(ctx, await parse_body(raw, DetokenizeRequest))
 

@@ -81,7 +81,7 @@ async def create_chat_completion(ctx: ServingContext, req: ChatCompletionRequest
         raise err from None
     await ctx.compile_structured(spec, spec_param)
     request_id = new_id("chatcmpl")
-    stream = await ctx.generate([(request_id, ids, params)])
+    stream = await ctx.generate([(request_id, ids, params)], prompt_param="messages")
     n = params.n
     head = {"id": request_id, "object": "chat.completion.chunk" if req.stream else "chat.completion",
             "created": int(time.time()), "model": ctx.model_name}

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from fastapi import Request
 
-from hearth.engine.async_engine import AsyncEngine, EngineDeadError, QueueFullError, RequestStream
+from hearth.engine.async_engine import AsyncEngine, EngineDeadError, QueueFullError, RequestStream, ShutdownError
 from hearth.engine.outputs import StepOutput
 from hearth.entrypoints.openai.errors import APIError, bad_request, error_body
 from hearth.sampling_params import SamplingParams
@@ -20,7 +20,8 @@ from hearth.tokenizer import Tokenizer
 # Parameter names a SamplingParams / engine message may start with (its first word names the field).
 SAMPLING_PARAMS = {"n", "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
                    "repetition_penalty", "max_tokens", "min_tokens", "logprobs", "prompt_logprobs", "seed", "stop",
-                   "logit_bias", "top_logprobs", "max_completion_tokens", "messages", "prompt"}
+                   "logit_bias", "top_logprobs", "max_completion_tokens", "messages", "prompt",
+                   "stop_token_ids"}
 
 
 @dataclass
@@ -56,14 +57,18 @@ class ServingContext:
         except ValueError as e:
             raise APIError(400, f"{param}: {e}" if param else str(e), param=param) from None
 
-    async def generate(self, subs: list[tuple[str, list[int], SamplingParams]]) -> RequestStream:
-        """Submit; user errors become 400, a full queue 503 with Retry-After."""
+    async def generate(self, subs: list[tuple[str, list[int], SamplingParams]],
+                       prompt_param: str = "prompt") -> RequestStream:
+        """Submit; user errors become 400 (param: the field at fault; prompt_param names the prompt's field), a
+        full queue 503 with Retry-After."""
         try:
             return await self.engine.generate(subs)
         except ValueError as e:
             err = bad_request(e, SAMPLING_PARAMS)
             if "context length" in err.message:
-                err.param = "max_tokens" if "max_tokens" in err.message else "prompt"
+                err.param = "max_tokens" if "max_tokens" in err.message else prompt_param
+            elif err.param in (None, "prompt"):
+                err.param = prompt_param
             raise err from None
         except QueueFullError as e:
             raise APIError(503, str(e), "server_overloaded", code="queue_full",
@@ -123,6 +128,8 @@ async def sse_stream(chunks: AsyncIterator[str]) -> AsyncIterator[str]:
         yield sse(error_body(e.message, e.type, e.param, e.code))
     except EngineDeadError as e:
         yield sse(error_body(str(e), "server_error"))
+    except ShutdownError as e:
+        yield sse(error_body(str(e), "server_error", None, "server_shutting_down"))
     yield "data: [DONE]\n\n"
 
 
