@@ -39,6 +39,8 @@ class SamplingParams:
     detokenize: bool = True
     # A grammar the output must follow (JSON schema, regex, choice, grammar): see hearth/structured/.
     structured_outputs: StructuredOutputsParams | None = None
+    # vLLM's request priority (an add_request argument there): lower runs first under --scheduling-policy priority.
+    priority: int = 0
     # Filled by the engine, not the user: stop strings as a list, resolved max_tokens.
     _stop_list: list[str] = field(default_factory=list, repr=False)
 

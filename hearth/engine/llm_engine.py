@@ -82,7 +82,8 @@ class LLMEngine:
             max_num_seqs=args.max_num_seqs,
             max_num_batched_tokens=args.max_num_batched_tokens or max(2048, args.max_num_seqs),
             max_model_len=mc.max_model_len, max_waiting_requests=args.max_waiting_requests,
-            max_prefills_per_decode_step=args.max_prefills_per_decode_step)
+            max_prefills_per_decode_step=args.max_prefills_per_decode_step,
+            max_num_seqs_per_request=args.max_num_seqs_per_request, scheduling_policy=args.scheduling_policy)
         per_block = ModelRunner.kv_bytes_per_block(self.model, args.block_size, kv_dtype)
         if draft_model is not None:  # the draft's KV cache has as many blocks as the target's
             per_block += ModelRunner.kv_bytes_per_block(draft_model, args.block_size, draft_kv_dtype)
@@ -142,6 +143,9 @@ class LLMEngine:
         if any(not 0 <= t < vocab for t in prompt_token_ids):
             raise ValueError(f"prompt token ids must be in [0, {vocab})")
         params.check_vocab(vocab)
+        if params.priority != 0 and self.scheduler_config.scheduling_policy != "priority":
+            raise ValueError("priority is only used with --scheduling-policy priority (this server is fcfs): "
+                             "leave it at 0")
         max_tokens = params.max_tokens
         if n_prompt >= mc.max_model_len:
             raise ValueError(f"the prompt has {n_prompt} tokens, but this model's context is {mc.max_model_len} "
@@ -162,6 +166,7 @@ class LLMEngine:
                 child_params = _child_params(params, i)
             rid = f"{request_id}#{i}" if params.n > 1 else request_id
             req = Request(rid, prompt_token_ids, child_params, mc.eos_token_ids, arrival_time)
+            req.group_id = request_id  # the scheduler caps the slots of one request's n sequences together
             if grammar is not None:
                 req.grammar = grammar.new_matcher()  # each of the n sequences walks the grammar on its own
             detok = (IncrementalDetokenizer(self.tokenizer, prompt_token_ids, params.skip_special_tokens)

@@ -21,7 +21,7 @@ from hearth.tokenizer import Tokenizer
 SAMPLING_PARAMS = {"n", "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
                    "repetition_penalty", "max_tokens", "min_tokens", "logprobs", "prompt_logprobs", "seed", "stop",
                    "logit_bias", "top_logprobs", "max_completion_tokens", "messages", "prompt",
-                   "stop_token_ids"}
+                   "stop_token_ids", "priority"}
 
 
 @dataclass
