@@ -70,6 +70,7 @@ def build_app(engine: AsyncEngine, ctx: ServingContext, config: ServerConfig) ->
         warm.cancel()
         # uvicorn has already drained in-flight HTTP requests by now (graceful shutdown on SIGTERM).
         engine.shutdown(config.drain_timeout)
+        ctx.sandbox.shutdown()
 
     app = FastAPI(title="hearth", version=__version__, lifespan=lifespan)
     install_handlers(app)
@@ -121,7 +122,7 @@ def build_app(engine: AsyncEngine, ctx: ServingContext, config: ServerConfig) ->
 
     @app.post("/tokenize", openapi_extra=openapi_body(TokenizeRequest))
     async def tokenize(raw: Request) -> dict:
-        return serving_tokenize.tokenize(ctx, await parse_body(raw, TokenizeRequest))
+        return await serving_tokenize.tokenize(ctx, await parse_body(raw, TokenizeRequest))
 
     @app.post("/detokenize", openapi_extra=openapi_body(DetokenizeRequest))
     async def detokenize(raw: Request) -> dict:

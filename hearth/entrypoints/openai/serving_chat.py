@@ -1,6 +1,7 @@
 """POST /v1/chat/completions: chat template -> token ids -> one engine request with n sequences."""
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 
@@ -17,15 +18,19 @@ from hearth.entrypoints.openai.serving_common import (
     sse,
     sse_stream,
     usage,
+    wait_disconnect,
 )
+from hearth.entrypoints.openai.template_sandbox import TemplateLimitError, run_watched
 from hearth.entrypoints.openai.serving_tools import ToolPlan, ToolStream, finish_message, plan_tools
 from hearth.layers.sampler import TokenLogprobs
 
 
-def render_chat(ctx: ServingContext, messages: list[ChatMessage], add_generation_prompt: bool,
-                continue_final_message: bool = False, chat_template: str | None = None,
-                kwargs: dict | None = None, tools: ToolPlan | None = None) -> str:
-    """Apply the chat template; a bad message list or template is the user's error (400), not ours."""
+async def render_chat(ctx: ServingContext, messages: list[ChatMessage], add_generation_prompt: bool,
+                      continue_final_message: bool = False, chat_template: str | None = None,
+                      kwargs: dict | None = None, tools: ToolPlan | None = None,
+                      raw: Request | None = None) -> str:
+    """Apply the chat template off the event loop (a request's own template in the sandbox worker, see
+    template_sandbox); a bad message list or template, or one over a limit, is the user's error (400)."""
     from jinja2 import TemplateError
 
     try:
@@ -33,12 +38,31 @@ def render_chat(ctx: ServingContext, messages: list[ChatMessage], add_generation
         template = chat_template or ctx.chat_template
         if tools is not None and tools.tools:
             dicts = tools.add_to_messages(dicts, template or ctx.tokenizer.chat_template)
-        return ctx.tokenizer.apply_chat_template(dicts, add_generation_prompt=add_generation_prompt,
-                                                 tools=tools.tools if tools is not None and tools.tools else None,
-                                                 chat_template=template,
-                                                 continue_final_message=continue_final_message, **(kwargs or {}))
+        render_kw = ctx.tokenizer.chat_render_kwargs(
+            dicts, add_generation_prompt=add_generation_prompt,
+            tools=tools.tools if tools is not None and tools.tools else None, chat_template=template,
+            continue_final_message=continue_final_message, **(kwargs or {}))
+        max_chars = ctx.max_prompt_chars
+        if chat_template is None or ctx.tokenizer.is_own_template(chat_template):
+            def work(_: object) -> str:
+                return render_local(render_kw, max_chars)
+        else:
+            def work(cancelled: object) -> str:
+                return ctx.sandbox.render(render_kw, max_chars, cancelled)
+        return await run_watched(work, None if raw is None else lambda: wait_disconnect(raw))
+    except TemplateLimitError as e:
+        raise APIError(400, f"chat_template: {e}", param="chat_template", code="chat_template_limit") from None
     except (ValueError, TemplateError, TypeError) as e:
         raise APIError(400, f"cannot apply the chat template: {e}", param="messages") from None
+
+
+def render_local(render_kw: dict, max_chars: int) -> str:
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    text = render_jinja_template(**render_kw)[0][0]
+    if len(text) > max_chars:
+        raise TemplateLimitError(f"the rendered chat template is longer than the limit of {max_chars} characters")
+    return text
 
 
 def _logprob_entry(ctx: ServingContext, token_id: int, logprob: float) -> dict:
@@ -67,9 +91,9 @@ async def create_chat_completion(ctx: ServingContext, req: ChatCompletionRequest
             raise APIError(400, f"tool_choice {plan.mode!r} cannot be combined with {spec_param}",
                            param="tool_choice")
         spec, spec_param = plan.constraint, "tools"  # NOTE: the grammar comes from the functions' schemas
-    text = render_chat(ctx, req.messages, req.add_generation_prompt, req.continue_final_message,
-                       req.chat_template, req.chat_template_kwargs, plan)
-    ids = ctx.tokenizer.encode(text, add_special_tokens=req.add_special_tokens)
+    text = await render_chat(ctx, req.messages, req.add_generation_prompt, req.continue_final_message,
+                             req.chat_template, req.chat_template_kwargs, plan, raw)
+    ids = await asyncio.to_thread(ctx.tokenizer.encode, text, req.add_special_tokens)
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     try:

@@ -13,6 +13,7 @@ from fastapi import Request
 from hearth.engine.async_engine import AsyncEngine, EngineDeadError, QueueFullError, RequestStream, ShutdownError
 from hearth.engine.outputs import StepOutput
 from hearth.entrypoints.openai.errors import APIError, bad_request, error_body
+from hearth.entrypoints.openai.template_sandbox import SandboxRenderer
 from hearth.sampling_params import SamplingParams
 from hearth.structured.params import StructuredOutputsParams
 from hearth.tokenizer import Tokenizer
@@ -22,6 +23,9 @@ SAMPLING_PARAMS = {"n", "temperature", "top_p", "top_k", "min_p", "presence_pena
                    "repetition_penalty", "max_tokens", "min_tokens", "logprobs", "prompt_logprobs", "seed", "stop",
                    "logit_bias", "top_logprobs", "max_completion_tokens", "messages", "prompt",
                    "stop_token_ids", "priority"}
+
+
+GRAMMAR_TIMEOUT_S = 5.0
 
 
 @dataclass
@@ -34,6 +38,12 @@ class ServingContext:
     chat_template: str | None = None
     created: int = field(default_factory=lambda: int(time.time()))
     _token_texts: dict[int, str] = field(default_factory=dict)  # bounded by the vocabulary
+    sandbox: SandboxRenderer = field(default_factory=SandboxRenderer)  # request-supplied chat templates
+
+    @property
+    def max_prompt_chars(self) -> int:
+        """The limit on a rendered chat prompt: far more text than the context can hold in tokens."""
+        return max(1_000_000, 32 * self.max_model_len)
 
     def check_model(self, name: str | None) -> None:
         # NOTE: an absent model is accepted (vLLM does the same); a wrong one is a 404.
@@ -53,7 +63,13 @@ class ServingContext:
         if spec is None:
             return
         try:
-            await asyncio.to_thread(self.engine.engine.structured.compile, spec)
+            # NOTE: a compile past the limit goes on in its thread (it cannot be stopped), bounded by the
+            # compiler's size limit; the request is refused at once, so it never reaches the engine.
+            await asyncio.wait_for(asyncio.to_thread(self.engine.engine.structured.compile, spec),
+                                   GRAMMAR_TIMEOUT_S)
+        except TimeoutError:
+            raise APIError(400, f"{param}: the constraint took longer than the limit of {GRAMMAR_TIMEOUT_S:g} s "
+                                "to compile", param=param) from None
         except ValueError as e:
             raise APIError(400, f"{param}: {e}" if param else str(e), param=param) from None
 
@@ -84,6 +100,12 @@ def new_id(prefix: str) -> str:
 def sse(obj: dict | str) -> str:
     data = obj if isinstance(obj, str) else json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
     return f"data: {data}\n\n"
+
+
+async def wait_disconnect(raw: Request) -> None:
+    """Return when the client has gone away (call after the body was read)."""
+    while (await raw.receive()).get("type") != "http.disconnect":
+        pass
 
 
 async def _watch_disconnect(raw: Request, stream: RequestStream) -> None:
