@@ -68,8 +68,35 @@ def loads(data: bytes) -> Any:
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise APIError(400, f"the request body is not valid JSON: {e}") from None
     except RecursionError:
-        raise APIError(400, f"the request body is nested more than {MAX_JSON_DEPTH} levels deep") from None
+        raise APIError(400, f"the request body is nested more than {MAX_JSON_DEPTH} levels deep",
+                       param=_deep_key(data)) from None
     return sanitize(obj)
+
+
+def _deep_key(data: bytes, max_depth: int = MAX_JSON_DEPTH) -> str | None:
+    """The top-level key under which the JSON text nests deeper than max_depth (for the error's param)."""
+    depth, in_string, escaped, start, last, key = 0, False, False, 0, "", None
+    text = data.decode("utf-8", "replace")
+    for i, ch in enumerate(text):
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+                last = text[start:i] if depth == 1 else last
+        elif ch == '"':
+            in_string, start = True, i + 1
+        elif ch == ":" and depth == 1:
+            key = last
+        elif ch in "[{":
+            depth += 1
+            if depth > max_depth:
+                return key
+        elif ch in "]}":
+            depth -= 1
+    return None
 
 
 async def parse_body(raw: Request, model: type[M]) -> M:
