@@ -180,5 +180,4 @@ def test_sigterm_drains_in_flight_then_exits(guarded):
     assert result["status"] == 200 and result["lines"][-1] == "data: [DONE]"
     chunks = [json.loads(line[6:]) for line in result["lines"][:-1]]
     assert chunks[-1]["choices"][0]["finish_reason"] == "length"
-    # NOTE: uvicorn re-raises the captured SIGTERM after its graceful shutdown, so -15 is a clean exit too.
-    assert guarded.proc.wait(30) in (0, -signal.SIGTERM)
+    assert guarded.proc.wait(30) == 0  # hearth's uvicorn Server does not re-raise the signal it handled

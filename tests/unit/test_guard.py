@@ -3,7 +3,7 @@ from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.testclient import TestClient
 
-from hearth.entrypoints.openai.guard import Guard, GuardConfig, _host_name, default_allowed_hosts
+from hearth.entrypoints.openai.site_guard import SiteConfig, SiteGuard, _host_name, default_allowed_hosts
 
 
 def test_default_allowed_hosts() -> None:
@@ -27,7 +27,7 @@ def app(origins: list[str]) -> TestClient:
 
     if origins:
         a.add_middleware(CORSMiddleware, allow_origins=origins, allow_methods=["*"], allow_headers=["*"])
-    a.add_middleware(Guard, config=GuardConfig(allowed_hosts=["testserver"], allowed_origins=origins))
+    a.add_middleware(SiteGuard, config=SiteConfig(allowed_hosts=["testserver"], allowed_origins=origins))
     return TestClient(a)
 
 

@@ -28,6 +28,8 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--port", type=int, default=8000, help="port to bind (default 8000)")
     g.add_argument("--api-key", default=None,
                    help="require 'Authorization: Bearer <key>' on /v1 (env HEARTH_API_KEY / VLLM_API_KEY)")
+    g.add_argument("--api-key-file", default=None,
+                   help="per-user keys with limits, a TOML file (see docs/web-and-keys.md); re-read on SIGHUP")
     g.add_argument("--max-waiting-requests", type=int, default=None,
                    help="refuse requests with 503 + Retry-After when this many are already waiting")
     g.add_argument("--refill-wait-ms", type=float, default=DEFAULT_REFILL_WAIT_MS,
@@ -114,6 +116,7 @@ def run_serve(ns: argparse.Namespace) -> int:
     from hearth.engine.async_engine import AsyncEngine
     from hearth.entrypoints.openai.server import ServerConfig, build_app
     from hearth.entrypoints.openai.serving_common import ServingContext
+    from hearth.entrypoints.openai.serving_keys import key_ring
     from hearth.metrics import ServerMetrics
 
     if ns.max_waiting_requests is not None and ns.max_waiting_requests < 0:
@@ -122,24 +125,26 @@ def run_serve(ns: argparse.Namespace) -> int:
         raise ValueError(f"--refill-wait-ms must be >= 0, got {ns.refill_wait_ms}")
     if not 0 <= ns.port < 65536:
         raise ValueError(f"--port must be in [0, 65535], got {ns.port}")
+    if ns.api_key_file:  # a broken key file fails now, not after the model has loaded
+        key_ring(ns.api_key, ns.api_key_file, None)
     t0 = time.perf_counter()
     llm = _load_engine(ns)
     mc = llm.model_config
     metrics = ServerMetrics(mc.served_model_name)
     engine = AsyncEngine(llm, metrics, ns.max_waiting_requests, ns.refill_wait_ms / 1000)
     ctx = ServingContext(engine, llm.tokenizer, mc.served_model_name, mc.model, mc.max_model_len)
-    api_key = ns.api_key or envs.api_key()
-    from hearth.entrypoints.openai.guard import default_allowed_hosts
+    api_key = ns.api_key or (envs.api_key() if not ns.api_key_file else None)
     from hearth.entrypoints.openai.http_server import Server, header_timeout_protocol
+    from hearth.entrypoints.openai.site_guard import default_allowed_hosts
 
     for flag, value in (("--header-timeout", ns.header_timeout), ("--body-timeout", ns.body_timeout)):
         if value <= 0:
             raise ValueError(f"{flag} must be > 0, got {value}")
     hosts = ns.allowed_hosts if ns.allowed_hosts is not None else default_allowed_hosts(ns.host)
-    app = build_app(engine, ctx, ServerConfig(api_key, ns.max_request_body_bytes, ns.drain_timeout, hosts,
-                                              ns.allowed_origins, ns.body_timeout))
+    app = build_app(engine, ctx, ServerConfig(api_key, ns.max_request_body_bytes, ns.drain_timeout,
+                                              ns.api_key_file, hosts, ns.allowed_origins, ns.body_timeout))
     logger.info("serving %r on http://%s:%d/v1 (ready in %.1f s%s)", mc.served_model_name, ns.host, ns.port,
-                time.perf_counter() - t0, ", API key required" if api_key else "")
+                time.perf_counter() - t0, ", API key required" if api_key or ns.api_key_file else "")
     # uvicorn waits a little past the drain deadline, so the streams ended at it can send their last events.
     config = uvicorn.Config(app, host=ns.host, port=ns.port, log_level=ns.uvicorn_log_level,
                             http=header_timeout_protocol(ns.header_timeout),

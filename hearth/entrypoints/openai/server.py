@@ -13,10 +13,11 @@ from fastapi.responses import JSONResponse, Response
 
 from hearth import __version__
 from hearth.engine.async_engine import AsyncEngine, ShutdownError
-from hearth.entrypoints.openai import serving_tokenize
+from hearth.entrypoints.openai import serving_keys, serving_tokenize
 from hearth.entrypoints.openai.body import install_openapi, openapi_body, parse_body  # noqa: F401 (re-export)
 from hearth.entrypoints.openai.errors import error_body, install_handlers
-from hearth.entrypoints.openai.guard import Guard, GuardConfig
+from hearth.entrypoints.openai.guard import Guard
+from hearth.entrypoints.openai.site_guard import SiteConfig, SiteGuard
 from hearth.entrypoints.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -26,6 +27,7 @@ from hearth.entrypoints.openai.protocol import (
 from hearth.entrypoints.openai.serving_chat import create_chat_completion
 from hearth.entrypoints.openai.serving_common import ServingContext
 from hearth.entrypoints.openai.serving_completion import create_completion
+from hearth.entrypoints.web import routes as web
 from hearth.metrics import CONTENT_TYPE
 
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
@@ -38,7 +40,8 @@ class ServerConfig:
     api_key: str | None = None
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     drain_timeout: float = 30.0
-    allowed_hosts: list[str] | None = None  # None: any Host (see guard.default_allowed_hosts)
+    api_key_file: str | None = None  # per-user keys with limits (TOML); replaces api_key when set
+    allowed_hosts: list[str] | None = None  # None: any Host (see site_guard.default_allowed_hosts)
     allowed_origins: list[str] = field(default_factory=list)
     body_timeout: float = 30.0
 
@@ -65,6 +68,7 @@ def build_app(engine: AsyncEngine, ctx: ServingContext, config: ServerConfig) ->
     @asynccontextmanager
     async def lifespan(_: FastAPI):
         engine.start()
+        serving_keys.reload_on_sighup(keys)
         warm = asyncio.create_task(warm_when_idle(engine, ctx.tokenizer.warm_up))
         yield
         warm.cancel()
@@ -74,13 +78,17 @@ def build_app(engine: AsyncEngine, ctx: ServingContext, config: ServerConfig) ->
 
     app = FastAPI(title="hearth", version=__version__, lifespan=lifespan)
     install_handlers(app)
-    if config.allowed_origins:
+    keys = serving_keys.key_ring(config.api_key, config.api_key_file, engine.metrics)
+    app.add_middleware(Guard, keys=keys, max_body_bytes=config.max_body_bytes)
+    if config.allowed_origins:  # outside the key guard: preflight requests carry no key
         app.add_middleware(CORSMiddleware, allow_origins=config.allowed_origins, allow_methods=["*"],
                            allow_headers=["*"])
     # NOTE: added last, so it is the outermost layer: refused hosts and origins never reach CORS or a route.
-    app.add_middleware(Guard, config=GuardConfig(config.api_key, config.max_body_bytes, config.allowed_hosts,
-                                                 config.allowed_origins, config.body_timeout))
+    app.add_middleware(SiteGuard, config=SiteConfig(config.allowed_hosts, config.allowed_origins,
+                                                    config.body_timeout))
     install_openapi(app)
+    serving_keys.register(app, keys)
+    web.register(app, engine, ctx)
     app.state.engine, app.state.ctx = engine, ctx
 
     @app.exception_handler(ShutdownError)

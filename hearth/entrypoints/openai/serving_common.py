@@ -12,6 +12,7 @@ from fastapi import Request
 
 from hearth.engine.async_engine import AsyncEngine, EngineDeadError, QueueFullError, RequestStream, ShutdownError
 from hearth.engine.outputs import StepOutput
+from hearth.entrypoints.openai.api_keys import meter
 from hearth.entrypoints.openai.errors import APIError, bad_request, error_body
 from hearth.entrypoints.openai.template_sandbox import SandboxRenderer
 from hearth.sampling_params import SamplingParams
@@ -78,7 +79,7 @@ class ServingContext:
         """Submit; user errors become 400 (param: the field at fault; prompt_param names the prompt's field), a
         full queue 503 with Retry-After."""
         try:
-            return await self.engine.generate(subs)
+            return meter(await self.engine.generate(subs), subs)  # counts tokens for the request's API key
         except ValueError as e:
             err = bad_request(e, SAMPLING_PARAMS)
             if "context length" in err.message:
