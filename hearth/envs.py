@@ -60,6 +60,11 @@ def api_key() -> str | None:
     return _first("HEARTH_API_KEY", "VLLM_API_KEY")
 
 
+def upstream_api_key() -> str | None:
+    """The gateway's key for its upstream (--upstream-api-key)."""
+    return _first("HEARTH_UPSTREAM_API_KEY")
+
+
 def log_level() -> str:
     return (_first("HEARTH_LOGGING_LEVEL", "VLLM_LOGGING_LEVEL") or "INFO").upper()
 

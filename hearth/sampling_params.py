@@ -4,6 +4,7 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 
 from hearth.structured.params import StructuredOutputsParams
+from hearth.structured.reasoning import ReasoningParams
 
 _GREEDY_EPS = 1e-5
 MAX_N = 128
@@ -41,6 +42,8 @@ class SamplingParams:
     structured_outputs: StructuredOutputsParams | None = None
     # vLLM's request priority (an add_request argument there): lower runs first under --scheduling-policy priority.
     priority: int = 0
+    # A reasoning model's thinking: the grammar waits for its end, a budget forces it (hearth/structured/reasoning.py).
+    reasoning: ReasoningParams | None = None
     # Filled by the engine, not the user: stop strings as a list, resolved max_tokens.
     _stop_list: list[str] = field(default_factory=list, repr=False)
 

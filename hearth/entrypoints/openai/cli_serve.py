@@ -20,6 +20,9 @@ DEFAULT_REFILL_WAIT_MS = 30.0
 
 def add_serve_args(p: argparse.ArgumentParser) -> None:
     from hearth.entrypoints.cli import add_engine_args
+    from hearth.entrypoints.openai.cli_ray import add_ray_args
+    from hearth.entrypoints.openai.gateway import add_gateway_args
+    from hearth.entrypoints.openai.reasoning import REASONING_PARSERS
     from hearth.entrypoints.openai.server import DEFAULT_MAX_BODY_BYTES
 
     add_engine_args(p, model_optional=True, max_prefills_per_step=1)
@@ -49,8 +52,15 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
                    help="close connections whose request headers are not complete after this many seconds")
     g.add_argument("--body-timeout", type=float, default=30.0,
                    help="answer 408 when a request body stalls for this many seconds")
+    g.add_argument("--reasoning-parser", default=None, choices=list(REASONING_PARSERS),
+                   help="split <think>...</think> into the message's reasoning_content (qwen3: the model opens it; "
+                        "deepseek_r1: the prompt does)")
+    g.add_argument("--reasoning-budget", type=int, default=None,
+                   help="with --reasoning-parser: end the thinking (force </think>) after this many tokens")
     g.add_argument("--uvicorn-log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug", "trace"])
+    add_gateway_args(p)
+    add_ray_args(p)
 
 
 def _csv(value: str) -> list[str]:
@@ -114,17 +124,26 @@ def run_serve(ns: argparse.Namespace) -> int:
 
     from hearth import envs
     from hearth.engine.async_engine import AsyncEngine
+    from hearth.entrypoints.openai.gateway import Gateway, gateway_config_from
+    from hearth.entrypoints.openai.reasoning import get_parser
     from hearth.entrypoints.openai.server import ServerConfig, build_app
     from hearth.entrypoints.openai.serving_common import ServingContext
     from hearth.entrypoints.openai.serving_keys import key_ring
     from hearth.metrics import ServerMetrics
 
+    if ns.ray:
+        from hearth.entrypoints.openai.cli_ray import run_ray_serve
+
+        return run_ray_serve(ns)
     if ns.max_waiting_requests is not None and ns.max_waiting_requests < 0:
         raise ValueError(f"--max-waiting-requests must be >= 0, got {ns.max_waiting_requests}")
     if ns.refill_wait_ms < 0:
         raise ValueError(f"--refill-wait-ms must be >= 0, got {ns.refill_wait_ms}")
+    if ns.reasoning_budget is not None and ns.reasoning_parser is None:  # (before the model loads)
+        raise ValueError("--reasoning-budget needs --reasoning-parser (qwen3 or deepseek_r1)")
     if not 0 <= ns.port < 65536:
         raise ValueError(f"--port must be in [0, 65535], got {ns.port}")
+    gateway_config = gateway_config_from(ns, envs.upstream_api_key())
     if ns.api_key_file:  # a broken key file fails now, not after the model has loaded
         key_ring(ns.api_key, ns.api_key_file, None)
     t0 = time.perf_counter()
@@ -132,7 +151,9 @@ def run_serve(ns: argparse.Namespace) -> int:
     mc = llm.model_config
     metrics = ServerMetrics(mc.served_model_name)
     engine = AsyncEngine(llm, metrics, ns.max_waiting_requests, ns.refill_wait_ms / 1000)
-    ctx = ServingContext(engine, llm.tokenizer, mc.served_model_name, mc.model, mc.max_model_len)
+    ctx = ServingContext(engine, llm.tokenizer, mc.served_model_name, mc.model, mc.max_model_len,
+                         reasoning_parser=get_parser(ns.reasoning_parser), reasoning_budget=ns.reasoning_budget)
+    ctx.check_reasoning()
     api_key = ns.api_key or (envs.api_key() if not ns.api_key_file else None)
     from hearth.entrypoints.openai.http_server import Server, header_timeout_protocol
     from hearth.entrypoints.openai.site_guard import default_allowed_hosts
@@ -141,8 +162,9 @@ def run_serve(ns: argparse.Namespace) -> int:
         if value <= 0:
             raise ValueError(f"{flag} must be > 0, got {value}")
     hosts = ns.allowed_hosts if ns.allowed_hosts is not None else default_allowed_hosts(ns.host)
+    gateway = Gateway(gateway_config, ctx, metrics.registry) if gateway_config.enabled else None
     app = build_app(engine, ctx, ServerConfig(api_key, ns.max_request_body_bytes, ns.drain_timeout,
-                                              ns.api_key_file, hosts, ns.allowed_origins, ns.body_timeout))
+                                              ns.api_key_file, hosts, ns.allowed_origins, ns.body_timeout), gateway)
     logger.info("serving %r on http://%s:%d/v1 (ready in %.1f s%s)", mc.served_model_name, ns.host, ns.port,
                 time.perf_counter() - t0, ", API key required" if api_key or ns.api_key_file else "")
     # uvicorn waits a little past the drain deadline, so the streams ended at it can send their last events.

@@ -1,8 +1,9 @@
 """The ASGI guard in front of every route: API key (and its limits and models), then body size.
 
 Pure ASGI middleware, so streaming and disconnects pass through untouched. Route classes:
-open (/health, /version, /metrics, the web page), keyed (/v1, /tokenize, /detokenize, /status: any valid key) and
-admin (/models, /keys: the admin key only). Generating requests (POST under /v1/) are the ones a key's limits count.
+open (/health, /version, /metrics, the web page), keyed (/v1, /tokenize, /detokenize, /status, Ollama's /api: any
+valid key; Anthropic's clients send it as x-api-key) and admin (/models, /keys: the admin key only). Generating
+requests (POST under /v1/, /api/chat, /api/generate) are the ones a key's limits count.
 """
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from hearth.entrypoints.openai.api_keys import KeyRing, KeySpec, LimitExceeded, Meter, current_meter
 from hearth.entrypoints.openai.errors import error_body
 
-_KEYED = ("/v1/", "/tokenize", "/detokenize", "/status")
+_KEYED = ("/v1/", "/tokenize", "/detokenize", "/status", "/api/")  # /api/: Ollama's API
+# POSTs here are what a key's limits count (/api/embed, like /v1/embeddings, runs the model)
+_GENERATING = ("/v1/", "/api/chat", "/api/generate", "/api/embed")
 _ADMIN = ("/models", "/keys")
 
 
@@ -40,7 +43,10 @@ class Guard:
         admin = _is_admin_path(path)
         if self.keys is None or not (admin or path.startswith(_KEYED)):
             return await self._sized(headers, scope, receive, send)
-        spec = self.keys.lookup(headers.get(b"authorization", b""))
+        given = headers.get(b"authorization", b"")
+        if not given and b"x-api-key" in headers:  # Anthropic's clients send the key there
+            given = b"Bearer " + headers[b"x-api-key"]
+        spec = self.keys.lookup(given)
         if spec is None:
             return await _reply(send, 401, error_body("invalid or missing API key: send "
                                                       "'Authorization: Bearer <key>'", "invalid_request_error",
@@ -50,7 +56,7 @@ class Guard:
                                                       "permission_error", None, "admin_key_required"))
         if scope["method"] == "GET" and path == "/v1/models" and spec.models is not None:
             return await self.app(scope, receive, _only_models(send, spec.models))
-        if not (scope["method"] == "POST" and path.startswith("/v1/")):
+        if not (scope["method"] == "POST" and path.startswith(_GENERATING)):
             return await self._sized(headers, scope, receive, send)
         if self._too_large(headers):
             return await self._reply_too_large(send)

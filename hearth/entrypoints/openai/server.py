@@ -13,9 +13,11 @@ from fastapi.responses import JSONResponse, Response
 
 from hearth import __version__
 from hearth.engine.async_engine import AsyncEngine, ShutdownError
-from hearth.entrypoints.openai import serving_keys, serving_tokenize
+from hearth.entrypoints.ollama import serving as ollama_serving
+from hearth.entrypoints.openai import serving_anthropic, serving_keys, serving_responses, serving_tokenize
 from hearth.entrypoints.openai.body import install_openapi, openapi_body, parse_body  # noqa: F401 (re-export)
 from hearth.entrypoints.openai.errors import error_body, install_handlers
+from hearth.entrypoints.openai.gateway import Gateway
 from hearth.entrypoints.openai.guard import Guard
 from hearth.entrypoints.openai.site_guard import SiteConfig, SiteGuard
 from hearth.entrypoints.openai.protocol import (
@@ -26,6 +28,7 @@ from hearth.entrypoints.openai.protocol import (
 )
 from hearth.entrypoints.openai.serving_chat import create_chat_completion
 from hearth.entrypoints.openai.serving_common import ServingContext
+from hearth.entrypoints.openai.routes_pooling import register_pooling_routes
 from hearth.entrypoints.openai.serving_completion import create_completion
 from hearth.entrypoints.web import routes as web
 from hearth.metrics import CONTENT_TYPE
@@ -64,7 +67,8 @@ async def warm_when_idle(engine: AsyncEngine, warm_up: Callable[[], object], idl
         logger.debug("chat template warm-up failed: %s", e)
 
 
-def build_app(engine: AsyncEngine, ctx: ServingContext, config: ServerConfig) -> FastAPI:
+def build_app(engine: AsyncEngine, ctx: ServingContext, config: ServerConfig,
+              gateway: Gateway | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(_: FastAPI):
         engine.start()
@@ -72,6 +76,8 @@ def build_app(engine: AsyncEngine, ctx: ServingContext, config: ServerConfig) ->
         warm = asyncio.create_task(warm_when_idle(engine, ctx.tokenizer.warm_up))
         yield
         warm.cancel()
+        if gateway is not None:
+            await gateway.aclose()
         # uvicorn has already drained in-flight HTTP requests by now (graceful shutdown on SIGTERM).
         engine.shutdown(config.drain_timeout)
         ctx.sandbox.shutdown()
@@ -114,19 +120,26 @@ def build_app(engine: AsyncEngine, ctx: ServingContext, config: ServerConfig) ->
 
     @app.get("/v1/models")
     async def models() -> dict:
+        upstream = await gateway.upstream_models() if gateway is not None else []
         return {"object": "list", "data": [{"id": ctx.model_name, "object": "model", "created": ctx.created,
                                             "owned_by": "hearth", "root": ctx.model_name, "parent": None,
-                                            "max_model_len": ctx.max_model_len}]}
+                                            "max_model_len": ctx.max_model_len}, *upstream]}
 
     @app.post("/v1/completions", openapi_extra=openapi_body(CompletionRequest))
     async def completions(raw: Request):
         body = await parse_body(raw, CompletionRequest)
+        if gateway is not None:
+            return await gateway.handle(raw, body, create_completion)
         return await create_completion(ctx, body, raw)
 
     @app.post("/v1/chat/completions", openapi_extra=openapi_body(ChatCompletionRequest))
     async def chat_completions(raw: Request):
         body = await parse_body(raw, ChatCompletionRequest)
+        if gateway is not None:
+            return await gateway.handle(raw, body, create_chat_completion)
         return await create_chat_completion(ctx, body, raw)
+
+    register_pooling_routes(app, ctx)
 
     @app.post("/tokenize", openapi_extra=openapi_body(TokenizeRequest))
     async def tokenize(raw: Request) -> dict:
@@ -136,4 +149,7 @@ def build_app(engine: AsyncEngine, ctx: ServingContext, config: ServerConfig) ->
     async def detokenize(raw: Request) -> dict:
         return serving_tokenize.detokenize(ctx, await parse_body(raw, DetokenizeRequest))
 
+    serving_responses.register(app, ctx, parse_body)  # POST /v1/responses, GET/DELETE /v1/responses/{id}
+    serving_anthropic.register(app, ctx, parse_body)  # POST /v1/messages, /v1/messages/count_tokens
+    ollama_serving.register(app, ctx, parse_body)  # Ollama's /api/*
     return app
