@@ -31,7 +31,7 @@ class Request:
                  eos_token_ids: list[int], arrival_time: float | None = None) -> None:
         self.request_id = request_id
         self.group_id = request_id  # the user request this sequence is one of (its n siblings share it)
-        self.priority = params.priority
+        self.priority = getattr(params, "priority", 0)  # (pooling requests have none)
         self.prompt_token_ids = list(prompt_token_ids)
         self.output_token_ids: list[int] = []
         self.all_token_ids: list[int] = list(prompt_token_ids)

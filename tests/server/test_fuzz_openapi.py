@@ -9,7 +9,9 @@ from hypothesis import HealthCheck, Phase, given, settings
 
 from tests.server.conftest import ServerProcess, wait_until
 
-EXAMPLES_PER_OPERATION = 50  # the 4 POST routes get this many each; the 4 GETs without parameters one
+# Ollama routes hearth answers with a fixed 400 whatever the body (it pulls and pushes no models).
+NO_BODY = {"/api/pull", "/api/push", "/api/create", "/api/copy", "/api/delete"}
+EXAMPLES_PER_OPERATION = 12  # x ~25 routes with bodies (fewer for routes without parameters): ~300 requests
 
 
 def test_every_post_route_declares_a_json_body(server: ServerProcess) -> None:
@@ -17,6 +19,8 @@ def test_every_post_route_declares_a_json_body(server: ServerProcess) -> None:
     posts = {path: ops["post"] for path, ops in spec["paths"].items() if "post" in ops}
     assert posts
     for path, op in posts.items():
+        if path in NO_BODY:
+            continue
         content = op.get("requestBody", {}).get("content", {})
         assert "application/json" in content, f"POST {path} has no JSON request-body schema"
 
@@ -29,7 +33,7 @@ def test_no_generated_request_is_a_server_error(server: ServerProcess) -> None:
     sent: dict[str, int] = {}
     for result in schema.get_all_operations():
         _fuzz(result.ok(), sent)
-    assert len(sent) >= 8 and sum(sent.values()) >= 200, sent  # routes and requests sent
+    assert len(sent) >= 20 and sum(sent.values()) >= 200, sent  # routes and requests sent
 
 
 def _fuzz(op, sent: dict[str, int]) -> None:

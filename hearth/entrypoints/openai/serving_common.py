@@ -5,6 +5,7 @@ import asyncio
 import dataclasses
 import functools
 import json
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -118,7 +119,7 @@ class ServingContext:
             err = bad_request(e, SAMPLING_PARAMS)
             if "context length" in err.message:
                 err.param = "max_tokens" if "max_tokens" in err.message else prompt_param
-            elif err.param in (None, "prompt"):
+            elif err.param == "prompt" or (err.param is None and re.search(r"\bprompt\b", err.message)):
                 err.param = prompt_param
             raise err from None
         except QueueFullError as e:
