@@ -3,12 +3,13 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 
 import torch
 
-from hearth import envs
+from hearth import envs, generation_defaults
 from hearth.config import CacheConfig, EngineArgs, SchedulerConfig
 from hearth.detokenizer import IncrementalDetokenizer, find_stop, partial_stop_len
 from hearth.engine.block_manager import BlockManager, freeable_window
@@ -21,7 +22,7 @@ from hearth.engine.scheduler import Scheduler
 from hearth.distributed import start_tensor_parallel
 from hearth.layers.attention import Attention
 from hearth.layers.pooler import PoolerConfig
-from hearth.loader.model_loader import load_model
+from hearth.loader.model_loader import DEFAULT_MODEL_FILE, load_model
 from hearth.platform import cpu_info, keep_freed_memory, setup_threads
 from hearth.pooling_params import PoolingParams
 from hearth.sampling_params import SamplingParams
@@ -134,7 +135,23 @@ class LLMEngine:
         self.seqs: dict[str, _Sequence] = {}  # engine request id -> sequence
         self.parents: dict[str, list[str]] = {}  # user request id -> engine request ids
         self._ids = itertools.count()
+        self.last_step_tokens = 0
         logger.info("%s", self.startup_summary())
+        self.generation_defaults = generation_defaults.resolve(
+            args.generation_config, mc.model, os.path.basename(mc.model) == DEFAULT_MODEL_FILE,
+            args.override_generation_config, args.max_tokens_default)
+        logger.info("%s", generation_defaults.describe(self.generation_defaults, args.generation_config))
+
+    def cache_config_info(self) -> dict[str, object]:
+        """vllm:cache_config_info's labels: vLLM's CacheConfig fields that mean something here."""
+        cc = self.cache_config
+        return {"block_size": cc.block_size, "cache_dtype": cc.kv_cache_dtype,
+                "enable_prefix_caching": cc.enable_prefix_caching, "num_cpu_blocks": cc.num_blocks,
+                "num_gpu_blocks": 0, "cpu_kvcache_space_bytes": int((cc.kv_cache_space_gib or 0) * 2**30)}
+
+    def default_sampling_params(self) -> SamplingParams:
+        """What a request that sets nothing gets (vLLM's LLM.get_default_sampling_params)."""
+        return SamplingParams(**self.generation_defaults)
 
     @classmethod
     def from_engine_args(cls, args: EngineArgs) -> LLMEngine:
@@ -239,6 +256,7 @@ class LLMEngine:
 
     # ---- the loop ----
     def step(self) -> list[StepOutput]:
+        self.last_step_tokens = 0
         pooled = self.pooling.step() if self.pooling.num_waiting else []
         if not self.scheduler.has_unfinished():
             return pooled
@@ -248,6 +266,7 @@ class LLMEngine:
         if self.speculator is not None:
             self.speculator.plan(self.scheduler.running)
         sched = self.scheduler.schedule()
+        self.last_step_tokens = sched.num_tokens  # (vllm:iteration_tokens_total)
         if sched.is_empty:
             return []
         if self.speculator is not None:

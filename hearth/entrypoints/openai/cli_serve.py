@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import socket
 import sys
 import threading
 import time
@@ -16,14 +17,15 @@ logger = logging.getLogger("hearth")
 # without the wait, 1.73 s with 30 ms, one run each); it costs at most 30 ms after a step that finished requests,
 # against ~110 ms decode steps and ~1 s prompt steps here.
 DEFAULT_REFILL_WAIT_MS = 30.0
+# server.DEFAULT_MAX_BODY_BYTES, not imported from there: the server module pulls in torch, and `--help` must not.
+DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
 
 
 def add_serve_args(p: argparse.ArgumentParser) -> None:
     from hearth.entrypoints.cli import add_engine_args
     from hearth.entrypoints.openai.cli_ray import add_ray_args
-    from hearth.entrypoints.openai.gateway import add_gateway_args
+    from hearth.entrypoints.openai.gateway_args import add_gateway_args
     from hearth.entrypoints.openai.reasoning import REASONING_PARSERS
-    from hearth.entrypoints.openai.server import DEFAULT_MAX_BODY_BYTES
 
     add_engine_args(p, model_optional=True, max_prefills_per_step=1)
     g = p.add_argument_group("server")
@@ -69,7 +71,8 @@ def _csv(value: str) -> list[str]:
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API",
-                       description="Serve a model over an OpenAI-compatible HTTP API (vLLM's flag names).")
+                       description="Serve a model over an OpenAI-compatible HTTP API (vLLM's flag names).",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_serve_args(p)
     p.set_defaults(func=run_serve)
 
@@ -147,9 +150,17 @@ def run_serve(ns: argparse.Namespace) -> int:
     if ns.api_key_file:  # a broken key file fails now, not after the model has loaded
         key_ring(ns.api_key, ns.api_key_file, None)
     t0 = time.perf_counter()
-    llm = _load_engine(ns)
+    for flag, value in (("--header-timeout", ns.header_timeout), ("--body-timeout", ns.body_timeout)):
+        if value <= 0:
+            raise ValueError(f"{flag} must be > 0, got {value}")
+    sock = bind_socket(ns.host, ns.port)  # before the (slow) load: a busy port fails in a second, not after it
+    try:
+        llm = _load_engine(ns)
+    except BaseException:
+        sock.close()
+        raise
     mc = llm.model_config
-    metrics = ServerMetrics(mc.served_model_name)
+    metrics = ServerMetrics(mc.served_model_name, max_model_len=mc.max_model_len)
     engine = AsyncEngine(llm, metrics, ns.max_waiting_requests, ns.refill_wait_ms / 1000)
     ctx = ServingContext(engine, llm.tokenizer, mc.served_model_name, mc.model, mc.max_model_len,
                          reasoning_parser=get_parser(ns.reasoning_parser), reasoning_budget=ns.reasoning_budget)
@@ -158,9 +169,6 @@ def run_serve(ns: argparse.Namespace) -> int:
     from hearth.entrypoints.openai.http_server import Server, header_timeout_protocol
     from hearth.entrypoints.openai.site_guard import default_allowed_hosts
 
-    for flag, value in (("--header-timeout", ns.header_timeout), ("--body-timeout", ns.body_timeout)):
-        if value <= 0:
-            raise ValueError(f"{flag} must be > 0, got {value}")
     hosts = ns.allowed_hosts if ns.allowed_hosts is not None else default_allowed_hosts(ns.host)
     gateway = Gateway(gateway_config, ctx, metrics.registry) if gateway_config.enabled else None
     app = build_app(engine, ctx, ServerConfig(api_key, ns.max_request_body_bytes, ns.drain_timeout,
@@ -171,15 +179,28 @@ def run_serve(ns: argparse.Namespace) -> int:
     config = uvicorn.Config(app, host=ns.host, port=ns.port, log_level=ns.uvicorn_log_level,
                             http=header_timeout_protocol(ns.header_timeout),
                             timeout_graceful_shutdown=int(ns.drain_timeout) + 3)
-    Server(config, on_exit=lambda: engine.drain(ns.drain_timeout)).run()
+    Server(config, on_exit=lambda: engine.drain(ns.drain_timeout)).run(sockets=[sock])
     return 0
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """The server's listening socket, bound now (uvicorn listens on it once the engine is up)."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise ValueError(f"cannot listen on {host}:{port} ({e.strerror}): another process holds it; stop that "
+                         "process or pass --port N") from None
+    return sock
 
 
 def main(argv: list[str] | None = None) -> int:
     from hearth.loader.errors import LoadError
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(asctime)s %(message)s", datefmt="%H:%M:%S")
-    p = argparse.ArgumentParser(prog="hearth serve")
+    p = argparse.ArgumentParser(prog="hearth serve", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_serve_args(p)
     ns = p.parse_args(argv)
     try:

@@ -54,6 +54,11 @@ class ServingContext:
         """The limit on a rendered chat prompt: far more text than the context can hold in tokens."""
         return max(1_000_000, 32 * self.max_model_len)
 
+    @property
+    def sampling_defaults(self) -> dict:
+        """The engine's generation_config defaults for fields a request leaves unset (generation_defaults.py)."""
+        return getattr(self.engine.engine, "generation_defaults", {})
+
     @functools.cached_property
     def fim(self) -> FIMTokens | None:
         """The model's fill-in-the-middle tokens (None: it has none), found on first use."""
