@@ -33,12 +33,12 @@ _LATENCY_BUCKETS = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30
 
 
 class ServerMetrics:
-    """All of one server's metrics. `labels` are vLLM's: model_name and engine (always "0" here)."""
+    """All of one server's metrics. `labels` are vLLM's: model_name and engine (the data-parallel rank)."""
 
-    def __init__(self, model_name: str, registry: CollectorRegistry | None = None) -> None:
+    def __init__(self, model_name: str, registry: CollectorRegistry | None = None, engine: str = "0") -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         names = ["model_name", "engine"]
-        values = {"model_name": model_name, "engine": "0"}
+        values = {"model_name": model_name, "engine": engine}
         r = self.registry
 
         def gauge(name: str, doc: str) -> Gauge:

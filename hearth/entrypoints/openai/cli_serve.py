@@ -23,6 +23,9 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     from hearth.entrypoints.openai.server import DEFAULT_MAX_BODY_BYTES
 
     add_engine_args(p, model_optional=True, max_prefills_per_step=1)
+    from hearth.entrypoints.openai.cli_models import add_models_args
+
+    add_models_args(p)
     g = p.add_argument_group("server")
     g.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     g.add_argument("--port", type=int, default=8000, help="port to bind (default 8000)")
@@ -109,6 +112,17 @@ def run_serve(ns: argparse.Namespace) -> int:
     if not 0 <= ns.port < 65536:
         raise ValueError(f"--port must be in [0, 65535], got {ns.port}")
     t0 = time.perf_counter()
+    from hearth.entrypoints.openai.cli_models import build_router
+
+    router = build_router(ns)
+    if router is not None:  # several models and/or data parallel: engines in worker processes
+        api_key = ns.api_key or envs.api_key()
+        app = build_app(router, None, ServerConfig(api_key, ns.max_request_body_bytes, ns.drain_timeout), router)
+        logger.info("serving %s on http://%s:%d/v1%s", ", ".join(repr(n) for n in router.names()), ns.host, ns.port,
+                    " (API key required)" if api_key else "")
+        uvicorn.run(app, host=ns.host, port=ns.port, log_level=ns.uvicorn_log_level,
+                    timeout_graceful_shutdown=ns.drain_timeout)
+        return 0
     llm = _load_engine(ns)
     mc = llm.model_config
     metrics = ServerMetrics(mc.served_model_name)

@@ -19,8 +19,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from hearth import __version__
 from hearth.engine.async_engine import AsyncEngine
-from hearth.entrypoints.openai import serving_tokenize
+from hearth.entrypoints.openai import admin_routes, serving_tokenize
 from hearth.entrypoints.openai.errors import APIError, error_body, install_handlers
+from hearth.entrypoints.openai.model_router import ModelRouter
 from hearth.entrypoints.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -33,7 +34,7 @@ from hearth.entrypoints.openai.serving_completion import create_completion
 from hearth.metrics import CONTENT_TYPE
 
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
-_PROTECTED = ("/v1/", "/tokenize", "/detokenize")  # /health, /version, /metrics stay open (probes, scrapers)
+_PROTECTED = ("/v1/", "/tokenize", "/detokenize", "/models")  # /health, /version, /metrics stay open (probes, scrapers)
 
 logger = logging.getLogger("hearth")
 
@@ -129,9 +130,16 @@ async def warm_when_idle(engine: AsyncEngine, warm_up: Callable[[], object], idl
         logger.debug("chat template warm-up failed: %s", e)
 
 
-def build_app(engine: AsyncEngine, ctx: ServingContext, config: ServerConfig) -> FastAPI:
+def build_app(engine: AsyncEngine, ctx: ServingContext | None, config: ServerConfig,
+              router: ModelRouter | None = None) -> FastAPI:
+    """One model in-process (engine, ctx), or a ModelRouter (then engine is the router, ctx None)."""
     @asynccontextmanager
     async def lifespan(_: FastAPI):
+        if router is not None:  # worker processes: loaded (pinned) before serving, stopped after
+            await router.start()
+            yield
+            await router.shutdown()
+            return
         engine.start()
         warm = asyncio.create_task(warm_when_idle(engine, ctx.tokenizer.warm_up))
         yield
@@ -143,6 +151,11 @@ def build_app(engine: AsyncEngine, ctx: ServingContext, config: ServerConfig) ->
     install_handlers(app)
     app.add_middleware(Guard, api_key=config.api_key, max_body_bytes=config.max_body_bytes)
     app.state.engine, app.state.ctx = engine, ctx
+    if router is not None:
+        admin_routes.register(app, router)
+
+    async def context(model: str | None) -> ServingContext:
+        return ctx if router is None else await router.context(model)
 
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -157,12 +170,16 @@ def build_app(engine: AsyncEngine, ctx: ServingContext, config: ServerConfig) ->
 
     @app.get("/metrics")
     async def metrics() -> Response:
+        if router is not None:
+            return Response(await router.render_metrics(), media_type=CONTENT_TYPE)
         if engine.metrics is None:
             return Response(b"", media_type=CONTENT_TYPE)
         return Response(engine.metrics.render(), media_type=CONTENT_TYPE)
 
     @app.get("/v1/models")
     async def models() -> dict:
+        if router is not None:
+            return router.openai_list()
         return {"object": "list", "data": [{"id": ctx.model_name, "object": "model", "created": ctx.created,
                                             "owned_by": "hearth", "root": ctx.model_path, "parent": None,
                                             "max_model_len": ctx.max_model_len}]}
@@ -170,19 +187,21 @@ def build_app(engine: AsyncEngine, ctx: ServingContext, config: ServerConfig) ->
     @app.post("/v1/completions")
     async def completions(raw: Request):
         body = await parse_body(raw, CompletionRequest)
-        return await create_completion(ctx, body, raw)
+        return await create_completion(await context(body.model), body, raw)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(raw: Request):
         body = await parse_body(raw, ChatCompletionRequest)
-        return await create_chat_completion(ctx, body, raw)
+        return await create_chat_completion(await context(body.model), body, raw)
 
     @app.post("/tokenize")
     async def tokenize(raw: Request) -> dict:
-        return serving_tokenize.tokenize(ctx, await parse_body(raw, TokenizeRequest))
+        body = await parse_body(raw, TokenizeRequest)
+        return serving_tokenize.tokenize(await context(body.model), body)
 
     @app.post("/detokenize")
     async def detokenize(raw: Request) -> dict:
-        return serving_tokenize.detokenize(ctx, await parse_body(raw, DetokenizeRequest))
+        body = await parse_body(raw, DetokenizeRequest)
+        return serving_tokenize.detokenize(await context(body.model), body)
 
     return app

@@ -31,12 +31,13 @@ class ServingContext:
     model_path: str
     max_model_len: int
     chat_template: str | None = None
+    aliases: tuple[str, ...] = ()  # other names a request may use (--models-config)
     created: int = field(default_factory=lambda: int(time.time()))
     _token_texts: dict[int, str] = field(default_factory=dict)  # bounded by the vocabulary
 
     def check_model(self, name: str | None) -> None:
         # NOTE: an absent model is accepted (vLLM does the same); a wrong one is a 404.
-        if name is not None and name != self.model_name:
+        if name is not None and name != self.model_name and name not in self.aliases:
             raise APIError(404, f"the model {name!r} does not exist; this server serves {self.model_name!r}",
                            param="model", code="model_not_found")
 
@@ -49,10 +50,11 @@ class ServingContext:
     async def compile_structured(self, spec: StructuredOutputsParams | None, param: str | None) -> None:
         """Compile (and cache) a constraint off the event loop and off the engine thread: a bad one is a 400
         naming the field that asked for it. The engine's own compile in add_request is then a cache hit."""
-        if spec is None:
+        local = getattr(self.engine, "engine", None)  # None: the engine is in a worker process, which compiles it
+        if spec is None or local is None:
             return
         try:
-            await asyncio.to_thread(self.engine.engine.structured.compile, spec)
+            await asyncio.to_thread(local.structured.compile, spec)
         except ValueError as e:
             raise APIError(400, f"{param}: {e}" if param else str(e), param=param) from None
 
@@ -68,8 +70,8 @@ class ServingContext:
         except QueueFullError as e:
             raise APIError(503, str(e), "server_overloaded", code="queue_full",
                            headers={"Retry-After": str(e.retry_after)}) from None
-        except EngineDeadError as e:
-            raise APIError(500, str(e), "server_error") from None
+        except EngineDeadError as e:  # a worker process that died is a 503 (WorkerDiedError.status_code)
+            raise APIError(getattr(e, "status_code", 500), str(e), "server_error") from None
 
 
 def new_id(prefix: str) -> str:
