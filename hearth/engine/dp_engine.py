@@ -166,7 +166,7 @@ class DataParallelEngine:
             # Every rank is down and coming back: wait for one (bounded), as for a model that must load.
             try:
                 await asyncio.wait_for(self._rank_ready.wait(), self.load_timeout)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
             rank = self._pick()
         if rank is None:

@@ -105,7 +105,7 @@ class ProcessEngine:
             threading.Thread(target=self._read, name="hearth-front-recv", daemon=True).start()
         try:
             return await asyncio.wait_for(asyncio.shield(self._ready), timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise TimeoutError(f"model {self.opts.name!r} did not load within {timeout:.0f} s") from None
 
     def _read(self) -> None:
@@ -192,7 +192,7 @@ class ProcessEngine:
         self._send_quiet(("metrics", qid))
         try:
             self._metrics.text = await asyncio.wait_for(fut, timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pass
         finally:
             self._metrics.waiters.pop(qid, None)
@@ -273,7 +273,7 @@ class ProcessEngine:
             self.dead = WorkerDiedError(reason)
         if self._ready is not None and not self._ready.done():
             self._ready.set_exception(LoadFailedError(f"{reason} while loading"))
-        for sid, p in list(self._streams.items()):
+        for p in list(self._streams.values()):
             err = WorkerDiedError(f"{reason}; this request was in flight: retry it")
             if not p.accepted.done():
                 p.accepted.set_exception(err)

@@ -57,7 +57,7 @@ def test_killed_engine_fails_only_its_requests(dp: ServerProcess) -> None:
             stream = await client.completions.create(model=name, prompt=f"story {i}", max_tokens=200, stream=True,
                                                      extra_body={"ignore_eos": True})
             n = 0
-            async for chunk in stream:
+            async for _chunk in stream:
                 n += 1
                 if n == 3 and i == 0:
                     os.kill(victim, signal.SIGKILL)

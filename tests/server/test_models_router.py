@@ -153,17 +153,25 @@ def test_lru_unload_with_max_loaded_models_1(models_dir: Path, tmp_path: Path) -
         srv.stop()
 
 
-def test_models_config_aliases_and_pinned(tiny_model: str, tmp_path: Path) -> None:
+def test_models_config_aliases_pinned_and_idle_unload(tiny_model: str, tmp_path: Path) -> None:
     config = tmp_path / "models.toml"
-    config.write_text(f'[[models]]\nname = "small"\npath = "{tiny_model}"\naliases = ["smol"]\n'
-                      'pinned = true\nmax-model-len = 256\n')
-    srv = start_server(["--models-config", str(config), *ARGS], str(tmp_path / "config.log"))
+    config.write_text(f'[[models]]\nname = "small"\npath = "{tiny_model}"\naliases = ["smol"]\npinned = true\n'
+                      f'max-model-len = 256\n\n[[models]]\nname = "other"\npath = "{tiny_model}"\n'
+                      'max-model-len = 128\n')
+    srv = start_server(["--models-config", str(config), "--idle-unload-seconds", "2", *ARGS],
+                       str(tmp_path / "config.log"))
     try:
         m = _models(srv)["small"]
         assert m["state"] == "loaded" and m["pinned"] and m["max_model_len"] == 256  # pinned: loaded at start
         out = srv.client().completions.create(model="smol", prompt="The capital of France is", max_tokens=4)
         assert out.model == "small"
-        r = httpx.post(srv.url + "/v1/completions", json={"model": "other", "prompt": "x"}, timeout=10)
-        assert r.status_code == 404 and "small" in r.json()["error"]["message"]
+        r = httpx.post(srv.url + "/v1/completions", json={"model": "nope", "prompt": "x"}, timeout=10)
+        assert r.status_code == 404 and "small, other" in r.json()["error"]["message"]
+        srv.client().completions.create(model="other", prompt="hello", max_tokens=2)
+        pid = _models(srv)["other"]["pids"][0]
+        # Idle for --idle-unload-seconds: unloaded (its process exits); the pinned one stays.
+        assert wait_until(lambda: _models(srv)["other"]["state"] == "unloaded", 30)
+        assert wait_until(lambda: not psutil.pid_exists(pid), 10)
+        assert _models(srv)["small"]["state"] == "loaded"
     finally:
         srv.stop()

@@ -138,8 +138,12 @@ class ModelRouter:
         entry.last_used = time.monotonic()
         if entry.state != "loaded":
             await self._ensure_loaded(entry)
+        ctx = entry.ctx
+        if ctx is None:  # it failed to load, or was unloaded, between our wait and now
+            raise APIError(503, f"the model {entry.spec.name!r} is not loaded ({entry.error or 'unloaded'}); "
+                           "retry", "server_error", code="model_not_loaded", headers={"Retry-After": "1"})
         entry.last_used = time.monotonic()
-        return entry.ctx
+        return ctx
 
     async def _ensure_loaded(self, entry: _Entry) -> None:
         deadline = time.monotonic() + self.config.load_timeout
@@ -158,7 +162,7 @@ class ModelRouter:
             return
         try:
             await asyncio.wait_for(asyncio.shield(task), max(0.0, deadline - time.monotonic()))
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise APIError(503, f"the model {entry.spec.name!r} is still loading; retry shortly",
                            "server_overloaded", code="model_loading", headers={"Retry-After": "5"}) from None
         except APIError:
