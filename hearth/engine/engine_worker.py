@@ -44,6 +44,7 @@ class WorkerInfo:
     num_blocks: int
     kv_bytes: int
     weights_bytes: int
+    hf_config: Any = None  # hearth.config.HFConfig (a dict): what the serving layer looks up (FIM tokens)
 
 
 class _Outbox:
@@ -127,7 +128,8 @@ def worker_main(conn: Connection, args: EngineArgs, opts: WorkerOptions) -> None
     engine = AsyncEngine(llm, metrics, opts.max_waiting_requests, opts.refill_wait_s)
     bm = llm.block_manager
     info = WorkerInfo(os.getpid(), llm.tokenizer, mc.served_model_name, mc.model, mc.max_model_len, llm.threads,
-                      list(llm.bound_cores), bm.num_usable_blocks, _kv_bytes(llm), _weights_bytes(mc.model))
+                      list(llm.bound_cores), bm.num_usable_blocks, _kv_bytes(llm), _weights_bytes(mc.model),
+                      mc.hf_config)
     asyncio.run(_serve(conn, engine, info))
 
 

@@ -20,6 +20,7 @@ from hearth.kernels.quant import QWeight
 from hearth.kernels.quant_gguf import GGUFBlocks
 from hearth.loader import hugepages, panel_pack
 from hearth.loader.errors import LoadError
+from hearth.layers.pooler import PoolerConfig, read_sentence_transformers_config, sentence_transformers_max_len
 from hearth.loader.hf_folder import iter_safetensors, read_generation_config, read_hf_config, safetensors_files
 from hearth.models.registry import get_model_class, supported_architectures
 from hearth.platform import release_calling_thread
@@ -48,6 +49,7 @@ class LoadedModel:
     model: nn.Module
     model_config: ModelConfig
     tokenizer: Tokenizer
+    pooler_config: PoolerConfig | None = None  # a sentence-transformers folder's pooling (modules.json)
 
 
 def _check_path(model: str) -> str:
@@ -162,6 +164,9 @@ def _load_hf_folder(folder: str, args: EngineArgs) -> LoadedModel:
     gen_cfg = read_generation_config(folder)
     dtype = _resolve_model_dtype(args.dtype, hf_cfg)
     max_len = _max_len(hf_cfg, args.max_model_len)
+    st_len = sentence_transformers_max_len(folder)  # sentence-transformers never encodes more than this
+    if args.max_model_len is None and st_len is not None:
+        max_len = min(max_len, st_len)
     scheme = _quantization(args.quantization, False)
     if scheme == "gguf":
         raise ValueError("--quantization gguf needs a .gguf file; use int8 or int4 for an HF folder")
@@ -178,7 +183,7 @@ def _load_hf_folder(folder: str, args: EngineArgs) -> LoadedModel:
     mc = ModelConfig(folder, hf_cfg, arch, dtype, max_len, _eos_ids(gen_cfg, hf_cfg, tokenizer),
                      gen_cfg.get("bos_token_id", hf_cfg.get("bos_token_id")), False,
                      args.served_model_name or os.path.basename(os.path.normpath(folder)))
-    return LoadedModel(model, mc, tokenizer)
+    return LoadedModel(model, mc, tokenizer, read_sentence_transformers_config(folder))
 
 
 def _resolve_model_dtype(requested: str, hf_cfg: HFConfig) -> torch.dtype:

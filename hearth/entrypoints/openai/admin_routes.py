@@ -17,6 +17,10 @@ class ModelAction(BaseModel):
 def register(app: FastAPI, router: ModelRouter) -> None:
     from hearth.entrypoints.openai.server import parse_body
 
+    @app.get("/status")
+    async def status() -> dict:
+        return router.status()
+
     @app.get("/models")
     async def list_models() -> dict:
         return {"object": "list", "data": [router.describe(e) for e in router.entries]}

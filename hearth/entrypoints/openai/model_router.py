@@ -86,6 +86,13 @@ def _path_bytes(path: str) -> int:
     return total
 
 
+class _FrontMetrics:
+    def __init__(self) -> None:
+        from prometheus_client import CollectorRegistry
+
+        self.registry = CollectorRegistry()
+
+
 class ModelRouter:
     def __init__(self, specs: list[ModelSpec], base: EngineArgs, config: RouterConfig) -> None:
         self.config = config
@@ -104,6 +111,7 @@ class ModelRouter:
         self._warmed = False
         self.dead = None  # AsyncEngine's attribute /health reads: the front itself never dies of a model
         self.metrics = None
+        self.front = _FrontMetrics()  # the front's own series (API keys), merged into /metrics
         self.created = int(time.time())
 
     # ---- lifecycle ----
@@ -290,5 +298,22 @@ class ModelRouter:
 
     async def render_metrics(self) -> bytes:
         engines = [e.engine for e in self.entries if e.engine is not None and e.state == "loaded"]
+        from prometheus_client import generate_latest
+
         texts = await asyncio.gather(*(eng.render_metrics() for eng in engines))
-        return merge_expositions(list(texts))
+        return merge_expositions([generate_latest(self.front.registry), *texts])
+
+    def status(self) -> dict:
+        """The web page's GET /status, for every model (hearth.entrypoints.web.routes gives it for one)."""
+        models = []
+        for e in self.entries:
+            s = e.engine.stats if e.engine is not None else EngineStats(0, 0, 0.0, 0, 0, 0, 0)
+            info = e.engine.info if e.engine is not None else None
+            models.append({"name": e.spec.name, "state": e.state, "num_requests_running": s.num_running,
+                           "num_requests_waiting": s.num_waiting, "kv_cache_usage_perc": s.kv_usage,
+                           "kv_cache_used_blocks": s.num_used_blocks,
+                           "kv_cache_total_blocks": info.num_blocks * e.engine.size if info is not None else None,
+                           "generation_tokens_total": None, "generation_tokens_per_s": None})
+        return {"object": "status", "models": models,
+                "num_requests_running": sum(m["num_requests_running"] for m in models),
+                "num_requests_waiting": sum(m["num_requests_waiting"] for m in models)}

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import logging
 from collections.abc import Callable
@@ -14,13 +13,13 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ValidationError
-from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from hearth import __version__
 from hearth.engine.async_engine import AsyncEngine
-from hearth.entrypoints.openai import admin_routes, serving_tokenize
-from hearth.entrypoints.openai.errors import APIError, error_body, install_handlers
+from hearth.entrypoints.ollama import serving as ollama_serving
+from hearth.entrypoints.openai import admin_routes, serving_anthropic, serving_keys, serving_responses, serving_tokenize
+from hearth.entrypoints.openai.errors import APIError, install_handlers
+from hearth.entrypoints.openai.guard import Guard
 from hearth.entrypoints.openai.model_router import ModelRouter
 from hearth.entrypoints.openai.protocol import (
     ChatCompletionRequest,
@@ -30,11 +29,12 @@ from hearth.entrypoints.openai.protocol import (
 )
 from hearth.entrypoints.openai.serving_chat import create_chat_completion
 from hearth.entrypoints.openai.serving_common import ServingContext
+from hearth.entrypoints.openai.routes_pooling import register_pooling_routes
 from hearth.entrypoints.openai.serving_completion import create_completion
+from hearth.entrypoints.web import routes as web
 from hearth.metrics import CONTENT_TYPE
 
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
-_PROTECTED = ("/v1/", "/tokenize", "/detokenize", "/models")  # /health, /version, /metrics stay open (probes, scrapers)
 
 logger = logging.getLogger("hearth")
 
@@ -44,56 +44,7 @@ class ServerConfig:
     api_key: str | None = None
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     drain_timeout: float = 30.0
-
-
-class _BodyTooLarge(StarletteHTTPException):
-    def __init__(self, limit: int) -> None:
-        super().__init__(413, f"the request body is larger than the limit of {limit} bytes")
-
-
-class Guard:
-    """Pure ASGI middleware (so streaming and disconnects pass through untouched): API key, then body size."""
-
-    def __init__(self, app: ASGIApp, api_key: str | None, max_body_bytes: int) -> None:
-        self.app = app
-        self.expected = f"Bearer {api_key}".encode() if api_key else None
-        self.max_body_bytes = max_body_bytes
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        headers = dict(scope.get("headers") or [])
-        if self.expected is not None and scope["path"].startswith(_PROTECTED):
-            given = headers.get(b"authorization", b"")
-            # NOTE: constant-time compare, so timing does not leak how much of the key matched.
-            if not hmac.compare_digest(given, self.expected):
-                return await _reply(send, 401, error_body("invalid or missing API key: send "
-                                                          "'Authorization: Bearer <key>'", "invalid_request_error",
-                                                          None, "invalid_api_key"))
-        length = headers.get(b"content-length")
-        if length is not None and length.isdigit() and int(length) > self.max_body_bytes:
-            return await _reply(send, 413, error_body(f"the request body is larger than the limit of "
-                                                      f"{self.max_body_bytes} bytes", "invalid_request_error",
-                                                      None, "request_too_large"))
-        seen = 0
-
-        async def counted() -> Message:  # chunked bodies carry no content-length: count as they arrive
-            nonlocal seen
-            message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self.max_body_bytes:
-                    raise _BodyTooLarge(self.max_body_bytes)
-            return message
-
-        await self.app(scope, counted, send)
-
-
-async def _reply(send: Send, status: int, body: dict) -> None:
-    data = json.dumps(body).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]})
-    await send({"type": "http.response.body", "body": data})
+    api_key_file: str | None = None  # per-user keys with limits (TOML); replaces api_key when set
 
 
 M = TypeVar("M", bound=BaseModel)
@@ -136,11 +87,13 @@ def build_app(engine: AsyncEngine, ctx: ServingContext | None, config: ServerCon
     @asynccontextmanager
     async def lifespan(_: FastAPI):
         if router is not None:  # worker processes: loaded (pinned) before serving, stopped after
+            serving_keys.reload_on_sighup(keys)
             await router.start()
             yield
             await router.shutdown()
             return
         engine.start()
+        serving_keys.reload_on_sighup(keys)
         warm = asyncio.create_task(warm_when_idle(engine, ctx.tokenizer.warm_up))
         yield
         warm.cancel()
@@ -149,10 +102,14 @@ def build_app(engine: AsyncEngine, ctx: ServingContext | None, config: ServerCon
 
     app = FastAPI(title="hearth", version=__version__, lifespan=lifespan)
     install_handlers(app)
-    app.add_middleware(Guard, api_key=config.api_key, max_body_bytes=config.max_body_bytes)
-    app.state.engine, app.state.ctx = engine, ctx
-    if router is not None:
+    keys = serving_keys.key_ring(config.api_key, config.api_key_file,
+                                 engine.metrics if router is None else router.front)
+    app.add_middleware(Guard, keys=keys, max_body_bytes=config.max_body_bytes)
+    serving_keys.register(app, keys)
+    if router is not None:  # NOTE: before web.register: the router's /status answers for every model
         admin_routes.register(app, router)
+    web.register(app, engine, ctx)
+    app.state.engine, app.state.ctx = engine, ctx
 
     async def context(model: str | None) -> ServingContext:
         return ctx if router is None else await router.context(model)
@@ -194,6 +151,9 @@ def build_app(engine: AsyncEngine, ctx: ServingContext | None, config: ServerCon
         body = await parse_body(raw, ChatCompletionRequest)
         return await create_chat_completion(await context(body.model), body, raw)
 
+    if router is None:  # TODO(multi-model): pooling, responses, anthropic and ollama routes take one ctx
+        register_pooling_routes(app, ctx)
+
     @app.post("/tokenize")
     async def tokenize(raw: Request) -> dict:
         body = await parse_body(raw, TokenizeRequest)
@@ -204,4 +164,8 @@ def build_app(engine: AsyncEngine, ctx: ServingContext | None, config: ServerCon
         body = await parse_body(raw, DetokenizeRequest)
         return serving_tokenize.detokenize(await context(body.model), body)
 
+    if router is None:
+        serving_responses.register(app, ctx, parse_body)  # POST /v1/responses, GET/DELETE /v1/responses/{id}
+        serving_anthropic.register(app, ctx, parse_body)  # POST /v1/messages, /v1/messages/count_tokens
+        ollama_serving.register(app, ctx, parse_body)  # Ollama's /api/*
     return app
