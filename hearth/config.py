@@ -143,7 +143,26 @@ class EngineArgs:
     quantization: str | None = None  # auto (None) | none | int8 | int4[-g32|-g64|-g128] | gguf: layers/quant_linear.py
     # Speculative decoding, vLLM's JSON (a dict or a JSON string): hearth/spec_decode/config.py. None: off.
     speculative_config: dict | str | None = None
+    # Sampling defaults for requests that leave fields unset: hearth/generation_defaults.py.
+    generation_config: str = "auto"  # auto | vllm | FOLDER
+    override_generation_config: dict | str | None = None
+    max_tokens_default: int | None = None
+    # vLLM's arguments with no (or a mapped) meaning on a CPU: hearth/vllm_compat.py accepts, maps or refuses them.
+    device: str = "auto"
+    pipeline_parallel_size: int = 1
+    enforce_eager: bool = False
+    gpu_memory_utilization: float | None = None
+    swap_space: float | None = None
+    disable_log_stats: bool = False
+    trust_remote_code: bool = False
     # vLLM's --runner: auto | generate | pooling (embeddings and scores; encoders always pool). hearth/engine/pooling.py
     runner: str = "auto"
     # vLLM's --pooler-config JSON, {"pooling_type": "MEAN"|"CLS"|"LAST", "normalize": bool}; None: the checkpoint's
     pooler_config: dict | str | None = None
+    # Ranks of tensor parallelism (processes on this host, gloo all-reduce): hearth/distributed/. 1: off.
+    tensor_parallel_size: int = 1
+
+    def __post_init__(self) -> None:
+        from hearth import vllm_compat
+
+        vllm_compat.normalize(self)

@@ -59,6 +59,7 @@ class _Track:
     n_left: int
     first_token: float | None = None
     last_token: dict[int, float] = field(default_factory=dict)
+    generated: int = 0  # tokens of all n sequences so far
 
 
 @dataclass
@@ -134,6 +135,7 @@ class AsyncEngine:
 
             metrics.set_cpu(cpu_info().isa, engine.threads, engine.bound_cores,
                             engine.block_manager.num_usable_blocks)
+            metrics.set_cache_config(engine.cache_config_info())
             metrics.observe_stats(self._stats)
 
     # ---- lifecycle ----
@@ -219,6 +221,8 @@ class AsyncEngine:
                 else:
                     self._dispatch(outputs)
                     finished = any(o.finished for o in outputs)
+                    if self.metrics is not None and engine.last_step_tokens:
+                        self.metrics.observe_iteration(engine.last_step_tokens)
             self._publish_stats()
             if finished:
                 self._wait_for_refill()
@@ -304,13 +308,20 @@ class AsyncEngine:
         last = track.last_token.get(out.index)
         if last is not None:
             m.itl.observe(now - last)
+            m.tpot.observe(now - last)
         track.last_token[out.index] = now
         m.generation_tokens.inc(len(out.new_token_ids))
+        track.generated += len(out.new_token_ids)
         if out.finished and track.n_left == 1:
             m.e2e.observe(now - track.arrival)
             scheduled = [r.first_scheduled_time for r in track.requests if r.first_scheduled_time is not None]
             if scheduled:
                 m.queue_time.observe(max(0.0, min(scheduled) - track.arrival))
+            first = track.requests[0] if track.requests else None
+            m.observe_request(prompt_tokens=out.num_prompt_tokens, generation_tokens=track.generated,
+                              n=len(track.requests) or 1, max_tokens=first.params.max_tokens if first else None,
+                              arrival=track.arrival, scheduled=min(scheduled) if scheduled else None,
+                              first_token=track.first_token, finished=now)
             reason = out.finish_reason if out.finish_reason in m.request_success else "stop"
             m.request_success[reason].inc()
 

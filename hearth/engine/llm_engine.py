@@ -3,12 +3,13 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 
 import torch
 
-from hearth import envs
+from hearth import envs, generation_defaults
 from hearth.config import CacheConfig, EngineArgs, SchedulerConfig
 from hearth.detokenizer import IncrementalDetokenizer, find_stop, partial_stop_len
 from hearth.engine.block_manager import BlockManager, freeable_window
@@ -18,9 +19,10 @@ from hearth.engine.outputs import StepOutput
 from hearth.engine.pooling import PoolingExecutor, resolve_runner
 from hearth.engine.request import Request, RequestStatus
 from hearth.engine.scheduler import Scheduler
+from hearth.distributed import start_tensor_parallel
 from hearth.layers.attention import Attention
 from hearth.layers.pooler import PoolerConfig
-from hearth.loader.model_loader import load_model
+from hearth.loader.model_loader import DEFAULT_MODEL_FILE, load_model
 from hearth.platform import cpu_info, keep_freed_memory, setup_threads
 from hearth.pooling_params import PoolingParams
 from hearth.sampling_params import SamplingParams
@@ -66,11 +68,13 @@ class LLMEngine:
     def __init__(self, args: EngineArgs) -> None:
         self.args = args
         bind = args.omp_threads_bind or envs.omp_threads_bind()
-        self.threads, self.bound_cores = setup_threads(args.threads, bind)
+        self.tp = start_tensor_parallel(args, bind, self)
+        self.threads, self.bound_cores = setup_threads(*((self.tp.threads, self.tp.bind) if self.tp else
+                                                         (args.threads, bind)))
         keep_freed_memory()  # process-wide glibc setting, before the model and its activations are allocated
         torch.manual_seed(args.seed)
         spec_config = SpeculativeConfig.parse(args.speculative_config)  # before loading: a bad config fails fast
-        loaded = load_model(args)
+        loaded = load_model(args, self.tp.shard if self.tp else None)
         self.model_config = loaded.model_config
         self.tokenizer = loaded.tokenizer
         self.model = loaded.model
@@ -108,6 +112,8 @@ class LLMEngine:
         self.scheduler = Scheduler(self.scheduler_config, self.block_manager)
         self.runner = ModelRunner(self.model, self.cache_config.num_blocks, args.block_size, kv_dtype,
                                   mc.vocab_size, args.seed)
+        if self.tp is not None:
+            self.tp.attach(self.model, self.cache_config.num_blocks, args.block_size, kv_dtype)
         self.speculator: Speculator | None = None
         if spec_config is not None:
             draft = None
@@ -128,7 +134,23 @@ class LLMEngine:
         self.seqs: dict[str, _Sequence] = {}  # engine request id -> sequence
         self.parents: dict[str, list[str]] = {}  # user request id -> engine request ids
         self._ids = itertools.count()
+        self.last_step_tokens = 0
         logger.info("%s", self.startup_summary())
+        self.generation_defaults = generation_defaults.resolve(
+            args.generation_config, mc.model, os.path.basename(mc.model) == DEFAULT_MODEL_FILE,
+            args.override_generation_config, args.max_tokens_default)
+        logger.info("%s", generation_defaults.describe(self.generation_defaults, args.generation_config))
+
+    def cache_config_info(self) -> dict[str, object]:
+        """vllm:cache_config_info's labels: vLLM's CacheConfig fields that mean something here."""
+        cc = self.cache_config
+        return {"block_size": cc.block_size, "cache_dtype": cc.kv_cache_dtype,
+                "enable_prefix_caching": cc.enable_prefix_caching, "num_cpu_blocks": cc.num_blocks,
+                "num_gpu_blocks": 0, "cpu_kvcache_space_bytes": int((cc.kv_cache_space_gib or 0) * 2**30)}
+
+    def default_sampling_params(self) -> SamplingParams:
+        """What a request that sets nothing gets (vLLM's LLM.get_default_sampling_params)."""
+        return SamplingParams(**self.generation_defaults)
 
     @classmethod
     def from_engine_args(cls, args: EngineArgs) -> LLMEngine:
@@ -226,6 +248,7 @@ class LLMEngine:
 
     # ---- the loop ----
     def step(self) -> list[StepOutput]:
+        self.last_step_tokens = 0
         pooled = self.pooling.step() if self.pooling.num_waiting else []
         if not self.scheduler.has_unfinished():
             return pooled
@@ -235,6 +258,7 @@ class LLMEngine:
         if self.speculator is not None:
             self.speculator.plan(self.scheduler.running)
         sched = self.scheduler.schedule()
+        self.last_step_tokens = sched.num_tokens  # (vllm:iteration_tokens_total)
         if sched.is_empty:
             return []
         if self.speculator is not None:

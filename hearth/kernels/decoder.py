@@ -195,6 +195,8 @@ class DecodeProgram:
 
         self.takes_prompts = all(any_rows(getattr(layer, name))
                                  for layer in layers for name in ("qkv", "o", "gate_up", "down"))
+        # The per-model rounding quant.set_model_activations chose (None: the process-wide one), for prompt rows.
+        self.activations: str | None = None
 
     @staticmethod
     def build(layers) -> DecodeProgram | None:
@@ -213,7 +215,10 @@ class DecodeProgram:
         hidden = descs[0].o.N
         if any(d.o.N != hidden or d.down.N != hidden or d.qkv.K != hidden or d.gate_up.K != hidden for d in descs):
             return None
-        return DecodeProgram((_Layer * len(descs))(*descs), keep, hidden, dtype)
+        program = DecodeProgram((_Layer * len(descs))(*descs), keep, hidden, dtype)
+        program.activations = next((q.activations for layer in layers for m in layer.modules()
+                                    if (q := getattr(m, "qweight", None)) is not None), None)
+        return program
 
     def takes(self, x: torch.Tensor, meta) -> bool:
         """Decode-only steps of at most the decode kernels' token count, in the model dtype; with takes_prompts
@@ -238,7 +243,7 @@ class DecodeProgram:
         bt = meta.block_tables
         step = _Step(x.shape[0], pos.data_ptr(), slots.data_ptr(), bt.data_ptr(), bt.stride(0),
                      meta.query_start_loc.data_ptr(), meta.context_lens.data_ptr(), meta.num_seqs,
-                     quant._int8_from(x.shape[0]))  # (prompt rows' rounding: quant.prompt_rows)
+                     quant._int8_from(x.shape[0], self.activations))  # (prompt rows' rounding: quant.prompt_rows)
         norm = (None, 0.0, 0.0, None)
         if out is not None:
             norm = (final_norm.weight32().data_ptr(), final_norm.offset, final_norm.eps, out.data_ptr())

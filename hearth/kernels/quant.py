@@ -668,18 +668,37 @@ def prompt_rows(generated: int = 0, total: int | None = None):
         _prompt.on, _prompt.generated, _prompt.total = prev
 
 
-def _int8_from(m: int) -> int:
-    """Rows [0, result) of an m-row panel call in int8x2, the rest in single-term int8 (see prompt_rows)."""
-    if not (AUTO_ACTIVATIONS and ACTIVATIONS == "int8x2" and getattr(_prompt, "on", False)):
+def _int8_from(m: int, activations: str | None = None) -> int:
+    """Rows [0, result) of an m-row panel call in int8x2, the rest in single-term int8 (see prompt_rows); weights
+    whose `activations` set_model_activations made "int8x2" (a model too small for one term) keep every row."""
+    if activations == "int8x2" or not (AUTO_ACTIVATIONS and ACTIVATIONS == "int8x2" and getattr(_prompt, "on", False)):
         return m
     total = _prompt.total
     return min(m, _prompt.generated) if total is None or total == m else m
 
 
+# One int8 term for a whole model only from this many quantized weights (outside the LM head): see one_term_pays.
+ONE_TERM_MIN_WEIGHTS = 200_000_000
+
+
+def one_term_pays(weights: int) -> bool:
+    """Whether a mostly-4-bit model of `weights` quantized weights takes one int8 term for every row (auto).
+
+    Decided by measurement, not by bit width alone: in a model this small a decode step is mostly per-layer overhead
+    (attention, norms, the head), so halving the integer dots buys little, while its logits are the least averaged
+    and near ties flip. SmolLM2-135M Q4_1 (106M weights) with one term answers "What is the capital of France?"
+    (no system turn, greedy) "L'Etoile, ..." where its fp32 reference answers Paris, and leaves the reference's greedy
+    tokens on 16 of 28 chat prompts (tests/e2e/test_default_answers.py); with int8x2 on none. Qwen2.5-0.5B (358M)
+    keeps one term: there it is the 1.25x of 32 sequences in flight."""
+    return weights >= ONE_TERM_MIN_WEIGHTS
+
+
 def set_model_activations(qweights: Iterable[QWeight], head: QWeight | None = None) -> str | None:
     """HEARTH_QUANT_ACT=auto: a model whose quantized weights are mostly 4-bit (by count) rounds x to single-term int8
     for every row of every quantized linear (each QWeight.activations = "int8") but its LM head `head`; returns
-    "int8", or None where ACTIVATIONS stays (models mostly of 8-bit or 6-bit weights, or another setting).
+    "int8", or None where ACTIVATIONS stays (models mostly of 8-bit or 6-bit weights, or another setting). A model
+    too small for one term (one_term_pays) takes int8x2 for every row of every linear, prompt rows and head
+    included (each QWeight.activations = "int8x2"; returns "int8x2").
 
     Why: there int8's rounding of x is lost in the 4-bit rounding of the weights. SmolLM2 Q4_1, fp32 reference, 2386
     teacher-forced tokens, mean top-20 KL: every weight moved by a uniform error of one 4-bit step (what rounding to
@@ -692,7 +711,13 @@ def set_model_activations(qweights: Iterable[QWeight], head: QWeight | None = No
     unique = [q for q in {id(q): q for q in qweights}.values() if q is not head]
     total = sum(q.shape[0] * q.shape[1] for q in unique)
     four = sum(q.shape[0] * q.shape[1] for q in unique if q.bits == 4)
-    if not (AUTO_ACTIVATIONS and ACTIVATIONS == "int8x2" and 2 * four > total):
+    if not (AUTO_ACTIVATIONS and ACTIVATIONS == "int8x2"):
+        return None
+    if not one_term_pays(total):  # two terms for every row, prompt rows and the head's included (see _int8_from)
+        for q in unique + ([head] if head is not None else []):
+            q.activations = "int8x2"
+        return "int8x2"
+    if 2 * four <= total:
         return None
     for q in unique:
         q.activations = "int8"
@@ -716,7 +741,7 @@ def linear(x: torch.Tensor, qw: QWeight, bias: torch.Tensor | None = None) -> to
         if act == "float":  # (only if it changed after the load: can_panel keeps float weights in rows)
             raise RuntimeError("quantized weights were re-laid into VNNI panels at load, which take int8 / int8x2 "
                                "activations: set HEARTH_QUANT_ACT=float (or HEARTH_QUANT_PANELS=0) before loading")
-        split = _int8_from(m) if act == "int8x2" else 0
+        split = _int8_from(m, qw.activations) if act == "int8x2" else 0
         y = _panels(x2, qw, b, split, bf16=x2.dtype == torch.bfloat16)
         return y.reshape(*x.shape[:-1], qw.shape[0]).to(x.dtype)
     rows = gemm_min_rows(qw) if available() and x.dtype in _DTYPE_CODE else 0

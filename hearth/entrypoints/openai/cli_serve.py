@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import socket
 import sys
 import threading
 import time
@@ -16,12 +17,15 @@ logger = logging.getLogger("hearth")
 # without the wait, 1.73 s with 30 ms, one run each); it costs at most 30 ms after a step that finished requests,
 # against ~110 ms decode steps and ~1 s prompt steps here.
 DEFAULT_REFILL_WAIT_MS = 30.0
+# server.DEFAULT_MAX_BODY_BYTES, not imported from there: the server module pulls in torch, and `--help` must not.
+DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
 
 
 def add_serve_args(p: argparse.ArgumentParser) -> None:
     from hearth.entrypoints.cli import add_engine_args
+    from hearth.entrypoints.openai.cli_ray import add_ray_args
+    from hearth.entrypoints.openai.gateway_args import add_gateway_args
     from hearth.entrypoints.openai.reasoning import REASONING_PARSERS
-    from hearth.entrypoints.openai.server import DEFAULT_MAX_BODY_BYTES
 
     add_engine_args(p, model_optional=True, max_prefills_per_step=1)
     from hearth.entrypoints.openai.cli_models import add_models_args
@@ -50,11 +54,14 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
                    help="with --reasoning-parser: end the thinking (force </think>) after this many tokens")
     g.add_argument("--uvicorn-log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug", "trace"])
+    add_gateway_args(p)
+    add_ray_args(p)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API",
-                       description="Serve a model over an OpenAI-compatible HTTP API (vLLM's flag names).")
+                       description="Serve a model over an OpenAI-compatible HTTP API (vLLM's flag names).",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_serve_args(p)
     p.set_defaults(func=run_serve)
 
@@ -109,12 +116,17 @@ def run_serve(ns: argparse.Namespace) -> int:
 
     from hearth import envs
     from hearth.engine.async_engine import AsyncEngine
+    from hearth.entrypoints.openai.gateway import Gateway, gateway_config_from
     from hearth.entrypoints.openai.reasoning import get_parser
     from hearth.entrypoints.openai.server import ServerConfig, build_app
     from hearth.entrypoints.openai.serving_common import ServingContext
     from hearth.entrypoints.openai.serving_keys import key_ring
     from hearth.metrics import ServerMetrics
 
+    if ns.ray:
+        from hearth.entrypoints.openai.cli_ray import run_ray_serve
+
+        return run_ray_serve(ns)
     if ns.max_waiting_requests is not None and ns.max_waiting_requests < 0:
         raise ValueError(f"--max-waiting-requests must be >= 0, got {ns.max_waiting_requests}")
     if ns.refill_wait_ms < 0:
@@ -123,6 +135,7 @@ def run_serve(ns: argparse.Namespace) -> int:
         raise ValueError("--reasoning-budget needs --reasoning-parser (qwen3 or deepseek_r1)")
     if not 0 <= ns.port < 65536:
         raise ValueError(f"--port must be in [0, 65535], got {ns.port}")
+    gateway_config = gateway_config_from(ns, envs.upstream_api_key())
     if ns.api_key_file:  # a broken key file fails now, not after the model has loaded
         key_ring(ns.api_key, ns.api_key_file, None)
     t0 = time.perf_counter()
@@ -130,36 +143,60 @@ def run_serve(ns: argparse.Namespace) -> int:
 
     router = build_router(ns)
     if router is not None:  # several models and/or data parallel: engines in worker processes
+        if gateway_config.enabled:
+            raise ValueError("--upstream is for one model: drop it, or --models-dir / --data-parallel-size")
+        sock = bind_socket(ns.host, ns.port)
         api_key = ns.api_key or (envs.api_key() if not ns.api_key_file else None)
         app = build_app(router, None, ServerConfig(api_key, ns.max_request_body_bytes, ns.drain_timeout,
-                                                   ns.api_key_file), router)
+                                                   ns.api_key_file), router=router)
         logger.info("serving %s on http://%s:%d/v1%s", ", ".join(repr(n) for n in router.names()), ns.host, ns.port,
                     " (API key required)" if api_key or ns.api_key_file else "")
-        uvicorn.run(app, host=ns.host, port=ns.port, log_level=ns.uvicorn_log_level,
-                    timeout_graceful_shutdown=ns.drain_timeout)
+        config = uvicorn.Config(app, host=ns.host, port=ns.port, log_level=ns.uvicorn_log_level,
+                                timeout_graceful_shutdown=ns.drain_timeout)
+        uvicorn.Server(config).run(sockets=[sock])
         return 0
-    llm = _load_engine(ns)
+    sock = bind_socket(ns.host, ns.port)  # before the (slow) load: a busy port fails in a second, not after it
+    try:
+        llm = _load_engine(ns)
+    except BaseException:
+        sock.close()
+        raise
     mc = llm.model_config
-    metrics = ServerMetrics(mc.served_model_name)
+    metrics = ServerMetrics(mc.served_model_name, max_model_len=mc.max_model_len)
     engine = AsyncEngine(llm, metrics, ns.max_waiting_requests, ns.refill_wait_ms / 1000)
     ctx = ServingContext(engine, llm.tokenizer, mc.served_model_name, mc.model, mc.max_model_len,
                          reasoning_parser=get_parser(ns.reasoning_parser), reasoning_budget=ns.reasoning_budget)
     ctx.check_reasoning()
     api_key = ns.api_key or (envs.api_key() if not ns.api_key_file else None)
+    gateway = Gateway(gateway_config, ctx, metrics.registry) if gateway_config.enabled else None
     app = build_app(engine, ctx, ServerConfig(api_key, ns.max_request_body_bytes, ns.drain_timeout,
-                                              ns.api_key_file))
+                                              ns.api_key_file), gateway)
     logger.info("serving %r on http://%s:%d/v1 (ready in %.1f s%s)", mc.served_model_name, ns.host, ns.port,
                 time.perf_counter() - t0, ", API key required" if api_key or ns.api_key_file else "")
-    uvicorn.run(app, host=ns.host, port=ns.port, log_level=ns.uvicorn_log_level,
-                timeout_graceful_shutdown=ns.drain_timeout)
+    config = uvicorn.Config(app, host=ns.host, port=ns.port, log_level=ns.uvicorn_log_level,
+                            timeout_graceful_shutdown=ns.drain_timeout)
+    uvicorn.Server(config).run(sockets=[sock])
     return 0
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """The server's listening socket, bound now (uvicorn listens on it once the engine is up)."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise ValueError(f"cannot listen on {host}:{port} ({e.strerror}): another process holds it; stop that "
+                         "process or pass --port N") from None
+    return sock
 
 
 def main(argv: list[str] | None = None) -> int:
     from hearth.loader.errors import LoadError
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(asctime)s %(message)s", datefmt="%H:%M:%S")
-    p = argparse.ArgumentParser(prog="hearth serve")
+    p = argparse.ArgumentParser(prog="hearth serve", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_serve_args(p)
     ns = p.parse_args(argv)
     try:

@@ -19,6 +19,7 @@ from hearth.engine.async_engine import AsyncEngine
 from hearth.entrypoints.ollama import serving as ollama_serving
 from hearth.entrypoints.openai import admin_routes, serving_anthropic, serving_keys, serving_responses, serving_tokenize
 from hearth.entrypoints.openai.errors import APIError, install_handlers
+from hearth.entrypoints.openai.gateway import Gateway
 from hearth.entrypoints.openai.guard import Guard
 from hearth.entrypoints.openai.model_router import ModelRouter
 from hearth.entrypoints.openai.protocol import (
@@ -82,7 +83,7 @@ async def warm_when_idle(engine: AsyncEngine, warm_up: Callable[[], object], idl
 
 
 def build_app(engine: AsyncEngine, ctx: ServingContext | None, config: ServerConfig,
-              router: ModelRouter | None = None) -> FastAPI:
+              gateway: Gateway | None = None, router: ModelRouter | None = None) -> FastAPI:
     """One model in-process (engine, ctx), or a ModelRouter (then engine is the router, ctx None)."""
     @asynccontextmanager
     async def lifespan(_: FastAPI):
@@ -97,6 +98,8 @@ def build_app(engine: AsyncEngine, ctx: ServingContext | None, config: ServerCon
         warm = asyncio.create_task(warm_when_idle(engine, ctx.tokenizer.warm_up))
         yield
         warm.cancel()
+        if gateway is not None:
+            await gateway.aclose()
         # uvicorn has already drained in-flight HTTP requests by now (graceful shutdown on SIGTERM).
         engine.shutdown(config.drain_timeout)
 
@@ -137,18 +140,23 @@ def build_app(engine: AsyncEngine, ctx: ServingContext | None, config: ServerCon
     async def models() -> dict:
         if router is not None:
             return router.openai_list()
+        upstream = await gateway.upstream_models() if gateway is not None else []
         return {"object": "list", "data": [{"id": ctx.model_name, "object": "model", "created": ctx.created,
                                             "owned_by": "hearth", "root": ctx.model_path, "parent": None,
-                                            "max_model_len": ctx.max_model_len}]}
+                                            "max_model_len": ctx.max_model_len}, *upstream]}
 
     @app.post("/v1/completions")
     async def completions(raw: Request):
         body = await parse_body(raw, CompletionRequest)
+        if gateway is not None:
+            return await gateway.handle(raw, body, create_completion)
         return await create_completion(await context(body.model), body, raw)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(raw: Request):
         body = await parse_body(raw, ChatCompletionRequest)
+        if gateway is not None:
+            return await gateway.handle(raw, body, create_chat_completion)
         return await create_chat_completion(await context(body.model), body, raw)
 
     if router is None:  # TODO(multi-model): pooling, responses, anthropic and ollama routes take one ctx

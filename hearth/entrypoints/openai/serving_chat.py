@@ -135,7 +135,8 @@ async def start_chat(ctx: ServingContext, req: ChatCompletionRequest, id_prefix:
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     try:
-        params = req.sampling_params(max_tokens, logprobs, structured_outputs=spec)
+        params = req.sampling_params(max_tokens, logprobs, structured_outputs=spec, defaults=ctx.sampling_defaults,
+                                     room=ctx.max_model_len - len(ids))
     except ValueError as e:
         err = bad_request(e, SAMPLING_PARAMS)
         if err.param == "max_tokens" and req.max_completion_tokens is not None:

@@ -43,6 +43,11 @@ class ServingContext:
     created: int = field(default_factory=lambda: int(time.time()))
     _token_texts: dict[int, str] = field(default_factory=dict)  # bounded by the vocabulary
 
+    @property
+    def sampling_defaults(self) -> dict:
+        """The engine's generation_config defaults for fields a request leaves unset (generation_defaults.py)."""
+        return getattr(self.engine.engine, "generation_defaults", {})
+
     @functools.cached_property
     def fim(self) -> FIMTokens | None:
         """The model's fill-in-the-middle tokens (None: it has none), found on first use."""
