@@ -45,6 +45,7 @@ class WorkerInfo:
     kv_bytes: int
     weights_bytes: int
     hf_config: Any = None  # hearth.config.HFConfig (a dict): what the serving layer looks up (FIM tokens)
+    generation_defaults: dict | None = None  # the engine's generation_config defaults (ServingContext)
 
 
 class _Outbox:
@@ -129,7 +130,7 @@ def worker_main(conn: Connection, args: EngineArgs, opts: WorkerOptions) -> None
     bm = llm.block_manager
     info = WorkerInfo(os.getpid(), llm.tokenizer, mc.served_model_name, mc.model, mc.max_model_len, llm.threads,
                       list(llm.bound_cores), bm.num_usable_blocks, _kv_bytes(llm), _weights_bytes(mc.model),
-                      mc.hf_config)
+                      mc.hf_config, dict(getattr(llm, "generation_defaults", None) or {}))
     asyncio.run(_serve(conn, engine, info))
 
 

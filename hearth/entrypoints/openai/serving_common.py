@@ -46,7 +46,9 @@ class ServingContext:
     @property
     def sampling_defaults(self) -> dict:
         """The engine's generation_config defaults for fields a request leaves unset (generation_defaults.py)."""
-        return getattr(self.engine.engine, "generation_defaults", {})
+        local = getattr(self.engine, "engine", None)  # None: the engine is in a worker process (its WorkerInfo)
+        source = local if local is not None else self.engine.info
+        return getattr(source, "generation_defaults", None) or {}
 
     @functools.cached_property
     def fim(self) -> FIMTokens | None:
