@@ -90,7 +90,8 @@ class LLMEngine:
             max_num_seqs=args.max_num_seqs,
             max_num_batched_tokens=args.max_num_batched_tokens or _default_budget(self.model, args.max_num_seqs),
             max_model_len=mc.max_model_len, max_waiting_requests=args.max_waiting_requests,
-            max_prefills_per_decode_step=args.max_prefills_per_decode_step)
+            max_prefills_per_decode_step=args.max_prefills_per_decode_step,
+            max_num_seqs_per_request=args.max_num_seqs_per_request, scheduling_policy=args.scheduling_policy)
         self.runner_type = resolve_runner(args.runner, self.model)
         per_block = ModelRunner.kv_bytes_per_block(self.model, args.block_size, kv_dtype)
         if draft_model is not None:  # the draft's KV cache has as many blocks as the target's
@@ -194,6 +195,9 @@ class LLMEngine:
             raise ValueError(f"model {mc.served_model_name!r} is served for pooling (--runner pooling): it answers "
                              "embeddings and scores, not text generation")
         params.check_vocab(vocab)
+        if params.priority != 0 and self.scheduler_config.scheduling_policy != "priority":
+            raise ValueError("priority is only used with --scheduling-policy priority (this server is fcfs): "
+                             "leave it at 0")
         max_tokens = params.max_tokens
         if n_prompt >= mc.max_model_len:
             raise ValueError(f"the prompt has {n_prompt} tokens, but this model's context is {mc.max_model_len} "
@@ -202,6 +206,9 @@ class LLMEngine:
             raise ValueError(f"this model's maximum context length is {mc.max_model_len} tokens, but the request "
                              f"asks for {n_prompt + max_tokens} ({n_prompt} in the prompt and {max_tokens} to "
                              "generate): shorten the prompt or lower max_tokens")
+        if params.min_tokens > mc.max_model_len - n_prompt:
+            raise ValueError(f"min_tokens ({params.min_tokens}) is more than this model's context leaves after the "
+                             f"prompt ({mc.max_model_len} - {n_prompt} = {mc.max_model_len - n_prompt} tokens)")
         # NOTE: compiled here, before anything is queued: an invalid schema is a ValueError (400), never a step error.
         grammar = self.structured.compile(params.structured_outputs) if params.structured_outputs else None
         children = []
@@ -211,6 +218,7 @@ class LLMEngine:
                 child_params = _child_params(params, i)
             rid = f"{request_id}#{i}" if params.n > 1 else request_id
             req = Request(rid, prompt_token_ids, child_params, mc.eos_token_ids, arrival_time)
+            req.group_id = request_id  # the scheduler caps the slots of one request's n sequences together
             if grammar is not None:
                 req.grammar = grammar.new_matcher()  # each of the n sequences walks the grammar on its own
             if params.reasoning is not None:  # thinking first, then the grammar (if any)

@@ -35,6 +35,12 @@ def add_engine_args(p: argparse.ArgumentParser, model_optional: bool = False, ma
                    help="start at most N new prompts per engine step (0: as many as the token budget allows; "
                         f"default {max_prefills_per_step}); 1 staggers bursts of requests, so each waits about one "
                         "step for its first token instead of a whole wave's prefill")
+    g.add_argument("--max-num-seqs-per-request", type=int, default=None,
+                   help="sequence slots one request's n sequences may hold at once (default: a quarter of "
+                        "--max-num-seqs), so a large n cannot starve other requests")
+    g.add_argument("--scheduling-policy", default="fcfs", choices=["fcfs", "priority"],
+                   help="fcfs: arrival order; priority: requests' `priority` field first (lower runs earlier), "
+                        "then arrival")
     g.add_argument("--block-size", type=int, default=16, help="tokens per KV-cache block")
     g.add_argument("--kv-cache-space", type=float, default=None,
                    help="KV-cache size in GiB (env HEARTH_KVCACHE_SPACE / VLLM_CPU_KVCACHE_SPACE; default: "
@@ -87,7 +93,7 @@ def add_pooling_args(g: argparse._ArgumentGroup) -> None:
 
 
 ENGINE_ARG_NAMES = ["model", "tokenizer", "dtype", "max_model_len", "max_num_seqs", "max_num_batched_tokens",
-                    "max_prefills_per_decode_step",
+                    "max_prefills_per_decode_step", "max_num_seqs_per_request", "scheduling_policy",
                     "block_size", "kv_cache_space", "kv_cache_dtype", "enable_prefix_caching", "threads",
                     "omp_threads_bind", "seed", "chat_template", "served_model_name", "quantization",
                     "speculative_config", "generation_config", "override_generation_config", "max_tokens_default",

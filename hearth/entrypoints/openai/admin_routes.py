@@ -15,7 +15,7 @@ class ModelAction(BaseModel):
 
 
 def register(app: FastAPI, router: ModelRouter) -> None:
-    from hearth.entrypoints.openai.server import parse_body
+    from hearth.entrypoints.openai.body import parse_body
 
     @app.get("/status")
     async def status() -> dict:

@@ -47,6 +47,16 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
                    help="larger request bodies get 413")
     g.add_argument("--drain-timeout", type=float, default=30.0,
                    help="on SIGTERM, seconds to let in-flight requests finish")
+    g.add_argument("--allowed-hosts", type=_csv, default=None,
+                   help="comma list of Host header names to answer ('*': any; default: the bind address, plus "
+                        "localhost and 127.0.0.1 on loopback; any for 0.0.0.0); others get 400 (DNS rebinding)")
+    g.add_argument("--allowed-origins", type=_csv, default=[],
+                   help="comma list of origins allowed cross-origin requests (CORS), '*' for any; default none: "
+                        "requests with another site's Origin get 403")
+    g.add_argument("--header-timeout", type=float, default=10.0,
+                   help="close connections whose request headers are not complete after this many seconds")
+    g.add_argument("--body-timeout", type=float, default=30.0,
+                   help="answer 408 when a request body stalls for this many seconds")
     g.add_argument("--reasoning-parser", default=None, choices=list(REASONING_PARSERS),
                    help="split <think>...</think> into the message's reasoning_content (qwen3: the model opens it; "
                         "deepseek_r1: the prompt does)")
@@ -56,6 +66,10 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
                    choices=["critical", "error", "warning", "info", "debug", "trace"])
     add_gateway_args(p)
     add_ray_args(p)
+
+
+def _csv(value: str) -> list[str]:
+    return [v.strip() for v in value.split(",") if v.strip()]
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -139,6 +153,9 @@ def run_serve(ns: argparse.Namespace) -> int:
     if ns.api_key_file:  # a broken key file fails now, not after the model has loaded
         key_ring(ns.api_key, ns.api_key_file, None)
     t0 = time.perf_counter()
+    for flag, value in (("--header-timeout", ns.header_timeout), ("--body-timeout", ns.body_timeout)):
+        if value <= 0:
+            raise ValueError(f"{flag} must be > 0, got {value}")
     from hearth.entrypoints.openai.cli_models import build_router
 
     router = build_router(ns)
@@ -147,8 +164,12 @@ def run_serve(ns: argparse.Namespace) -> int:
             raise ValueError("--upstream is for one model: drop it, or --models-dir / --data-parallel-size")
         sock = bind_socket(ns.host, ns.port)
         api_key = ns.api_key or (envs.api_key() if not ns.api_key_file else None)
+        from hearth.entrypoints.openai.site_guard import default_allowed_hosts
+
+        hosts = ns.allowed_hosts if ns.allowed_hosts is not None else default_allowed_hosts(ns.host)
         app = build_app(router, None, ServerConfig(api_key, ns.max_request_body_bytes, ns.drain_timeout,
-                                                   ns.api_key_file), router=router)
+                                                   ns.api_key_file, hosts, ns.allowed_origins, ns.body_timeout),
+                        router=router)
         logger.info("serving %s on http://%s:%d/v1%s", ", ".join(repr(n) for n in router.names()), ns.host, ns.port,
                     " (API key required)" if api_key or ns.api_key_file else "")
         config = uvicorn.Config(app, host=ns.host, port=ns.port, log_level=ns.uvicorn_log_level,
@@ -168,14 +189,20 @@ def run_serve(ns: argparse.Namespace) -> int:
                          reasoning_parser=get_parser(ns.reasoning_parser), reasoning_budget=ns.reasoning_budget)
     ctx.check_reasoning()
     api_key = ns.api_key or (envs.api_key() if not ns.api_key_file else None)
+    from hearth.entrypoints.openai.http_server import Server, header_timeout_protocol
+    from hearth.entrypoints.openai.site_guard import default_allowed_hosts
+
+    hosts = ns.allowed_hosts if ns.allowed_hosts is not None else default_allowed_hosts(ns.host)
     gateway = Gateway(gateway_config, ctx, metrics.registry) if gateway_config.enabled else None
     app = build_app(engine, ctx, ServerConfig(api_key, ns.max_request_body_bytes, ns.drain_timeout,
-                                              ns.api_key_file), gateway)
+                                              ns.api_key_file, hosts, ns.allowed_origins, ns.body_timeout), gateway)
     logger.info("serving %r on http://%s:%d/v1 (ready in %.1f s%s)", mc.served_model_name, ns.host, ns.port,
                 time.perf_counter() - t0, ", API key required" if api_key or ns.api_key_file else "")
+    # uvicorn waits a little past the drain deadline, so the streams ended at it can send their last events.
     config = uvicorn.Config(app, host=ns.host, port=ns.port, log_level=ns.uvicorn_log_level,
-                            timeout_graceful_shutdown=ns.drain_timeout)
-    uvicorn.Server(config).run(sockets=[sock])
+                            http=header_timeout_protocol(ns.header_timeout),
+                            timeout_graceful_shutdown=int(ns.drain_timeout) + 3)
+    Server(config, on_exit=lambda: engine.drain(ns.drain_timeout)).run(sockets=[sock])
     return 0
 
 

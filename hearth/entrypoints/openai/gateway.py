@@ -141,7 +141,7 @@ class Gateway:
             hit = self.cache.get(key)
             if hit is not None:
                 return Response(hit.body, media_type=hit.media_type, headers={ROUTE_HEADER: "cache"})
-        target = self._upstream_model(req)
+        target = await self._upstream_model(req)
         if target is not None:
             resp = await self._forward(raw.url.path, {**obj, "model": target}, bool(req.stream))
         else:
@@ -154,7 +154,7 @@ class Gateway:
                 self.cache.put(key, bytes(resp.body), resp.media_type or "application/json")
         return resp
 
-    def _upstream_model(self, req: ChatCompletionRequest | CompletionRequest) -> str | None:
+    async def _upstream_model(self, req: ChatCompletionRequest | CompletionRequest) -> str | None:
         """The model to ask the upstream for, or None to serve locally. Upstream-bound requests get the same
         sampling-parameter 400s as local ones; local ones are validated by the local path."""
         c, ctx = self.config, self.ctx
@@ -163,19 +163,19 @@ class Gateway:
         if req.model is not None and req.model != ctx.model_name:
             self._check_params(req)
             return req.model
-        if c.upstream_min_prompt_tokens is None or self._prompt_tokens(req) < c.upstream_min_prompt_tokens:
+        if c.upstream_min_prompt_tokens is None or await self._prompt_tokens(req) < c.upstream_min_prompt_tokens:
             return None
         self._check_params(req)
         return c.upstream_model or ctx.model_name
 
-    def _prompt_tokens(self, req: ChatCompletionRequest | CompletionRequest) -> int:
+    async def _prompt_tokens(self, req: ChatCompletionRequest | CompletionRequest) -> int:
         """The longest prompt's token count, by this server's tokenizer and chat template."""
         from hearth.entrypoints.openai.serving_chat import render_chat
         from hearth.entrypoints.openai.serving_completion import _prompts as prompt_token_ids
 
         if isinstance(req, CompletionRequest):
             return max(len(ids) for _, ids in prompt_token_ids(self.ctx, req))
-        text = render_chat(self.ctx, req.messages, req.add_generation_prompt, req.continue_final_message,
+        text = await render_chat(self.ctx, req.messages, req.add_generation_prompt, req.continue_final_message,
                            req.chat_template, req.chat_template_kwargs)
         return len(self.ctx.tokenizer.encode(text, add_special_tokens=req.add_special_tokens))
 

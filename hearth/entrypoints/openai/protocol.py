@@ -79,6 +79,7 @@ class _SamplingFields(OpenAIModel):
     stream: StrictBool | None = False
     stream_options: StreamOptions | None = None
     user: str | None = None
+    priority: StrictInt = Field(default=0, ge=-(2**31), le=2**31 - 1)  # vLLM's: with --scheduling-policy priority
     # Structured output: OpenAI's response_format, vLLM's guided_* fields and structured_outputs object.
     response_format: ResponseFormat | None = None
     guided_json: str | dict[str, Any] | None = None
@@ -151,7 +152,8 @@ class _SamplingFields(OpenAIModel):
             include_stop_str_in_output=self.include_stop_str_in_output, ignore_eos=self.ignore_eos,
             max_tokens=pick(max_tokens, "max_tokens", None), min_tokens=self.min_tokens, logprobs=logprobs,
             prompt_logprobs=prompt_logprobs,
-            skip_special_tokens=self.skip_special_tokens, structured_outputs=structured_outputs)
+            skip_special_tokens=self.skip_special_tokens, structured_outputs=structured_outputs,
+            priority=self.priority)
 
     @property
     def include_usage(self) -> bool:
