@@ -89,7 +89,7 @@ def _compile(build_dir: Path) -> None:
 @functools.cache
 def load() -> ctypes.CDLL | None:
     global build_seconds
-    if os.environ.get("HEARTH_KERNELS", "1").strip().lower() in ("0", "false", "no", "off"):
+    if not envs.kernels_enabled():
         logger.info("hearth kernels disabled by HEARTH_KERNELS=0; using torch F.linear")
         return None
     bf16_dot = envs.bf16_dot()  # read first: a bad value is an error naming the variable, not a silent fallback
@@ -113,8 +113,6 @@ def load() -> ctypes.CDLL | None:
         lib.hk_linear_parts.restype = i32
         lib.hk_linear_dot_panels_bf16.argtypes = [ptr, i32, i64, i64, i64, i64, ptr, ptr, ptr, ptr, i32]
         lib.hk_linear_dot_panels_bf16.restype = i32
-        lib.hk_read_sum.argtypes = [ptr, i64, i32]
-        lib.hk_read_sum.restype = ctypes.c_double
         lib.hk_bind_threads.argtypes = [ptr, i32]
         lib.hk_bind_threads.restype = i32
         lib.hk_widen.argtypes = [ptr, i32, i64, ptr, i32]

@@ -43,7 +43,7 @@ def _lib() -> ctypes.CDLL | None:
     return lib
 
 
-def _isa_for(head_dim: int) -> int | None:
+def isa_for(head_dim: int) -> int | None:
     isa = kernels.isa()
     if isa == kernels.ISA_AVX512 and head_dim % 16:
         isa = kernels.ISA_AVX2  # AVX-512 machines run AVX2 too; its 8-float vectors fit more head sizes
@@ -53,7 +53,7 @@ def _isa_for(head_dim: int) -> int | None:
 def supports(kv_cache: torch.Tensor, head_dim: int) -> bool:
     """True when the kernel can run on this cache (dtype, contiguity) and head size on this machine."""
     return (kv_cache.dtype in _KV_DTYPES and kv_cache.device.type == "cpu" and kv_cache.is_contiguous()
-            and _isa_for(head_dim) is not None and _lib() is not None)
+            and isa_for(head_dim) is not None and _lib() is not None)
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
@@ -95,7 +95,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     if alibi_slopes is not None and (alibi_slopes.dtype != torch.float32 or alibi_slopes.shape != (num_heads,)
                                      or not alibi_slopes.is_contiguous()):
         raise ValueError("alibi_slopes must be contiguous float32 [num_heads]")
-    isa = isa or _isa_for(head_dim)
+    isa = isa or isa_for(head_dim)
     num_seqs = seq_ids.numel() if seq_ids is not None else context_lens.numel()
     rc = lib.hk_paged_attention(
         q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), _KV_DTYPES[k_cache.dtype], *scales,

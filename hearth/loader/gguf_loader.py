@@ -1,7 +1,7 @@
 """Load a llama.cpp GGUF checkpoint: HF-style config, HF-named dequantized tensors, a fast tokenizer.
 
 The header is parsed here with `struct` over an mmap (gguf.GGUFReader builds a Python object per vocab
-string: ~5 s for a 49k vocab), and the tensor bytes go through `gguf.quants.dequantize`. Mapping
+string: seconds for a big vocabulary), and the tensor bytes go through `gguf.quants.dequantize`. Mapping
 to HF is table driven: `_ARCHS` holds one row per GGUF architecture.
 """
 from __future__ import annotations
@@ -21,7 +21,7 @@ import torch
 
 from hearth import envs
 from hearth.config import HFConfig
-from hearth.kernels.quant_gguf import GGUFBlocks
+from hearth.weights.gguf import GGUFBlocks
 from hearth.loader import tokenizer_cache
 from hearth.loader.errors import LoadError
 from hearth.tokenizer import Tokenizer
@@ -89,7 +89,7 @@ class _Cursor:
         return s
 
     def strings(self, n: int) -> list[str]:
-        """n strings: the vocabulary and merges arrays (~100k items: a tight loop, ~6x faster than string())."""
+        """n strings: the vocabulary and merges arrays (~100k items: one tight loop instead of a string() call each)."""
         buf, pos, size, out = self.buf, self.pos, self.size, []
         length = struct.Struct("<Q").unpack_from
         for _ in range(n):
@@ -414,7 +414,7 @@ class GGUFCheckpoint:
         """(HF name, tensor in HF layout, dtype), one at a time; only one tensor's bytes are resident.
 
         Linear weights and the embedding table of a ggml type named in `keep_quantized` (a subset of
-        quant_gguf.KEPT_NAMES: Q8_0, Q4_0, Q4_1, Q4_K, Q6_K) come as GGUFBlocks (raw rows, HF row order) instead.
+        weights.gguf.KEPT_NAMES: Q8_0, Q4_0, Q4_1, Q4_K, Q6_K) come as GGUFBlocks (raw rows, HF row order) instead.
         HF names in `placeholders` (values the caller replaces, e.g. a head kept in its blocks) come as zeros of
         their shape without reading or dequantizing the file's bytes (a stride-0 view: no memory of its own).
         """

@@ -15,8 +15,8 @@ import os
 import pytest
 
 from hearth import LLM, SamplingParams
-from hearth.kernels import quant
 from hearth.layers.quant_linear import QuantLinear
+from hearth.weights import activations
 
 pytestmark = pytest.mark.slow
 
@@ -70,23 +70,23 @@ def _check_q4_1_layers(llm: LLM) -> None:
     assert head is not None and head.bits == 8 and tuple(head.shape) == (49152, 576)
 
 
-@pytest.mark.parametrize("activations", ["float", "int8x2"])
-def test_q4_1_kept_quantized_equals_dequantized(dense, monkeypatch, activations: str) -> None:
-    monkeypatch.setattr(quant, "ACTIVATIONS", activations)
-    monkeypatch.setattr(quant, "AUTO_ACTIVATIONS", False)
+@pytest.mark.parametrize("act_name", ["float", "int8x2"])
+def test_q4_1_kept_quantized_equals_dequantized(dense, monkeypatch, act_name: str) -> None:
+    monkeypatch.setattr(activations, "ACTIVATIONS", act_name)
+    monkeypatch.setattr(activations, "AUTO_ACTIVATIONS", False)
     llm, outs = _greedy(None)
     _check_q4_1_layers(llm)
     for ref, got in zip(dense, outs):
         assert got.token_ids == ref.token_ids
 
 
-@pytest.mark.parametrize("activations", ["int8", "auto"])
-def test_q4_1_kept_quantized_int8_activations_within_margin(dense, monkeypatch, activations: str) -> None:
-    monkeypatch.setattr(quant, "ACTIVATIONS", "int8" if activations == "int8" else "int8x2")
-    monkeypatch.setattr(quant, "AUTO_ACTIVATIONS", activations == "auto")
+@pytest.mark.parametrize("act_name", ["int8", "auto"])
+def test_q4_1_kept_quantized_int8_activations_within_margin(dense, monkeypatch, act_name: str) -> None:
+    monkeypatch.setattr(activations, "ACTIVATIONS", "int8" if act_name == "int8" else "int8x2")
+    monkeypatch.setattr(activations, "AUTO_ACTIVATIONS", act_name == "auto")
     llm, outs = _greedy(None)
     _check_q4_1_layers(llm)
-    if activations == "auto":  # mostly 4-bit: int8 for every row, but in the (Q8_0) LM head
+    if act_name == "auto":  # mostly 4-bit: int8 for every row, but in the (Q8_0) LM head
         assert {m.qweight.activations for m in _quant_layers(llm)} == {"int8"}
         assert llm.engine.model.lm_head_qweight.activations is None
     _assert_within_margin(dense, outs)

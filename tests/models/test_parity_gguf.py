@@ -59,12 +59,12 @@ def _reference(folder: str, decoded: dict[str, torch.Tensor] | None):
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_gguf_greedy_parity(case: str, tmp_path: Path, monkeypatch) -> None:
-    from hearth.kernels import quant
+    from hearth.weights import activations
 
     # Q8_0 / Q4_0 stay quantized: decode with float activations (pinned), so hearth computes exactly the reference's
     # dequantized model (int8 activation rounding, HEARTH_QUANT_ACT=int8, is checked in tests/unit/test_quant.py and
     # on the real SmolLM2 in tests/e2e/test_quant_smollm2.py).
-    monkeypatch.setattr(quant, "ACTIVATIONS", "float")
+    monkeypatch.setattr(activations, "ACTIVATIONS", "float")
     folder, path, qtype, decoded = _build(case, tmp_path)
     if qtype != Q.F32:
         # the round trip must actually change the weights, or this case tests nothing beyond F32
