@@ -1,9 +1,9 @@
 """The tokenizer and chat template.
 
 transformers decides how a checkpoint tokenizes (which pipeline its tokenizer class builds, the special tokens,
-the chat template); importing it and resolving the class costs ~2.5 s of a start-up. So the tokenizer transformers
+the chat template); importing it and resolving the class costs seconds of a start-up. So the tokenizer transformers
 builds is saved once (hearth.loader.tokenizer_cache: its `tokenizers` backend as tokenizer.json, plus the few
-facts encode/decode/templates need, TokenizerInfo) and later starts load only that with `tokenizers` (~0.1 s).
+facts encode/decode/templates need, TokenizerInfo) and later starts load only that with `tokenizers` (fast).
 Chat templates are rendered by transformers' Jinja renderer, imported on the first chat request.
 """
 from __future__ import annotations
@@ -110,7 +110,7 @@ class Tokenizer:
                             tools: list[dict] | None = None, chat_template: str | None = None,
                             continue_final_message: bool = False, **kwargs: Any) -> str:
         """The prompt text, rendered as transformers' apply_chat_template(..., tokenize=False) renders it."""
-        from transformers.utils.chat_template_utils import render_jinja_template  # ~1 s, on first use
+        from transformers.utils.chat_template_utils import render_jinja_template  # (slow to import: on first use)
 
         template = self._pick_template(chat_template, tools)
         if continue_final_message and add_generation_prompt:

@@ -151,8 +151,8 @@ def sample(logits: torch.Tensor, u: torch.Tensor, inv_t: torch.Tensor) -> torch.
 
 def argmax(logits: torch.Tensor) -> torch.Tensor | None:
     """Each row's greedy token of fp32 logits [n, V], exactly as logits.argmax(dim=-1) (first maximal index; a NaN
-    counts as the maximum), over every thread: torch's runs one thread per row at ~0.26 ms per 152k-entry row here,
-    ~8 ms of a 32-sequence decode step. None: no kernel here, or logits it cannot take."""
+    counts as the maximum), over every thread: torch's runs one thread per row, a visible part of a many-sequence
+    decode step with a large vocabulary. None: no kernel here, or logits it cannot take."""
     lib = _lib()
     if (lib is None or logits.dtype != torch.float32 or logits.dim() != 2 or logits.stride(1) != 1
             or logits.shape[1] == 0):
