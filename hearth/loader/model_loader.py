@@ -169,7 +169,7 @@ def _resolve_model_dtype(requested: str, hf_cfg: HFConfig) -> torch.dtype:
 
 
 def _load_gguf(path: str, args: EngineArgs) -> LoadedModel:
-    from hearth.loader.gguf_loader import load_gguf
+    from hearth.loader.gguf import load_gguf
     from hearth.weights.gguf import KEPT_NAMES
 
     if not path.endswith(".gguf"):

@@ -77,7 +77,7 @@ def test_gguf_greedy_parity(case: str, tmp_path: Path, monkeypatch) -> None:
 def test_gguf_tokenizer_matches_folder(case: str, tmp_path: Path) -> None:
     from transformers import AutoTokenizer
 
-    from hearth.loader.gguf_loader import load_gguf
+    from hearth.loader.gguf import load_gguf
 
     folder, path, _, _ = _build(case, tmp_path)
     ck = load_gguf(str(path))

@@ -320,7 +320,7 @@ def test_quantize_model_skips_lm_head() -> None:
 
 
 def test_gguf_loader_raw_blocks_match_dequantized(tmp_path: Path) -> None:
-    from hearth.loader.gguf_loader import load_gguf
+    from hearth.loader.gguf import load_gguf
     from tests.unit.test_gguf_loader import write_llama
 
     for qtype in (Q.Q4_0, Q.Q8_0):

@@ -23,14 +23,12 @@ import shutil
 import tempfile
 from importlib import metadata
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from hearth import envs
-
-if TYPE_CHECKING:
-    from hearth.tokenizer import TokenizerInfo
+from hearth.tokenizer.info import TokenizerInfo
 
 logger = logging.getLogger("hearth")
 
@@ -102,8 +100,6 @@ def load(key: str) -> tuple[Any, TokenizerInfo] | None:
     if entry is None or not (entry / _INFO).exists():
         return None
     from tokenizers import Tokenizer as Backend
-
-    from hearth.tokenizer import TokenizerInfo
 
     try:
         info = json.loads((entry / _INFO).read_text())
