@@ -60,6 +60,11 @@ def api_key() -> str | None:
     return _first("HEARTH_API_KEY", "VLLM_API_KEY")
 
 
+def upstream_api_key() -> str | None:
+    """The gateway's key for its upstream (--upstream-api-key)."""
+    return _first("HEARTH_UPSTREAM_API_KEY")
+
+
 def kernels_enabled() -> bool:
     """HEARTH_KERNELS (default on): hearth's compiled C++ kernels; 0 runs torch's operators only (kernels/_build.py)."""
     return _flag("HEARTH_KERNELS", True)
