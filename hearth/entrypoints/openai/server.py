@@ -2,25 +2,24 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
-from typing import TypeVar
+from dataclasses import dataclass, field
 
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ValidationError
 
 from hearth import __version__
-from hearth.engine.async_engine import AsyncEngine
+from hearth.engine.async_engine import AsyncEngine, ShutdownError
 from hearth.entrypoints.ollama import serving as ollama_serving
 from hearth.entrypoints.openai import serving_anthropic, serving_keys, serving_responses, serving_tokenize
-from hearth.entrypoints.openai.errors import APIError, install_handlers
+from hearth.entrypoints.openai.body import install_openapi, openapi_body, parse_body  # noqa: F401 (re-export)
+from hearth.entrypoints.openai.errors import error_body, install_handlers
 from hearth.entrypoints.openai.gateway import Gateway
 from hearth.entrypoints.openai.guard import Guard
+from hearth.entrypoints.openai.site_guard import SiteConfig, SiteGuard
 from hearth.entrypoints.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -45,22 +44,9 @@ class ServerConfig:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     drain_timeout: float = 30.0
     api_key_file: str | None = None  # per-user keys with limits (TOML); replaces api_key when set
-
-
-M = TypeVar("M", bound=BaseModel)
-
-
-async def parse_body(raw: Request, model: type[M]) -> M:
-    """JSON whatever the content-type says (curl users forget it); bad JSON and bad fields are 400s."""
-    data = await raw.body()
-    try:
-        obj = json.loads(data)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise APIError(400, f"the request body is not valid JSON: {e}") from None
-    try:
-        return model.model_validate(obj)
-    except ValidationError as e:
-        raise RequestValidationError(e.errors()) from None
+    allowed_hosts: list[str] | None = None  # None: any Host (see site_guard.default_allowed_hosts)
+    allowed_origins: list[str] = field(default_factory=list)
+    body_timeout: float = 30.0
 
 
 async def warm_when_idle(engine: AsyncEngine, warm_up: Callable[[], object], idle_s: float = 5.0,
@@ -94,14 +80,26 @@ def build_app(engine: AsyncEngine, ctx: ServingContext, config: ServerConfig,
             await gateway.aclose()
         # uvicorn has already drained in-flight HTTP requests by now (graceful shutdown on SIGTERM).
         engine.shutdown(config.drain_timeout)
+        ctx.sandbox.shutdown()
 
     app = FastAPI(title="hearth", version=__version__, lifespan=lifespan)
     install_handlers(app)
     keys = serving_keys.key_ring(config.api_key, config.api_key_file, engine.metrics)
     app.add_middleware(Guard, keys=keys, max_body_bytes=config.max_body_bytes)
+    if config.allowed_origins:  # outside the key guard: preflight requests carry no key
+        app.add_middleware(CORSMiddleware, allow_origins=config.allowed_origins, allow_methods=["*"],
+                           allow_headers=["*"])
+    # NOTE: added last, so it is the outermost layer: refused hosts and origins never reach CORS or a route.
+    app.add_middleware(SiteGuard, config=SiteConfig(config.allowed_hosts, config.allowed_origins,
+                                                    config.body_timeout))
+    install_openapi(app)
     serving_keys.register(app, keys)
     web.register(app, engine, ctx)
     app.state.engine, app.state.ctx = engine, ctx
+
+    @app.exception_handler(ShutdownError)
+    async def shutting_down(_: Request, exc: ShutdownError) -> JSONResponse:
+        return JSONResponse(error_body(str(exc), "server_error", None, "server_shutting_down"), status_code=503)
 
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -124,17 +122,17 @@ def build_app(engine: AsyncEngine, ctx: ServingContext, config: ServerConfig,
     async def models() -> dict:
         upstream = await gateway.upstream_models() if gateway is not None else []
         return {"object": "list", "data": [{"id": ctx.model_name, "object": "model", "created": ctx.created,
-                                            "owned_by": "hearth", "root": ctx.model_path, "parent": None,
+                                            "owned_by": "hearth", "root": ctx.model_name, "parent": None,
                                             "max_model_len": ctx.max_model_len}, *upstream]}
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", openapi_extra=openapi_body(CompletionRequest))
     async def completions(raw: Request):
         body = await parse_body(raw, CompletionRequest)
         if gateway is not None:
             return await gateway.handle(raw, body, create_completion)
         return await create_completion(ctx, body, raw)
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", openapi_extra=openapi_body(ChatCompletionRequest))
     async def chat_completions(raw: Request):
         body = await parse_body(raw, ChatCompletionRequest)
         if gateway is not None:
@@ -143,11 +141,11 @@ def build_app(engine: AsyncEngine, ctx: ServingContext, config: ServerConfig,
 
     register_pooling_routes(app, ctx)
 
-    @app.post("/tokenize")
+    @app.post("/tokenize", openapi_extra=openapi_body(TokenizeRequest))
     async def tokenize(raw: Request) -> dict:
-        return serving_tokenize.tokenize(ctx, await parse_body(raw, TokenizeRequest))
+        return await serving_tokenize.tokenize(ctx, await parse_body(raw, TokenizeRequest))
 
-    @app.post("/detokenize")
+    @app.post("/detokenize", openapi_extra=openapi_body(DetokenizeRequest))
     async def detokenize(raw: Request) -> dict:
         return serving_tokenize.detokenize(ctx, await parse_body(raw, DetokenizeRequest))
 

@@ -5,6 +5,7 @@ import asyncio
 import dataclasses
 import functools
 import json
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -12,10 +13,11 @@ from dataclasses import dataclass, field
 
 from fastapi import Request
 
-from hearth.engine.async_engine import AsyncEngine, EngineDeadError, QueueFullError, RequestStream
+from hearth.engine.async_engine import AsyncEngine, EngineDeadError, QueueFullError, RequestStream, ShutdownError
 from hearth.engine.outputs import StepOutput
 from hearth.entrypoints.openai.api_keys import meter
 from hearth.entrypoints.openai.errors import APIError, bad_request, error_body
+from hearth.entrypoints.openai.template_sandbox import SandboxRenderer
 from hearth.entrypoints.openai.fim import FIMTokens, find_fim_tokens
 from hearth.entrypoints.openai.reasoning import THINK_CLOSE, THINK_OPEN, ReasoningParser
 from hearth.sampling_params import SamplingParams
@@ -26,7 +28,11 @@ from hearth.tokenizer import Tokenizer
 # Parameter names a SamplingParams / engine message may start with (its first word names the field).
 SAMPLING_PARAMS = {"n", "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
                    "repetition_penalty", "max_tokens", "min_tokens", "logprobs", "prompt_logprobs", "seed", "stop",
-                   "logit_bias", "top_logprobs", "max_completion_tokens", "messages", "prompt"}
+                   "logit_bias", "top_logprobs", "max_completion_tokens", "messages", "prompt",
+                   "stop_token_ids", "priority"}
+
+
+GRAMMAR_TIMEOUT_S = 5.0
 
 
 @dataclass
@@ -41,6 +47,17 @@ class ServingContext:
     reasoning_budget: int | None = None  # --reasoning-budget
     created: int = field(default_factory=lambda: int(time.time()))
     _token_texts: dict[int, str] = field(default_factory=dict)  # bounded by the vocabulary
+    sandbox: SandboxRenderer = field(default_factory=SandboxRenderer)  # request-supplied chat templates
+
+    @property
+    def max_prompt_chars(self) -> int:
+        """The limit on a rendered chat prompt: far more text than the context can hold in tokens."""
+        return max(1_000_000, 32 * self.max_model_len)
+
+    @property
+    def sampling_defaults(self) -> dict:
+        """The engine's generation_config defaults for fields a request leaves unset (generation_defaults.py)."""
+        return getattr(self.engine.engine, "generation_defaults", {})
 
     @functools.cached_property
     def fim(self) -> FIMTokens | None:
@@ -87,18 +104,28 @@ class ServingContext:
         if spec is None:
             return
         try:
-            await asyncio.to_thread(self.engine.engine.structured.compile, spec)
+            # NOTE: a compile past the limit goes on in its thread (it cannot be stopped), bounded by the
+            # compiler's size limit; the request is refused at once, so it never reaches the engine.
+            await asyncio.wait_for(asyncio.to_thread(self.engine.engine.structured.compile, spec),
+                                   GRAMMAR_TIMEOUT_S)
+        except TimeoutError:
+            raise APIError(400, f"{param}: the constraint took longer than the limit of {GRAMMAR_TIMEOUT_S:g} s "
+                                "to compile", param=param) from None
         except ValueError as e:
             raise APIError(400, f"{param}: {e}" if param else str(e), param=param) from None
 
-    async def generate(self, subs: list[tuple[str, list[int], SamplingParams]]) -> RequestStream:
-        """Submit; user errors become 400, a full queue 503 with Retry-After."""
+    async def generate(self, subs: list[tuple[str, list[int], SamplingParams]],
+                       prompt_param: str = "prompt") -> RequestStream:
+        """Submit; user errors become 400 (param: the field at fault; prompt_param names the prompt's field), a
+        full queue 503 with Retry-After."""
         try:
             return meter(await self.engine.generate(subs), subs)  # counts tokens for the request's API key
         except ValueError as e:
             err = bad_request(e, SAMPLING_PARAMS)
             if "context length" in err.message:
-                err.param = "max_tokens" if "max_tokens" in err.message else "prompt"
+                err.param = "max_tokens" if "max_tokens" in err.message else prompt_param
+            elif err.param == "prompt" or (err.param is None and re.search(r"\bprompt\b", err.message)):
+                err.param = prompt_param
             raise err from None
         except QueueFullError as e:
             raise APIError(503, str(e), "server_overloaded", code="queue_full",
@@ -114,6 +141,12 @@ def new_id(prefix: str) -> str:
 def sse(obj: dict | str) -> str:
     data = obj if isinstance(obj, str) else json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
     return f"data: {data}\n\n"
+
+
+async def wait_disconnect(raw: Request) -> None:
+    """Return when the client has gone away (call after the body was read)."""
+    while (await raw.receive()).get("type") != "http.disconnect":
+        pass
 
 
 async def _watch_disconnect(raw: Request, stream: RequestStream) -> None:
@@ -158,6 +191,8 @@ async def sse_stream(chunks: AsyncIterator[str]) -> AsyncIterator[str]:
         yield sse(error_body(e.message, e.type, e.param, e.code))
     except EngineDeadError as e:
         yield sse(error_body(str(e), "server_error"))
+    except ShutdownError as e:
+        yield sse(error_body(str(e), "server_error", None, "server_shutting_down"))
     yield "data: [DONE]\n\n"
 
 
