@@ -49,13 +49,14 @@ def build_1_2_5_buckets(max_value: int) -> list[int]:
 
 
 class ServerMetrics:
-    """All of one server's metrics. `labels` are vLLM's: model_name and engine (always "0" here)."""
+    """All of one server's metrics. `labels` are vLLM's: model_name and engine (the data-parallel rank)."""
 
-    def __init__(self, model_name: str, registry: CollectorRegistry | None = None, max_model_len: int = 2048) -> None:
+    def __init__(self, model_name: str, registry: CollectorRegistry | None = None, max_model_len: int = 2048,
+                 engine: str = "0") -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
-        self.labels = {"model_name": model_name, "engine": "0"}
+        self.labels = {"model_name": model_name, "engine": engine}
         names = ["model_name", "engine"]
-        values = {"model_name": model_name, "engine": "0"}
+        values = {"model_name": model_name, "engine": engine}
         r = self.registry
 
         def gauge(name: str, doc: str) -> Gauge:

@@ -140,6 +140,9 @@ def build_parser() -> argparse.ArgumentParser:
     from hearth.entrypoints import cli_doctor
 
     cli_doctor.register(sub)
+    from hearth.entrypoints import cli_ps
+
+    cli_ps.register(sub)
     from hearth.entrypoints import cli_keys
 
     cli_keys.register(sub)

@@ -27,6 +27,9 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     from hearth.entrypoints.openai.reasoning import REASONING_PARSERS
 
     add_engine_args(p, model_optional=True, max_prefills_per_step=1)
+    from hearth.entrypoints.openai.cli_models import add_models_args
+
+    add_models_args(p)
     g = p.add_argument_group("server")
     g.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     g.add_argument("--port", type=int, default=8000, help="port to bind (default 8000)")
@@ -152,6 +155,26 @@ def run_serve(ns: argparse.Namespace) -> int:
     for flag, value in (("--header-timeout", ns.header_timeout), ("--body-timeout", ns.body_timeout)):
         if value <= 0:
             raise ValueError(f"{flag} must be > 0, got {value}")
+    from hearth.entrypoints.openai.cli_models import build_router
+
+    router = build_router(ns)
+    if router is not None:  # several models and/or data parallel: engines in worker processes
+        if gateway_config.enabled:
+            raise ValueError("--upstream is for one model: drop it, or --models-dir / --data-parallel-size")
+        sock = bind_socket(ns.host, ns.port)
+        api_key = ns.api_key or (envs.api_key() if not ns.api_key_file else None)
+        from hearth.entrypoints.openai.site_guard import default_allowed_hosts
+
+        hosts = ns.allowed_hosts if ns.allowed_hosts is not None else default_allowed_hosts(ns.host)
+        app = build_app(router, None, ServerConfig(api_key, ns.max_request_body_bytes, ns.drain_timeout,
+                                                   ns.api_key_file, hosts, ns.allowed_origins, ns.body_timeout),
+                        router=router)
+        logger.info("serving %s on http://%s:%d/v1%s", ", ".join(repr(n) for n in router.names()), ns.host, ns.port,
+                    " (API key required)" if api_key or ns.api_key_file else "")
+        config = uvicorn.Config(app, host=ns.host, port=ns.port, log_level=ns.uvicorn_log_level,
+                                timeout_graceful_shutdown=ns.drain_timeout)
+        uvicorn.Server(config).run(sockets=[sock])
+        return 0
     sock = bind_socket(ns.host, ns.port)  # before the (slow) load: a busy port fails in a second, not after it
     try:
         llm = _load_engine(ns)

@@ -77,6 +77,14 @@ def install_handlers(app: FastAPI) -> None:
         return JSONResponse(error_body(str(exc.detail), kind, None, code), status_code=exc.status_code,
                             headers=getattr(exc, "headers", None))
 
+    from hearth.engine.async_engine import EngineDeadError
+
+    @app.exception_handler(EngineDeadError)
+    async def _engine_dead(_: Request, exc: EngineDeadError) -> JSONResponse:
+        # An engine that failed mid-request (a non-streaming one): a worker process that died is a 503.
+        status = getattr(exc, "status_code", 500)
+        return JSONResponse(error_body(str(exc), "server_error", None, "engine_dead"), status_code=status)
+
     @app.exception_handler(Exception)
     async def _internal(_: Request, exc: Exception) -> JSONResponse:
         logger.exception("internal error")

@@ -14,11 +14,12 @@ from fastapi.responses import JSONResponse, Response
 from hearth import __version__
 from hearth.engine.async_engine import AsyncEngine, ShutdownError
 from hearth.entrypoints.ollama import serving as ollama_serving
-from hearth.entrypoints.openai import serving_anthropic, serving_keys, serving_responses, serving_tokenize
+from hearth.entrypoints.openai import admin_routes, serving_anthropic, serving_keys, serving_responses, serving_tokenize
 from hearth.entrypoints.openai.body import install_openapi, openapi_body, parse_body  # noqa: F401 (re-export)
 from hearth.entrypoints.openai.errors import error_body, install_handlers
 from hearth.entrypoints.openai.gateway import Gateway
 from hearth.entrypoints.openai.guard import Guard
+from hearth.entrypoints.openai.model_router import ModelRouter
 from hearth.entrypoints.openai.site_guard import SiteConfig, SiteGuard
 from hearth.entrypoints.openai.protocol import (
     ChatCompletionRequest,
@@ -67,10 +68,17 @@ async def warm_when_idle(engine: AsyncEngine, warm_up: Callable[[], object], idl
         logger.debug("chat template warm-up failed: %s", e)
 
 
-def build_app(engine: AsyncEngine, ctx: ServingContext, config: ServerConfig,
-              gateway: Gateway | None = None) -> FastAPI:
+def build_app(engine: AsyncEngine, ctx: ServingContext | None, config: ServerConfig,
+              gateway: Gateway | None = None, router: ModelRouter | None = None) -> FastAPI:
+    """One model in-process (engine, ctx), or a ModelRouter (then engine is the router, ctx None)."""
     @asynccontextmanager
     async def lifespan(_: FastAPI):
+        if router is not None:  # worker processes: loaded (pinned) before serving, stopped after
+            serving_keys.reload_on_sighup(keys)
+            await router.start()
+            yield
+            await router.shutdown()
+            return
         engine.start()
         serving_keys.reload_on_sighup(keys)
         warm = asyncio.create_task(warm_when_idle(engine, ctx.tokenizer.warm_up))
@@ -84,7 +92,8 @@ def build_app(engine: AsyncEngine, ctx: ServingContext, config: ServerConfig,
 
     app = FastAPI(title="hearth", version=__version__, lifespan=lifespan)
     install_handlers(app)
-    keys = serving_keys.key_ring(config.api_key, config.api_key_file, engine.metrics)
+    keys = serving_keys.key_ring(config.api_key, config.api_key_file,
+                                 engine.metrics if router is None else router.front)
     app.add_middleware(Guard, keys=keys, max_body_bytes=config.max_body_bytes)
     if config.allowed_origins:  # outside the key guard: preflight requests carry no key
         app.add_middleware(CORSMiddleware, allow_origins=config.allowed_origins, allow_methods=["*"],
@@ -94,8 +103,13 @@ def build_app(engine: AsyncEngine, ctx: ServingContext, config: ServerConfig,
                                                     config.body_timeout))
     install_openapi(app)
     serving_keys.register(app, keys)
+    if router is not None:  # NOTE: before web.register: the router's /status answers for every model
+        admin_routes.register(app, router)
     web.register(app, engine, ctx)
     app.state.engine, app.state.ctx = engine, ctx
+
+    async def context(model: str | None) -> ServingContext:
+        return ctx if router is None else await router.context(model)
 
     @app.exception_handler(ShutdownError)
     async def shutting_down(_: Request, exc: ShutdownError) -> JSONResponse:
@@ -114,12 +128,16 @@ def build_app(engine: AsyncEngine, ctx: ServingContext, config: ServerConfig,
 
     @app.get("/metrics")
     async def metrics() -> Response:
+        if router is not None:
+            return Response(await router.render_metrics(), media_type=CONTENT_TYPE)
         if engine.metrics is None:
             return Response(b"", media_type=CONTENT_TYPE)
         return Response(engine.metrics.render(), media_type=CONTENT_TYPE)
 
     @app.get("/v1/models")
     async def models() -> dict:
+        if router is not None:
+            return router.openai_list()
         upstream = await gateway.upstream_models() if gateway is not None else []
         return {"object": "list", "data": [{"id": ctx.model_name, "object": "model", "created": ctx.created,
                                             "owned_by": "hearth", "root": ctx.model_name, "parent": None,
@@ -130,26 +148,30 @@ def build_app(engine: AsyncEngine, ctx: ServingContext, config: ServerConfig,
         body = await parse_body(raw, CompletionRequest)
         if gateway is not None:
             return await gateway.handle(raw, body, create_completion)
-        return await create_completion(ctx, body, raw)
+        return await create_completion(await context(body.model), body, raw)
 
     @app.post("/v1/chat/completions", openapi_extra=openapi_body(ChatCompletionRequest))
     async def chat_completions(raw: Request):
         body = await parse_body(raw, ChatCompletionRequest)
         if gateway is not None:
             return await gateway.handle(raw, body, create_chat_completion)
-        return await create_chat_completion(ctx, body, raw)
+        return await create_chat_completion(await context(body.model), body, raw)
 
-    register_pooling_routes(app, ctx)
+    if router is None:  # TODO(multi-model): pooling, responses, anthropic and ollama routes take one ctx
+        register_pooling_routes(app, ctx)
 
     @app.post("/tokenize", openapi_extra=openapi_body(TokenizeRequest))
     async def tokenize(raw: Request) -> dict:
-        return await serving_tokenize.tokenize(ctx, await parse_body(raw, TokenizeRequest))
+        body = await parse_body(raw, TokenizeRequest)
+        return await serving_tokenize.tokenize(await context(body.model), body)
 
     @app.post("/detokenize", openapi_extra=openapi_body(DetokenizeRequest))
     async def detokenize(raw: Request) -> dict:
-        return serving_tokenize.detokenize(ctx, await parse_body(raw, DetokenizeRequest))
+        body = await parse_body(raw, DetokenizeRequest)
+        return serving_tokenize.detokenize(await context(body.model), body)
 
-    serving_responses.register(app, ctx, parse_body)  # POST /v1/responses, GET/DELETE /v1/responses/{id}
-    serving_anthropic.register(app, ctx, parse_body)  # POST /v1/messages, /v1/messages/count_tokens
-    ollama_serving.register(app, ctx, parse_body)  # Ollama's /api/*
+    if router is None:
+        serving_responses.register(app, ctx, parse_body)  # POST /v1/responses, GET/DELETE /v1/responses/{id}
+        serving_anthropic.register(app, ctx, parse_body)  # POST /v1/messages, /v1/messages/count_tokens
+        ollama_serving.register(app, ctx, parse_body)  # Ollama's /api/*
     return app

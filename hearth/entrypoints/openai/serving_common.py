@@ -43,6 +43,7 @@ class ServingContext:
     model_path: str
     max_model_len: int
     chat_template: str | None = None
+    aliases: tuple[str, ...] = ()  # other names a request may use (--models-config)
     reasoning_parser: ReasoningParser | None = None  # --reasoning-parser
     reasoning_budget: int | None = None  # --reasoning-budget
     created: int = field(default_factory=lambda: int(time.time()))
@@ -57,16 +58,20 @@ class ServingContext:
     @property
     def sampling_defaults(self) -> dict:
         """The engine's generation_config defaults for fields a request leaves unset (generation_defaults.py)."""
-        return getattr(self.engine.engine, "generation_defaults", {})
+        local = getattr(self.engine, "engine", None)  # None: the engine is in a worker process (its WorkerInfo)
+        source = local if local is not None else self.engine.info
+        return getattr(source, "generation_defaults", None) or {}
 
     @functools.cached_property
     def fim(self) -> FIMTokens | None:
         """The model's fill-in-the-middle tokens (None: it has none), found on first use."""
-        return find_fim_tokens(self.tokenizer, self.engine.engine.model_config.hf_config)
+        local = getattr(self.engine, "engine", None)  # None: the engine is in a worker process (its WorkerInfo)
+        hf_config = local.model_config.hf_config if local is not None else self.engine.info.hf_config
+        return find_fim_tokens(self.tokenizer, hf_config)
 
     def check_model(self, name: str | None) -> None:
         # NOTE: an absent model is accepted (vLLM does the same); a wrong one is a 404.
-        if name is not None and name != self.model_name:
+        if name is not None and name != self.model_name and name not in self.aliases:
             raise APIError(404, f"the model {name!r} does not exist; this server serves {self.model_name!r}",
                            param="model", code="model_not_found")
 
@@ -101,12 +106,13 @@ class ServingContext:
     async def compile_structured(self, spec: StructuredOutputsParams | None, param: str | None) -> None:
         """Compile (and cache) a constraint off the event loop and off the engine thread: a bad one is a 400
         naming the field that asked for it. The engine's own compile in add_request is then a cache hit."""
-        if spec is None:
+        local = getattr(self.engine, "engine", None)  # None: the engine is in a worker process, which compiles it
+        if spec is None or local is None:
             return
         try:
             # NOTE: a compile past the limit goes on in its thread (it cannot be stopped), bounded by the
             # compiler's size limit; the request is refused at once, so it never reaches the engine.
-            await asyncio.wait_for(asyncio.to_thread(self.engine.engine.structured.compile, spec),
+            await asyncio.wait_for(asyncio.to_thread(local.structured.compile, spec),
                                    GRAMMAR_TIMEOUT_S)
         except TimeoutError:
             raise APIError(400, f"{param}: the constraint took longer than the limit of {GRAMMAR_TIMEOUT_S:g} s "
@@ -130,8 +136,8 @@ class ServingContext:
         except QueueFullError as e:
             raise APIError(503, str(e), "server_overloaded", code="queue_full",
                            headers={"Retry-After": str(e.retry_after)}) from None
-        except EngineDeadError as e:
-            raise APIError(500, str(e), "server_error") from None
+        except EngineDeadError as e:  # a worker process that died is a 503 (WorkerDiedError.status_code)
+            raise APIError(getattr(e, "status_code", 500), str(e), "server_error") from None
 
 
 def new_id(prefix: str) -> str:
