@@ -124,12 +124,6 @@ class SchedulerConfig:
 
 
 @dataclass
-class ParallelConfig:
-    threads: int | None = None  # None: physical cores
-    omp_threads_bind: str = "auto"  # auto | nobind | core list
-
-
-@dataclass
 class EngineArgs:
     """Everything a user can set, by vLLM's names. `hearth.LLM(model, **engine_args)` takes these."""
 

@@ -79,8 +79,30 @@ def upstream_api_key() -> str | None:
     return _first("HEARTH_UPSTREAM_API_KEY")
 
 
-def log_level() -> str:
-    return (_first("HEARTH_LOGGING_LEVEL", "VLLM_LOGGING_LEVEL") or "INFO").upper()
+def kernels_enabled() -> bool:
+    """HEARTH_KERNELS (default on): hearth's compiled C++ kernels; 0 runs torch's operators only (kernels/_build.py)."""
+    return _flag("HEARTH_KERNELS", True)
+
+
+def kernels_isa() -> str | None:
+    """HEARTH_KERNELS_ISA: avx2 runs the AVX2 kernels on an AVX-512 CPU; unset or auto: the widest the CPU has."""
+    value = _first("HEARTH_KERNELS_ISA")
+    v = None if value is None else value.strip().lower()
+    if v in (None, "auto"):
+        return None
+    if v not in ("avx2", "avx512"):
+        raise ValueError(f"HEARTH_KERNELS_ISA must be auto, avx2 or avx512, got {value!r}")
+    return v
+
+
+def decode_program() -> bool:
+    """HEARTH_DECODE_PROGRAM (default on): a decoder stack's decode steps in one C call (kernels/decoder.py)."""
+    return _flag("HEARTH_DECODE_PROGRAM", True)
+
+
+def hugepages() -> bool:
+    """HEARTH_HUGEPAGES (default on): quantized weights copied into 2 MiB pages after load (weights/hugepages.py)."""
+    return _flag("HEARTH_HUGEPAGES", True)
 
 
 def tokenizer_cache_dir() -> str | None:
@@ -146,7 +168,7 @@ def q6_tiles() -> bool:
 
 
 def panel_cache_dir() -> str | None:
-    """Where packed panel weights are kept between runs (loader/panel_pack.py): HEARTH_PANEL_CACHE (a directory,
+    """Where packed panel weights are kept between runs (weights/panel_pack.py): HEARTH_PANEL_CACHE (a directory,
     or 0/off: pack into memory at every start), else $XDG_CACHE_HOME/hearth/panels (~/.cache/hearth/...)."""
     return _cache_dir("HEARTH_PANEL_CACHE", "panels")
 

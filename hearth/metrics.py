@@ -6,6 +6,8 @@ prometheus-client's `_total` suffix, exactly as vLLM's are. The engine thread wr
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from prometheus_client import (
     CollectorRegistry,
     Counter,
@@ -17,7 +19,8 @@ from prometheus_client import (
 )
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from hearth.engine.llm_engine import EngineStats
+if TYPE_CHECKING:  # (the engine reports to the metrics; they never import it)
+    from hearth.engine.llm_engine import EngineStats
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 disable_created_metrics()  # no *_created series (as vLLM's exposition); process-wide, harmless

@@ -180,9 +180,8 @@ _M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4  # mallopt parameters (malloc.h)
 def keep_freed_memory() -> bool:
     """Make glibc's malloc serve every size from its heap and keep what is freed, instead of mapping each block
     above its mmap threshold (at most 32 MiB) fresh and unmapping it when freed. Prefill activations are such blocks
-    (a 2048-token Qwen2.5-0.5B MLP: 80 + 40 + 40 MB per layer), so every layer paid page faults to zero new pages,
-    and a fault costs ~2 us in this VM: that prefill took 2.26 M minor faults and 17.2 s, with this 0.20 M and
-    12.4 s (alternated processes: 15.4 / 18.0 -> 12.5 / 13.7 s; peak RSS +50-100 MB; 512 tokens within noise).
+    (a 2048-token Qwen2.5-0.5B MLP: tens of MB per layer), so every layer paid page faults to zero new pages, which
+    are slow in VMs: with this, a long prefill takes about a tenth of the minor faults (peak RSS grows a little).
     The price: memory freed after a long prompt stays resident for the next one. Returns True if applied (glibc
     only; HEARTH_KEEP_FREED_MEMORY=0 turns it off)."""
     from hearth import envs

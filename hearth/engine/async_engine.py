@@ -256,8 +256,8 @@ class AsyncEngine:
     def _wait_for_refill(self) -> None:
         """After a step that finished requests, with a free slot and nobody waiting: give clients up to
         refill_wait_s to send their next request, so it joins the next step instead of arriving during it and
-        waiting that whole step (a client with a concurrency cap sends its next request as its last one ends; a
-        step with a prompt in it takes ~1 s on a 2-core CPU). Returns at once when a command arrives."""
+        waiting that whole step (a client with a concurrency cap sends its next request as its last one ends, and a
+        step with a prompt in it is long on a small CPU). Returns at once when a command arrives."""
         stats = self._stats
         if (self.refill_wait_s <= 0 or stats.num_waiting > 0
                 or stats.num_running >= self.engine.scheduler.config.max_num_seqs):

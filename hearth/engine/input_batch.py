@@ -64,9 +64,9 @@ class DecodeBatch:
     preempted; a prefill or speculative step ran in between: the runner calls reset) rebuilds the rows from the
     requests.
 
-    Why: right after a forward pass has streamed the weights through the caches, every numpy or torch call costs
-    ~20-100 us of cache misses (a torch slice ~100 us, a numpy in-place add ~50 us; ~1 us warm), so the steady
-    state makes two numpy calls and touches no per-request object.
+    Why: right after a forward pass has streamed the weights through the caches, every numpy or torch call pays
+    cache misses many times its warm cost, so the steady state makes two numpy calls and touches no per-request
+    object.
 
     NOTE: the tensors handed out are views of arrays updated in place the next step: valid for one step.
     NOTE: block-table rows keep entries past a row's context (padding is 0 after a rebuild, stale after rows are

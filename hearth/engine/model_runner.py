@@ -15,7 +15,7 @@ from hearth.engine.block_manager import BlockManager
 from hearth.engine.input_batch import DecodeBatch, SeqInput, prepare_inputs
 from hearth.engine.request import Request
 from hearth.engine.scheduler import ScheduledRequest, SchedulerOutput
-from hearth.kernels import quant
+from hearth.weights import activations
 from hearth.layers.attention import Attention
 from hearth.layers.sampler import Sampler, SamplerOutput, TokenLogprobs, logprobs_of
 from hearth.spec_decode.rejection_sampler import RejectionSampler
@@ -77,7 +77,7 @@ class ModelRunner:
             try:
                 input_ids, positions, meta = self.decode_batch.prepare(reqs, block_manager.block_table,
                                                                        self._last_sampled)
-                # (forward, not __call__: no module hooks are used, and their dispatch costs ~50 us cold)
+                # (forward, not __call__: no module hooks are used, and their dispatch is not free with cold caches)
                 hidden = self.model.forward(input_ids, positions, meta)  # [N, hidden]
                 out: SamplerOutput = self.sampler(self.model.compute_logits(hidden), reqs)
             except BaseException:
@@ -89,14 +89,14 @@ class ModelRunner:
         seqs = [SeqInput(_new_tokens(s), s.request.num_computed_tokens, block_manager.block_table(s.request.request_id))
                 for s in scheduled]
         # Generated tokens first (decodes, then speculative verification or a recomputed tail), then prompts (stable):
-        # quant.prompt_rows rounds the rows after the generated ones as prompt tokens. (prepare_inputs: decodes lead.)
+        # activations.prompt_rows rounds the rows after the generated ones as prompt tokens. (prepare_inputs: decodes lead.)
         generated = [s.request.num_computed_tokens >= s.request.num_prompt_tokens for s in scheduled]
         order = sorted(range(len(seqs)), key=lambda i: (not generated[i], not seqs[i].is_decode))
         ordered = [scheduled[i] for i in order]
         input_ids, positions, meta = prepare_inputs([seqs[i] for i in order], self.block_size)
         gen_rows = sum(s.num_new_tokens for s, g in zip(scheduled, generated) if g)
         # (quantized weights: a prompt's rows get the same numbers however many run)
-        with quant.prompt_rows(gen_rows, int(input_ids.shape[0])):
+        with activations.prompt_rows(gen_rows, int(input_ids.shape[0])):
             hidden = self.model(input_ids, positions, meta)  # [T, hidden]
         return self._sample(hidden, ordered)
 

@@ -20,7 +20,7 @@ from hearth.engine.block_manager import BlockManager
 from hearth.engine.input_batch import SeqInput, prepare_inputs
 from hearth.engine.outputs import StepOutput
 from hearth.engine.request import Request
-from hearth.kernels import quant
+from hearth.weights import activations
 from hearth.layers.pooler import PoolerConfig, finish_embedding, pool
 from hearth.pooling_params import PoolingParams
 
@@ -148,7 +148,7 @@ class PoolingExecutor:
         positions = torch.cat([torch.arange(n) for n in lens])
         types = torch.tensor([t for r in batch for t in (r.params.token_type_ids or [0] * len(r.prompt_token_ids))],
                              dtype=torch.long)
-        with quant.prompt_rows(0, int(ids.shape[0])):
+        with activations.prompt_rows(0, int(ids.shape[0])):
             return self.model(ids, positions, types, lens)  # [T, hidden]
 
     def _decode_pass(self, batch: list[PoolingRequest]) -> tuple[list[PoolingRequest], torch.Tensor | None]:
@@ -165,7 +165,7 @@ class PoolingExecutor:
                 return [], None
             seqs = [SeqInput(r.prompt_token_ids, 0, bm.block_table(h.request_id)) for r, h in taken]
             input_ids, positions, meta = prepare_inputs(seqs, bm.block_size)
-            with quant.prompt_rows(0, int(input_ids.shape[0])):
+            with activations.prompt_rows(0, int(input_ids.shape[0])):
                 hidden = self.model(input_ids, positions, meta)  # [T, hidden]
         finally:
             for _, holder in taken:

@@ -124,9 +124,8 @@ class Scheduler:
         # NOTE: with the cap, a burst is started one (N) per step even on an idle engine: the first prompts
         # decode while the later ones prefill, and the finishes, hence a closed-loop client's next arrivals, stay
         # staggered. (Capping only next to running requests let a burst that met an idle engine, or a wave that
-        # all finished in one step, prefill together and finish together again: waves, TTFT p50 6.4 s.) Measured
-        # (Qwen2.5-0.5B, engine alone, 8 clients x 4 requests, 128 in / 64 out): TTFT p50 6.17 -> 1.42 s, output
-        # tok/s 25.7 -> 22.2 (before the panel GEMM; now 1.0 s and 35.8).
+        # all finished in one step, prefill together and finish together again: waves, and a TTFT several times
+        # longer.) It trades a little output throughput for a much shorter TTFT under closed-loop load.
         # A request's n sequences hold at most max_num_seqs_per_request slots together: its other sequences
         # wait without blocking the queue, so a later short request is admitted past them.
         cap = self.config.max_prefills_per_decode_step

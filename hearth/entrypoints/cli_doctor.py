@@ -36,33 +36,41 @@ def run(ns: argparse.Namespace) -> int:
         ("HEARTH_KVCACHE_SPACE", str(envs.kv_cache_space_gib() or "auto")),
         ("keep freed memory (glibc heap)", "yes" if envs.keep_freed_memory() else "no (HEARTH_KEEP_FREED_MEMORY=0)"),
         ("bf16 weights in panels", _panels_row()),
-        ("quantized weights, several rows", _quant_gemm_row()),
+        ("quantized activations", _activations_row()),
         ("allowed cores", ",".join(map(str, sorted(os.sched_getaffinity(0))))),
     ]
     width = max(len(k) for k, _ in rows)
     for k, v in rows:
         print(f"{k:<{width}}  {v}")
+    _print_layouts()
     if not info.has_avx2:
         print("warning: this CPU lacks AVX2/FMA; hearth runs on PyTorch's generic kernels only (slow)")
     return 0
 
 
-def _quant_gemm_row() -> str:
-    from hearth.kernels import quant
+ROW_COUNTS = (1, 8, 32, 128, 512)
 
-    if quant.panels_take(8, 32, 32):
-        act = quant.ACTIVATIONS
-        if quant.AUTO_ACTIVATIONS:
-            act += ", prompt tokens int8 (mostly-4-bit models: int8 but the LM head)"
-        return (f"VNNI panels: one vpdpbusd kernel for every row count, {act} activations "
-                f"(HEARTH_QUANT_PANELS=0: the row kernels)")
-    if quant.gemm_enabled() and quant._vnni_keeps_few_rows():
-        return (f"fp32 GEMM in prompt steps and, in broadcast form, in decode steps from {quant.BCAST_MIN_M} rows; "
-                f"VNNI integer dots below (HEARTH_QUANT_GEMM=1: the GEMM from 4 / 8 rows, 0: integer dots only)")
-    if quant.gemm_enabled():
-        return (f"fp32 GEMM from 4 (int8) / 8 (int4) rows and in prompt steps, broadcast form in decode steps from "
-                f"{quant.BCAST_MIN_M} rows (HEARTH_QUANT_GEMM=0: integer dots)")
-    return "integer-dot kernels (HEARTH_QUANT_GEMM=1: the fp32 GEMM, AVX-512 only)"
+
+def _print_layouts() -> None:
+    """The layout table with the kernel dispatch.plan picks here per row count: the same call every layer makes."""
+    from hearth.weights import dispatch
+
+    table = dispatch.table(rows=ROW_COUNTS)
+    width = max(len(name) for name, _, _ in table)
+    print()
+    col = max(len(k) for _, _, kernels in table for k in kernels)
+    print(f"{'weight layout':<{width}}  " + "  ".join(f"{f'{m} rows':>{col}}" for m in ROW_COUNTS))
+    for name, _, kernels in table:
+        print(f"{name:<{width}}  " + "  ".join(f"{k:>{col}}" for k in kernels))
+
+
+def _activations_row() -> str:
+    from hearth.weights import activations
+
+    act = activations.ACTIVATIONS
+    if activations.AUTO_ACTIVATIONS:
+        act += " (auto: prompt tokens int8 on VNNI panels; mostly-4-bit models int8 but the LM head)"
+    return act
 
 
 def _panels_row() -> str:

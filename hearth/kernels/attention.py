@@ -28,22 +28,10 @@ _KV_DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2, torch.int8:
 def _lib() -> ctypes.CDLL | None:
     if kernels.isa() is None:
         return None
-    lib = _build.load()
-    if lib is None:
-        return None
-    i64, i32, ptr, f32 = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p, ctypes.c_float
-    lib.hk_paged_attention.argtypes = [
-        ptr, i64,  # q, q token stride
-        ptr, ptr, i32, ptr, ptr, i64, i64,  # k/v caches, dtype, k/v scales, block stride, token stride
-        ptr, i64, ptr, ptr, ptr, i64,  # block tables + stride, query_start, context_lens, seq_ids, num_seqs
-        ptr, i64,  # out, out token stride
-        i64, i64, i64, i64, f32, f32, i64,  # block_size, heads, kv heads, head_dim, scale, softcap, window
-        ptr, i32, i32, i32]  # alibi slopes, q values are bf16, isa, threads
-    lib.hk_paged_attention.restype = i32
-    return lib
+    return _build.load()
 
 
-def _isa_for(head_dim: int) -> int | None:
+def isa_for(head_dim: int) -> int | None:
     isa = kernels.isa()
     if isa == kernels.ISA_AVX512 and head_dim % 16:
         isa = kernels.ISA_AVX2  # AVX-512 machines run AVX2 too; its 8-float vectors fit more head sizes
@@ -53,7 +41,7 @@ def _isa_for(head_dim: int) -> int | None:
 def supports(kv_cache: torch.Tensor, head_dim: int) -> bool:
     """True when the kernel can run on this cache (dtype, contiguity) and head size on this machine."""
     return (kv_cache.dtype in _KV_DTYPES and kv_cache.device.type == "cpu" and kv_cache.is_contiguous()
-            and _isa_for(head_dim) is not None and _lib() is not None)
+            and isa_for(head_dim) is not None and _lib() is not None)
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
@@ -95,7 +83,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     if alibi_slopes is not None and (alibi_slopes.dtype != torch.float32 or alibi_slopes.shape != (num_heads,)
                                      or not alibi_slopes.is_contiguous()):
         raise ValueError("alibi_slopes must be contiguous float32 [num_heads]")
-    isa = isa or _isa_for(head_dim)
+    isa = isa or isa_for(head_dim)
     num_seqs = seq_ids.numel() if seq_ids is not None else context_lens.numel()
     rc = lib.hk_paged_attention(
         q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), _KV_DTYPES[k_cache.dtype], *scales,

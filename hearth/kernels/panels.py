@@ -1,25 +1,20 @@
 """bf16 weights in 32-row panels, read by hearth's own GEMMs: csrc/panel.cpp (fp32 FMAs, AVX-512 CPUs without
-native bf16) or csrc/panel_dot.cpp (vdpbf16ps dot products, AVX512-BF16 CPUs: the "dot" layout).
+native bf16: the "fma" layout) or csrc/panel_dot.cpp (vdpbf16ps dot products, AVX512-BF16 CPUs: the "dot" layout).
 
     if panels.supported():
-        w_panel = panels.pack(w, out)                 # w [N, K] bf16 -> [ceil(N/32), K, 32] bf16 (a view of out)
-        y = panels.linear(x, [w_panel], [N], bias)    # = F.linear(x, w, bias) in x's dtype, fp32 accumulate
+        w_panel = panels.pack(w, out)   # w [N, K] bf16 -> [ceil(N/32), K, 32] bf16 (a view of out)
+    y = hearth.weights.apply.dense_panels_linear(x, [w_panel], [N], bias)   # = F.linear(x, w, bias)
 
-Why: a decode step with several sequences multiplies a few x rows by every weight. On row-major weights the
-kernel computes dot products (one conversion per 4 FMAs, horizontal sums at the end); in panels it broadcasts x
-values into FMAs against 32 outputs' weights at once, reading each thread's weights as one sequential stream.
-Measured against the row kernel (Qwen2.5-0.5B gate_up 4864 x 896, 2 threads, 2-vCPU Skylake-SP): M = 8 1.56 ->
-0.89 ms, M = 32 4.85 -> 3.35 ms, the 151936-row head at M = 8 68 -> 34 ms; M = 1 at parity. From 4 rows the
-kernel runs as a blocked GEMM (csrc/panel.cpp, linear_tiled) that also beats widening the panels to fp32 for
-torch.mm up to TILED_MAX_M rows (M = 128: ~1.4x); longer prefills widen the panels into an fp32 [K, N] scratch and
-run torch's GEMM, ahead there by 5-15%. HEARTH_PANELS=0 keeps row-major weights.
+Why: a decode step with several sequences multiplies a few x rows by every weight. On row-major weights the kernel
+computes dot products (one conversion per 4 FMAs, horizontal sums at the end); in panels it broadcasts x values into
+FMAs against 32 outputs' weights at once, reading each thread's weights as one sequential stream. Long prefills on
+the fma layout widen the panels into an fp32 [K, N] scratch for torch's GEMM (hearth.weights.dispatch decides when).
+HEARTH_PANELS=0 keeps row-major weights.
 
 The dot layout (AVX512-BF16 CPUs, bf16 models: x must be bf16 already, as the kernel rounds it to bf16) holds the
 same bytes in another order: at each k pair, 32-bit lane j holds row j's (w[2kp], w[2kp + 1]), so one vdpbf16ps
-multiplies a broadcast x pair into 16 outputs. Measured (2-vCPU Zen 5, Qwen2.5-0.5B shapes, 2 threads, bf16 x):
-gate_up M = 16 / 32 / 64: 393 / 467 / 672 GF/s against 316 / 373 / 412 for the row kernel's vdpbf16ps and
-282 / 369 / 485 for torch's bf16 F.linear (oneDNN); M = 512 on a par with it (705 vs 690); M = 1 at bandwidth like
-the row kernel. So every M runs it: no widening path for this layout.
+multiplies a broadcast x pair into 16 outputs. It keeps up with torch's bf16 GEMM even at prompt sizes, so every
+row count runs it: no widening path for this layout.
 """
 from __future__ import annotations
 
@@ -32,22 +27,11 @@ from hearth import envs, kernels
 from hearth.kernels import _build
 
 ROWS = 32  # outputs per panel
-TILED_MAX_M = 512  # rows up to which the panel GEMM runs; more: widened weights + torch.mm (fma layout only)
 
 
 @functools.cache
 def _lib() -> ctypes.CDLL | None:
-    lib = _build.load()
-    if lib is None:
-        return None
-    i64, i32, ptr = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p
-    lib.hk_pack_panels.argtypes = [ptr, i64, i64, i64, ptr, i32]
-    lib.hk_pack_panels.restype = i32
-    lib.hk_widen_panels.argtypes = [i64, ptr, ptr, i64, ptr, i64, i32]
-    lib.hk_widen_panels.restype = i32
-    lib.hk_pack_dot_panels.argtypes = [ptr, i64, i64, i64, ptr, i32]
-    lib.hk_pack_dot_panels.restype = i32
-    return lib
+    return _build.load()
 
 
 @functools.cache
@@ -147,16 +131,3 @@ def widen(panels: list[torch.Tensor], rows: list[int]) -> torch.Tensor:
     ptrs, ns = _pointers(panels, rows)
     _lib().hk_widen_panels(len(panels), ptrs, ns, k, out.data_ptr(), n, torch.get_num_threads())
     return out
-
-
-def linear(x: torch.Tensor, panels: list[torch.Tensor], rows: list[int],
-           bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x [..., K] . cat(weights)^T (+ bias), the weights as panels (part i: rows[i] outputs); x's dtype out."""
-    k, n = panels[0].shape[1], sum(rows)
-    m = x.numel() // k
-    if m > TILED_MAX_M and _cpu_layout() == "fma":  # long prefill: one fp32 GEMM on the widened weights
-        y = torch.mm(x.reshape(m, k).float(), widen(panels, rows))
-        if bias is not None:
-            y += bias.float()
-        return y.to(x.dtype).reshape(*x.shape[:-1], n)
-    return kernels.run_linear_parts(x, [p.data_ptr() for p in panels], rows, dtype_code(), k, bias)

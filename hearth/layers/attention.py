@@ -22,17 +22,17 @@ from torch import nn
 from hearth import kernels
 from hearth.kernels import attention as attn_kernel
 from hearth.kernels import fused
+from hearth.kernels.decoder import AttentionSpec
 
 # Fresh prompts (no cached context) at least this long use SDPA rather than the kernel when the layer allows it
 # (no softcap or ALiBi; window absent or not shorter than the prompt). None: the default for this CPU's kernels.
-# AVX2 (2-core Zen 3, fp32, D=64, H/Hkv 8/2 and 9/3, before the tiled prefill path): the kernel ahead up to 512
-# tokens, SDPA's blocked GEMMs from ~1024 on (x1.15 at 1024, x1.6 at 2048) -> 768. AVX-512 (2 vCPUs Skylake-SP,
-# fp32, D=64, H/Hkv 14/2 and 32/4, tiled path): the kernel ahead at every length measured, 64-4096 tokens (x1.1-1.7).
+# AVX2: the kernel is ahead on short prompts, SDPA's blocked GEMMs on long ones (the crossover is between 512 and
+# 1024 tokens). AVX-512 (the tiled path): the kernel is ahead at every length measured, so no threshold.
 SDPA_MIN_PROMPT: int | None = None
 _SDPA_MIN_PROMPT_AVX2 = 768
 
 
-def _sdpa_min_prompt() -> int | None:
+def sdpa_min_prompt() -> int | None:
     if SDPA_MIN_PROMPT is not None:
         return SDPA_MIN_PROMPT
     return _SDPA_MIN_PROMPT_AVX2 if kernels.isa() == kernels.ISA_AVX2 else None
@@ -71,7 +71,7 @@ class AttentionMetadata:
         """kernel_only: the layer needs what SDPA's fused path lacks (softcap, ALiBi): no prompt goes to SDPA."""
         key = (sliding_window, kernel_only)
         if key not in self._cache:
-            threshold = _sdpa_min_prompt()
+            threshold = sdpa_min_prompt()
             sdpa = [] if kernel_only or threshold is None else [
                 p for p in self.prefills
                 if p.query_len == p.context_len and p.query_len >= threshold
@@ -102,6 +102,18 @@ class Attention(nn.Module):
         # int8 caches only: per-token, per-head fp32 scales [num_blocks, block_size, Hkv] (x = int8 * scale)
         self.kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None
         self._kernel: tuple[int, bool] | None = None  # (id of the bound cache, kernel supports it)
+
+    def program_spec(self) -> AttentionSpec | None:
+        """This attention as the decode program runs it (None: ALiBi, no bound cache, or a cache or head size the
+        kernel does not take)."""
+        if self.alibi_slopes is not None or self.kv_cache is None:
+            return None
+        k_cache, v_cache = self.kv_cache
+        isa = attn_kernel.isa_for(self.head_dim)
+        if isa is None or not attn_kernel.supports(k_cache, self.head_dim):
+            return None
+        return AttentionSpec(self.num_heads, self.num_kv_heads, self.head_dim, self.scale, self.sliding_window or 0,
+                             self.logit_softcap or 0.0, k_cache, v_cache, isa)
 
     def use_kernel(self) -> bool:
         k_cache = self.kv_cache[0]

@@ -4,8 +4,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hearth.kernels import panels, quant
-from hearth.kernels.quant_gguf import GGUFBlocks
+from hearth.kernels import panels
+from hearth.weights import apply, prepare
+from hearth.weights.gguf import GGUFBlocks
 from hearth.layers.linear import adoptable, keep_16bit
 
 
@@ -14,8 +15,8 @@ class Embedding(nn.Module):
 
     Like Linear, a float32 model keeps a 16-bit checkpoint's table in 16 bits (exact); lookups return float32.
     A GGUF table of a kept block type (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K) stays in its repacked blocks (`qweight`) and the
-    looked-up rows are dequantized (exact, like a dense table): the whole-table dequantization was ~0.6 s of
-    SmolLM2's start-up, and a tied head reads the same blocks.
+    looked-up rows are dequantized (exact, like a dense table): dequantizing the whole table was a large part of a
+    small model's start-up, and a tied head reads the same blocks.
     """
 
     def __init__(self, num_embeddings: int, embedding_dim: int) -> None:
@@ -23,7 +24,7 @@ class Embedding(nn.Module):
         self.num_embeddings = num_embeddings
         self.weight = nn.Parameter(torch.empty(num_embeddings, embedding_dim), requires_grad=False)
         self.out_dtype = self.weight.dtype
-        self.qweight = None  # hearth.kernels.quant.QWeight, or None: the dense weight
+        self.qweight = None  # hearth.weights.QWeight, or None: the dense weight
         # The table in bf16 panels (hearth.kernels.panels) when it is also a tied LM head: the head's product reads
         # them, and a lookup gathers a row from its panel (panels.gather_rows).
         self.panels: torch.Tensor | None = None
@@ -33,8 +34,9 @@ class Embedding(nn.Module):
             if tuple(tensor.shape) != tuple(self.weight.shape):
                 raise ValueError(f"shape mismatch for embedding: checkpoint {tuple(tensor.shape)}, "
                                  f"model {tuple(self.weight.shape)}")
-            if quant.available():
-                self.qweight = tensor.repack()
+            qw = prepare.embedding_blocks(tensor)
+            if qw is not None:
+                self.qweight = qw
                 self.weight = nn.Parameter(torch.empty(0, self.weight.shape[1], dtype=self.weight.dtype),
                                            requires_grad=False)
                 return
@@ -69,6 +71,6 @@ class Embedding(nn.Module):
             rows = panels.gather_rows(self.panels, ids)
             return rows.reshape(*input_ids.shape, rows.shape[1]).to(self.out_dtype)
         if self.qweight is not None:
-            rows = quant.dequantize_gather(self.qweight, input_ids.reshape(-1))
+            rows = apply.dequantize_gather(self.qweight, input_ids.reshape(-1))
             return rows.reshape(*input_ids.shape, rows.shape[1]).to(self.out_dtype)
         return F.embedding(input_ids, self.weight).to(self.out_dtype)

@@ -2,8 +2,8 @@
 
 Merged projections (qkv, gate_up) have output rows split into named shards, one per checkpoint tensor. A dense
 layer keeps each shard's checkpoint tensor as it arrives (`parts`: for safetensors a view of the file's mapping)
-instead of copying the shards into one merged weight: on some VMs faulting in fresh memory costs ~2 us per page,
-and the copy was 1.4 s of a TinyLlama start-up and 1.25 GB of its resident memory. The kernels take the parts in
+instead of copying the shards into one merged weight: the copy faults in fresh memory (slow in VMs whose host
+backs guest pages lazily) and doubles the weights' resident memory while it runs. The kernels take the parts in
 one call (hk_linear_parts: one parallel region over every part's rows), as fast as a merged weight.
 """
 from __future__ import annotations
@@ -15,6 +15,8 @@ from torch import nn
 
 from hearth import kernels
 from hearth.kernels import panels
+from hearth.kernels.decoder import LinearSpec
+from hearth.weights import apply
 
 # 16-bit checkpoint weights (kernels.LOSSLESS_16BIT) widen to float32 exactly, so a float32 model may keep them in
 # 16 bits: the same numbers, half the bytes read per decode step. Only where the kernels that read them can run.
@@ -110,9 +112,26 @@ class Linear(nn.Module):
         self.weight = nn.Parameter(torch.empty(0, self.in_features, dtype=torch.bfloat16), requires_grad=False)
         return blocks
 
+    def program_spec(self) -> LinearSpec | None:
+        """This projection as the decode program reads it (None: a weight the program's kernels do not take)."""
+        bias = self.bias.detach().float().contiguous() if self.bias is not None else None
+        if self.panels is not None:
+            layout = apply.dense_panels_layout()
+            return LinearSpec(0, layout.code, list(zip(self.panels, self.panel_rows)), sum(self.panel_rows),
+                              self.in_features, self.in_features, bias, any_rows=layout.name == "bf16-dot-panels")
+        parts = self.row_blocks()
+        dtypes = {w.dtype for w in parts}
+        if (len(dtypes) != 1 or dtypes.pop() not in kernels._DTYPE_CODE
+                or any(w.dim() != 2 or w.stride(1) != 1 or w.shape[0] == 0 for w in parts)
+                or (len(parts) > 1 and not all(w.is_contiguous() for w in parts))):
+            return None
+        w = parts[0]
+        return LinearSpec(0, kernels._DTYPE_CODE[w.dtype], [(p, p.shape[0]) for p in parts],
+                          sum(p.shape[0] for p in parts), w.shape[1], w.stride(0), bias)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.panels is not None:
-            return panels.linear(x, self.panels, self.panel_rows, self.bias)
+            return apply.dense_panels_linear(x, self.panels, self.panel_rows, self.bias)
         if self.parts is None:
-            return kernels.linear(x, self.weight, self.bias)
-        return kernels.linear_parts(x, self.parts, self.bias)
+            return apply.dense_linear(x, self.weight, self.bias)
+        return apply.dense_linear_parts(x, self.parts, self.bias)

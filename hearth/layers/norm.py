@@ -3,6 +3,7 @@ import torch
 from torch import nn
 
 from hearth.kernels import fused
+from hearth.kernels.decoder import NormSpec
 
 
 class RMSNorm(nn.Module):
@@ -21,6 +22,10 @@ class RMSNorm(nn.Module):
         if self._weight32 is None or self._weight32[0] != key:
             self._weight32 = (key, w.detach().float().contiguous())
         return self._weight32[1]
+
+    def program_spec(self) -> NormSpec:
+        """This norm as the decode program applies it (RMSNorm: fused with the residual add)."""
+        return NormSpec(self.weight32(), self.offset, self.eps)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor | tuple:
         """With residual: returns (norm(x + residual), x + residual), the pre-norm transformer's fused step."""

@@ -11,20 +11,20 @@ lm_head and the embeddings stay in the model dtype (tied heads read the embeddin
 type is also kept in its blocks (model_loader, CausalLMBase.lm_head_qweight).
 
 QuantLinear is a Linear (the model's loader fills it through the same `load_shard`); `weight` holds the packed
-integers, `scales` / `mins` are buffers. Forward: hearth.kernels.quant.linear (the C++ kernel for decode shapes, which
-by default splits activations into two int8 terms per block of 32 for integer dot products, within amax/64516 of
-fp32 -- see quant.ACTIVATIONS; dequantized row tiles + torch's fp32 GEMM for prefill). On AVX512-VNNI CPUs the weight
-is re-laid at load into VNNI panels (quant.to_panels), which one kernel multiplies at every row count.
+integers, `scales` / `mins` are buffers. Packing and the final layout are
+hearth.weights.prepare's (pack_parts); forward is hearth.weights.apply.linear, whose kernel hearth.weights.dispatch
+chooses from the layout table.
 """
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-from hearth import kernels
-from hearth.kernels import quant, quant_gguf
-from hearth.kernels.quant_gguf import GGUFBlocks
+from hearth.kernels.decoder import LinearSpec
 from hearth.layers.linear import Linear
+from hearth.weights import apply, prepare
+from hearth.weights.gguf import GGUFBlocks
+from hearth.weights.packed import QWeight, supports
 
 SCHEMES = ("int8", "int4", "int4-g32", "int4-g64", "int4-g128", "gguf")
 # Modules never quantized: their weights are read by other code (tied embeddings) or are worth their precision.
@@ -45,7 +45,7 @@ def parse_scheme(name: str | None, is_gguf: bool) -> str | None:
 def _int4_group(scheme: str, k: int) -> int | None:
     wanted = int(scheme.split("-g")[1]) if "-g" in scheme else 128
     for g in (wanted, 128, 64, 32):
-        if g <= wanted and quant.supports(k, g):
+        if g <= wanted and supports(k, g):
             return g
     return None
 
@@ -57,7 +57,7 @@ class QuantLinear(Linear):
                  shard_sizes: dict[str, int] | None = None, scheme: str = "int8") -> None:
         super().__init__(in_features, out_features, bias, shard_sizes)
         self.scheme = scheme
-        self.qweight: quant.QWeight | None = None  # set once every shard is in; None while dense
+        self.qweight: QWeight | None = None  # set once every shard is in; None while dense
         self.register_buffer("scales", None, persistent=False)
         self.register_buffer("mins", None, persistent=False)
         # Shards received so far (gguf: kept until all are in, then packed together).
@@ -86,59 +86,35 @@ class QuantLinear(Linear):
         order = [None] if None in self._pending else (list(self.shards) or [None])
         parts = [self._pending[name] for name in order]
         self._pending = {}
-        qw = None
-        if self.scheme == "gguf" and all(isinstance(p, GGUFBlocks) for p in parts):
-            qw = quant_gguf.panels_from_blocks(parts)  # (straight from the file's blocks; None: the path below)
-        if qw is None:
-            qw = self._quantize(parts)
-            if qw is None:  # dense: exactly what Linear would hold
-                dense = torch.cat([p.dequantize() if isinstance(p, GGUFBlocks) else p for p in parts])
-                self.weight = nn.Parameter(torch.empty(dense.shape, dtype=self.weight.dtype), requires_grad=False)
-                Linear.load_shard(self, "weight", None, dense)
-                return
-            if quant.can_panel(qw):
-                qw = quant.to_panels(qw)  # AVX512-VNNI: one broadcast-form kernel for every row count (exact re-lay)
-            elif quant.TILES and quant.available() and quant.can_tile(qw):
-                qw = quant.tile_rows4(qw)  # the decode kernels' layout for int4-g32 (exact; see quant.tile_rows4)
+        k = self.in_features
+        qw = prepare.pack_parts(parts, self.scheme, k, None if self.scheme in ("gguf", "int8")
+                                else _int4_group(self.scheme, k))
+        if qw is None:  # dense: exactly what Linear would hold
+            dense = torch.cat([p.dequantize() if isinstance(p, GGUFBlocks) else p for p in parts])
+            self.weight = nn.Parameter(torch.empty(dense.shape, dtype=self.weight.dtype), requires_grad=False)
+            Linear.load_shard(self, "weight", None, dense)
+            return
         self.qweight = qw
         self.weight = nn.Parameter(qw.data, requires_grad=False)
         self.scales, self.mins = qw.scales, qw.mins
 
-    def _quantize(self, parts: list[torch.Tensor | GGUFBlocks]) -> quant.QWeight | None:
-        k = self.in_features
-        if self.scheme == "gguf":
-            kinds = {(p.bits, p.group) if isinstance(p, GGUFBlocks) else None for p in parts}
-            if len(kinds) != 1 or None in kinds or not quant.supports(k, 32):
-                return None
-            return _cat([p.repack() for p in parts])
-        whole = torch.cat([p.dequantize() if isinstance(p, GGUFBlocks) else p.float() for p in parts])
-        if self.scheme == "int8":
-            return quant.quantize_int8(whole) if k % 32 == 0 else None
-        group = _int4_group(self.scheme, k)
-        return None if group is None else quant.quantize_int4(whole, group)
+    def program_spec(self) -> LinearSpec | None:
+        if self.qweight is None:
+            return super().program_spec()
+        bias = self.bias.detach().float().contiguous() if self.bias is not None else None
+        return apply.program_spec(self.qweight, bias)
+
+    def can_use_panels(self) -> bool:
+        return False  # (a layer left dense keeps its rows: its forward reads the weight, not panels)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.qweight is None:
-            return kernels.linear(x, self.weight, self.bias)
-        return quant.linear(x, self.qweight, self.bias)
+            return apply.dense_linear(x, self.weight, self.bias)
+        return apply.linear(x, self.qweight, self.bias)
 
     def extra_repr(self) -> str:
         fmt = "dense" if self.qweight is None else f"int{self.qweight.bits} group {self.qweight.group}"
         return f"in={self.in_features}, out={self.out_features}, {self.scheme}: {fmt}"
-
-
-def _cat(parts: list[quant.QWeight]) -> quant.QWeight:
-    if len(parts) == 1:
-        return parts[0]
-    if len({(p.bits, p.group) for p in parts}) != 1:
-        raise ValueError("shards of one layer quantized differently")
-    # fp16 scales (GGUF Q8_0/Q4_0/Q4_1) stay fp16 only when every shard has them; widening to fp32 is exact.
-    dt = torch.float16 if all(p.scale_f16 for p in parts) else torch.float32
-    mins = None  # symmetric int4 shards stay without mins; mixed with asymmetric ones, theirs are spelled out
-    if any(p.mins is not None for p in parts):
-        mins = torch.cat([quant.implied_mins(p).to(dt) for p in parts]) if parts[0].bits == 4 else None
-    return quant.QWeight(parts[0].bits, parts[0].group, torch.cat([p.data for p in parts]),
-                         torch.cat([p.scales.to(dt) for p in parts]), mins)
 
 
 def quantize_model(model: nn.Module, scheme: str) -> int:

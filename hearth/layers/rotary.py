@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from hearth.kernels import fused
+from hearth.kernels.decoder import RopeSpec
 
 
 def _inv_freq(rotary_dim: int, base: float) -> torch.Tensor:
@@ -64,6 +65,12 @@ class RotaryEmbedding(nn.Module):
         freqs = torch.cat([torch.outer(positions, f) for f in inv_freq.view(-1, inv_freq.shape[-1])])
         self.register_buffer("cos", (freqs.cos() * attn_factor).float(), persistent=False)
         self.register_buffer("sin", (freqs.sin() * attn_factor).float(), persistent=False)
+
+    def program_spec(self) -> RopeSpec | None:
+        """NeoX rotary from this table, as the decode program applies it (fp32 contiguous tables only)."""
+        if self.cos.dtype != torch.float32 or not (self.cos.is_contiguous() and self.sin.is_contiguous()):
+            return None
+        return RopeSpec(self.rotary_dim, self.cos, self.sin)
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """positions: [T] (rows of the cos/sin table); q: [T, Hq, D]; k: [T, Hk, D]. May rotate q and k in place."""

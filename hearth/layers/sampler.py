@@ -6,13 +6,16 @@ tokens do not depend on which other requests share the batch.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
-from hearth.engine.request import Request
 from hearth.kernels import fused
 from hearth.sampling_params import SamplingType
 from hearth.structured.bitmask import apply_grammar_masks
+
+if TYPE_CHECKING:  # (the engine's requests are what it samples for; the layer never imports the engine)
+    from hearth.engine.request import Request
 
 
 @dataclass
@@ -76,7 +79,7 @@ class Sampler:
     def __call__(self, logits: torch.Tensor, reqs: list[Request]) -> SamplerOutput:
         """logits: [len(reqs), V] float32 (the model's raw output for each request's last token)."""
         logits = logits[:, : self.vocab_size]
-        if all(map(_plain_greedy, reqs)):  # one argmax, no copies (every torch op costs ~10-50 us per step)
+        if all(map(_plain_greedy, reqs)):  # one argmax, no copies (every torch op adds per-step overhead)
             token_ids = _argmax(logits)
             return SamplerOutput(token_ids.tolist(), [None] * len(reqs), token_ids)
         want_lp = [r.params.logprobs is not None for r in reqs]
@@ -149,7 +152,7 @@ class Sampler:
 
     def _sample(self, logits: torch.Tensor, reqs: list[Request]) -> torch.Tensor:
         """One uniform draw per row, inverted through the row's cumulative distribution (an exponential race,
-        argmax(p / E), draws one exponential per vocabulary entry: ~4 ms for a 152k vocabulary, vs ~0.2 ms).
+        argmax(p / E), draws one exponential per vocabulary entry: an order of magnitude more work on a big vocabulary).
         The C kernel (fused.sample) does it in one call per kind of row: rows without top-k / top-p / min-p on the
         raw logits with 1 / temperature, the others on their scaled, filtered logits. Rows it cannot take, or no
         kernel, go through torch's softmax, cumsum and searchsorted. Either way a row's token depends only on its
@@ -187,7 +190,7 @@ class Sampler:
     def _top_k_top_p_min_p(logits: torch.Tensor, reqs: list[Request]) -> torch.Tensor:
         """Rows with top-k / top-p / min-p keep their filtered logits, the rest -inf; other rows are unchanged.
         The kept tokens are a prefix of the row's descending order, so only the top candidates are ordered
-        (topk: ~1 ms for 1024 of 152k entries vs ~17 ms for a full sort); a row whose kept prefix might extend
+        (topk of 1024 entries is far cheaper than a full sort of a big vocabulary); a row whose kept prefix might extend
         past them is redone with a full sort."""
         v = logits.shape[1]
         rows = [i for i, r in enumerate(reqs) if _filters(r)]

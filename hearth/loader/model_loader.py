@@ -15,16 +15,15 @@ from torch import nn
 from tqdm import tqdm
 
 from hearth.config import EngineArgs, HFConfig, ModelConfig, resolve_dtype
-from hearth.kernels import quant, quant_gguf
-from hearth.kernels.quant import QWeight
-from hearth.kernels.quant_gguf import GGUFBlocks
-from hearth.loader import checks, hugepages, panel_pack
+from hearth.kernels import quant as qkernels
+from hearth.loader import checks
 from hearth.loader.errors import LoadError
 from hearth.layers.pooler import PoolerConfig, read_sentence_transformers_config, sentence_transformers_max_len
 from hearth.loader.hf_folder import iter_safetensors, read_generation_config, read_hf_config, safetensors_files
 from hearth.models.registry import get_model_class, supported_architectures
 from hearth.platform import release_calling_thread
 from hearth.tokenizer import Tokenizer, resolve_chat_template
+from hearth.weights import prepare
 
 logger = logging.getLogger("hearth")
 
@@ -99,11 +98,10 @@ def _build(arch: str, hf_cfg: HFConfig, max_len: int, dtype: torch.dtype,
 def _quantization(requested: str | None, is_gguf: bool) -> str | None:
     """The QuantLinear scheme (None: dense Linear). GGUF block weights stay quantized only where the kernels run:
     without them each forward would dequantize."""
-    from hearth.kernels import quant
     from hearth.layers.quant_linear import parse_scheme
 
     scheme = parse_scheme(requested, is_gguf)
-    if scheme == "gguf" and requested in (None, "auto") and not quant.available():
+    if scheme == "gguf" and requested in (None, "auto") and not qkernels.available():
         logger.info("hearth kernels unavailable: GGUF weights are dequantized at load")
         return None
     return scheme
@@ -119,16 +117,6 @@ def _max_len(hf_cfg: HFConfig, requested: int | None) -> int:
     return requested
 
 
-def _head_weight(head: GGUFBlocks) -> QWeight:
-    """A GGUF LM head's kept blocks, repacked: a Q6_K head (llama-quantize's choice beside Q4_0 / Q4_K layers) as
-    6-bit tiles where the kernels run (54 MB instead of 82 MB of int8 for a 32000 x 2048 head; exact either way)."""
-    n, k = head.shape
-    if head.type_name == "Q6_K" and quant.Q6_TILES and quant.available() and n % 4 == 0 and k % 256 == 0:
-        return quant_gguf.repack_q6_tiles(head)
-    qw = head.repack()
-    return quant.to_panels(qw) if quant.can_panel(qw) else qw
-
-
 def load_model(args: EngineArgs, shard: Callable[[nn.Module], object] | None = None) -> LoadedModel:
     """shard: tensor parallelism's in-place slicing of the loaded weights, before they are repacked."""
     path = _check_path(args.model) if args.model else default_model_path()
@@ -139,18 +127,9 @@ def load_model(args: EngineArgs, shard: Callable[[nn.Module], object] | None = N
         loaded = _load_hf_folder(path, args)
     if shard is not None:
         shard(loaded.model)
-    act = quant.set_model_activations((q for q in hugepages.held(loaded.model) if isinstance(q, quant.QWeight)),
-                                      getattr(loaded.model, "lm_head_qweight", None))
     checks.chat_template_present(loaded.tokenizer, path)
-    if act == "int8x2":
-        logger.info("a small quantized model: activations in two int8 terms for every row (HEARTH_QUANT_ACT=auto)")
-    elif act:
-        logger.info("mostly 4-bit weights: activations rounded to %s for every row but the LM head's "
-                    "(HEARTH_QUANT_ACT=auto)", act)
-    if hugepages.enabled():
-        hugepages.move_to_hugepages(loaded.model)
     # (a rank's slice must not be cached under the whole checkpoint's name)
-    panel_pack.pack_dense_weights(loaded.model, path if shard is None else None, loaded.model_config.dtype)
+    prepare.prepare_model(loaded.model, path if shard is None else None, loaded.model_config.dtype)
     logger.info("loaded %s (%s, %s) in %.1f s", path, loaded.model_config.architecture,
                 str(loaded.model_config.dtype).removeprefix("torch."), time.perf_counter() - t0)
     return loaded
@@ -178,7 +157,7 @@ def _load_hf_folder(folder: str, args: EngineArgs) -> LoadedModel:
     scheme = _quantization(args.quantization, False)
     if scheme == "gguf":
         raise ValueError("--quantization gguf needs a .gguf file; use int8 or int4 for an HF folder")
-    # The tokenizer (mostly transformers' imports, ~2 s) loads beside the weights (copies that release the GIL).
+    # The tokenizer (mostly transformers' imports, slow) loads beside the weights (copies that release the GIL).
     with ThreadPoolExecutor(1, thread_name_prefix="hearth-tokenizer", initializer=release_calling_thread) as pool:
         tokenizer_job = pool.submit(Tokenizer.from_folder, args.tokenizer or folder,
                                     resolve_chat_template(args.chat_template))
@@ -228,8 +207,8 @@ def _resolve_model_dtype(requested: str, hf_cfg: HFConfig) -> torch.dtype:
 
 
 def _load_gguf(path: str, args: EngineArgs) -> LoadedModel:
-    from hearth.kernels.quant_gguf import KEPT_NAMES
-    from hearth.loader.gguf_loader import load_gguf
+    from hearth.loader.gguf import load_gguf
+    from hearth.weights.gguf import KEPT_NAMES
 
     if not path.endswith(".gguf"):
         raise LoadError(f"{path} is a file but not a .gguf: pass a .gguf file or an HF model folder")
@@ -245,22 +224,21 @@ def _load_gguf(path: str, args: EngineArgs) -> LoadedModel:
     max_len = _max_len(hf_cfg, args.max_model_len)
     scheme = _quantization(args.quantization, True)
     keep = KEPT_NAMES if scheme == "gguf" else frozenset()
-    # An untied head kept in its blocks (below) is never read densely: not dequantized at all (TinyLlama Q8_0's
-    # 32000 x 2048 head took 0.77 s of numpy dequantization for a copy freed right after).
+    # An untied head kept in its blocks (below) is never read densely: not dequantized at all (numpy's dequantization
+    # of a big head is a visible part of start-up, for a copy freed right after).
     head_kept = bool(keep) and ckpt.has_output_weight and ckpt.head_shape(keep) == (hf_cfg["vocab_size"],
                                                                                     hf_cfg["hidden_size"])
     placeholders = frozenset({"lm_head.weight"}) if head_kept else frozenset()
     model = _build(arch, hf_cfg, max_len, dtype, ckpt.tensors(dtype, keep, placeholders), scheme)
     embed_q = getattr(getattr(getattr(model, "model", None), "embed_tokens", None), "qweight", None)
     if embed_q is not None and not ckpt.has_output_weight:
-        if quant.can_panel(embed_q):  # the head's product dominates (lookups gather from the panels)
-            embed_q = model.model.embed_tokens.qweight = quant.to_panels(embed_q)
+        embed_q = model.model.embed_tokens.qweight = prepare.tied_head(embed_q)
         model.lm_head_qweight = embed_q  # a tied head: the embedding's blocks, already repacked
     else:
         if head_kept:
             # The LM head reads the largest matrix of a small model every step: keep it in its (exactly
             # repacked) blocks too.
-            model.lm_head_qweight = _head_weight(ckpt.head_blocks(keep))
+            model.lm_head_qweight = prepare.head_weight(ckpt.head_blocks(keep))
             # compute_logits reads only the blocks now: free the dense copy (TinyLlama Q4_0: 131 MB of fp16)
             model.lm_head.weight = nn.Parameter(torch.empty(0, dtype=model.lm_head.weight.dtype), requires_grad=False)
     eos = list(ckpt.eos_token_ids) or _eos_ids({}, hf_cfg, tokenizer)

@@ -1,5 +1,5 @@
-"""Blocks shared by the families past Llama: per-layer attention kinds, fused-qkv attention with optional q/k
-norms, the pre-norm decoder layer and the decoder stack.
+"""Blocks the decoder families share: per-layer attention kinds, fused-qkv attention with optional q/k norms, the
+pre-norm decoder layer and the decoder stack, each describing itself to the decode program (program_spec).
 
 Layer protocol: layer(positions, x, residual, meta) -> (x, residual). Pre-norm layers defer the residual add
 into the next norm (residual is the running sum); layers that add it themselves return residual None.
@@ -10,12 +10,12 @@ import torch
 from torch import nn
 
 from hearth.config import HFConfig
-from hearth.kernels.decoder import DecodeProgram
-from hearth.layers.attention import Attention, AttentionMetadata
+from hearth.kernels.decoder import DecodeProgram, LayerSpec
+from hearth.layers.attention import Attention, AttentionMetadata, sdpa_min_prompt
 from hearth.layers.embedding import Embedding
 from hearth.layers.linear import Linear
-from hearth.layers.norm import RMSNorm
 from hearth.layers.rotary import RotaryEmbedding
+from hearth.weights import activations, dispatch
 
 
 def layer_types(cfg: HFConfig, default_pattern: int | None = None) -> list[str]:
@@ -55,6 +55,17 @@ class QKVAttention(nn.Module):
         self.rotary_emb = rope  # NOTE: shared by every layer of one kind; not a checkpoint tensor
         self.attn = Attention(num_heads, num_kv_heads, head_dim, scale, sliding_window, logit_softcap)
 
+    def program_spec(self) -> dict | None:
+        """The attention's part of a decoder layer's LayerSpec (None: clipping, flat q/k norms, or a part the
+        program cannot run)."""
+        if self.clip_qkv is not None or (self.q_norm is not None and not self.per_head_norm):
+            return None
+        spec = {"qkv": _spec(self.qkv_proj), "o": _spec(self.o_proj), "attn": _spec(self.attn),
+                "rope": _spec(self.rotary_emb)}
+        if self.q_norm is not None:
+            spec["q_norm"], spec["k_norm"] = _spec(self.q_norm), _spec(self.k_norm)
+        return None if any(v is None for v in spec.values()) else spec
+
     def forward(self, positions: torch.Tensor, x: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         qkv = self.qkv_proj(x)
         if self.clip_qkv is not None:
@@ -81,6 +92,10 @@ class PreNormDecoderLayer(nn.Module):
         self.post_attention_layernorm = pre_mlp_norm
         self.mlp = mlp
 
+    def program_spec(self) -> LayerSpec | None:
+        """This layer for the whole-stack decode program (None: some part it cannot run)."""
+        return layer_spec(self.self_attn, self.mlp, self.input_layernorm, self.post_attention_layernorm)
+
     def forward(self, positions: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | None,
                 meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
         if residual is None:
@@ -91,6 +106,23 @@ class PreNormDecoderLayer(nn.Module):
         x = self.self_attn(positions, x, meta)
         x, residual = self.post_attention_layernorm(x, residual)
         return self.mlp(x), residual
+
+
+def _spec(module: nn.Module | None):
+    """module.program_spec() if the module describes itself to the decode program, else None."""
+    describe = getattr(module, "program_spec", None)
+    return describe() if describe is not None else None
+
+
+def layer_spec(attn: nn.Module, mlp: nn.Module, norm1: nn.Module, norm2: nn.Module, post1: nn.Module | None = None,
+               post2: nn.Module | None = None) -> LayerSpec | None:
+    """A decoder layer's LayerSpec from its parts' own specs (None if any part has none)."""
+    a, m, n1, n2 = _spec(attn), _spec(mlp), _spec(norm1), _spec(norm2)
+    p1, p2 = (_spec(post1), _spec(post2)) if post1 is not None else (None, None)
+    if a is None or m is None or n1 is None or n2 is None or any(v is None for v in m.values()) or (
+            post1 is not None and (p1 is None or p2 is None)):
+        return None
+    return LayerSpec(**a, **m, norm1=n1, norm2=n2, post1=p1, post2=p2)
 
 
 class DecoderModel(nn.Module):
@@ -112,10 +144,13 @@ class DecoderModel(nn.Module):
             # NOTE: Gemma rounds the scale to the compute dtype before multiplying, as HF does.
             x = x * torch.tensor(self.embed_scale, dtype=x.dtype)
         program = self._decode_program()
-        if program is not None and program.takes(x, meta):  # every layer in one C call (decode steps)
-            if type(self.norm) is RMSNorm:  # (x: this step's fresh embeddings, the program's to overwrite)
-                return program.run(x, positions, meta, final_norm=self.norm, owned=True)
-            x, residual = program.run(x, positions, meta)
+        if program is not None and program.takes(x, meta, sdpa_min_prompt() is None):  # every layer in one C call
+            # (prompt rows' rounding: activations.prompt_rows; the model's own choice first)
+            int8_from = activations.int8_from(x.shape[0], program.activations)
+            final = _spec(self.norm)
+            if final is not None:  # (x: this step's fresh embeddings, the program's to overwrite)
+                return program.run(x, positions, meta, int8_from, final_norm=final, owned=True)
+            x, residual = program.run(x, positions, meta, int8_from)
             return self.norm(x, residual)[0]
         residual = None
         for layer in self.layers:
@@ -132,7 +167,11 @@ class DecoderModel(nn.Module):
         caches = tuple(id(getattr(getattr(getattr(layer, "self_attn", None), "attn", None), "kv_cache", None))
                        for layer in (self.layers[0], self.layers[-1]))
         if cached is None or cached[0] != caches:
-            cached = (caches, DecodeProgram.build(self.layers))
+            program = DecodeProgram.build([_spec(layer) for layer in self.layers], dispatch.program_rows())
+            if program is not None:  # (the per-model rounding set_model_activations chose, if any)
+                program.activations = next((q.activations for layer in self.layers for m in layer.modules()
+                                            if (q := getattr(m, "qweight", None)) is not None), None)
+            cached = (caches, program)
             self.__dict__["_program"] = cached
         return cached[1]
 

@@ -6,10 +6,9 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from hearth import kernels
-from hearth.kernels import panels
 from hearth.layers.embedding import Embedding
 from hearth.layers.linear import Linear
+from hearth.weights import apply
 
 # Checkpoint projection name -> (merged layer name, shard). Models add their own rows.
 MERGED_PROJECTIONS: dict[str, tuple[str, str]] = {
@@ -37,17 +36,15 @@ class CausalLMBase(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         if self.lm_head_qweight is not None:
-            from hearth.kernels import quant
-
-            logits = quant.linear(hidden, self.lm_head_qweight).float()
+            logits = apply.linear(hidden, self.lm_head_qweight).float()
         else:
             if not self.tie_word_embeddings:
                 logits = self.lm_head(hidden).float()
             elif self.model.embed_tokens.panels is not None:
                 embed = self.model.embed_tokens
-                logits = panels.linear(hidden, [embed.panels], [embed.num_embeddings]).float()
+                logits = apply.dense_panels_linear(hidden, [embed.panels], [embed.num_embeddings]).float()
             else:
-                logits = kernels.linear(hidden, self.model.embed_tokens.weight).float()
+                logits = apply.dense_linear(hidden, self.model.embed_tokens.weight).float()
         if self.final_logit_softcap:
             logits = torch.tanh(logits / self.final_logit_softcap) * self.final_logit_softcap
         return logits

@@ -8,7 +8,8 @@ from torch import nn
 from hearth.config import HFConfig
 from hearth.layers.attention import AttentionMetadata
 from hearth.layers.rotary import get_rope
-from hearth.models.blocks import QKVAttention, layer_types
+from hearth.kernels.decoder import LayerSpec
+from hearth.models.blocks import QKVAttention, layer_spec, layer_types
 from hearth.models.gemma import GemmaBase, gemma_mlp, gemma_norm
 
 
@@ -23,6 +24,10 @@ class SandwichDecoderLayer(nn.Module):
         self.pre_feedforward_layernorm = gemma_norm(cfg)
         self.mlp = gemma_mlp(cfg)
         self.post_feedforward_layernorm = gemma_norm(cfg)
+
+    def program_spec(self) -> LayerSpec | None:
+        return layer_spec(self.self_attn, self.mlp, self.input_layernorm, self.pre_feedforward_layernorm,
+                          self.post_attention_layernorm, self.post_feedforward_layernorm)
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | None,
                 meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:

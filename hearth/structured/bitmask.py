@@ -15,7 +15,7 @@ from hearth.structured.compiler import GrammarMatcher
 
 def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """[N, W] int32 (bit j of word i = token 32 i + j allowed) -> [N, vocab_size] bool."""
-    # NOTE: numpy's unpackbits is ~10x faster than shifting in torch; little-endian words, little bit order.
+    # NOTE: numpy's unpackbits does this in one pass, unlike shifting in torch; little-endian words, little bit order.
     raw = bitmask.contiguous().numpy().view(np.uint8)  # [N, 4 W]
     if sys.byteorder != "little":
         raw = bitmask.contiguous().numpy().astype("<i4").view(np.uint8)
@@ -26,7 +26,7 @@ def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
 def apply_grammar_masks(logits: torch.Tensor, matchers: list[GrammarMatcher | None]) -> None:
     """Set disallowed tokens' logits to -inf, in place. logits: [N, V] float CPU; matchers[i] None = a free row.
 
-    NOTE: done in numpy (one thread): torch's small multi-threaded ops cost 10x more on a busy CPU.
+    NOTE: done in numpy (one thread): torch's small multi-threaded ops cost far more on a busy CPU.
     """
     rows = [i for i, m in enumerate(matchers) if m is not None]
     if not rows:

@@ -1,6 +1,6 @@
 """Grammar compilation against the model's vocabulary (llguidance), cached by grammar text.
 
-llguidance builds its lexer and token trie lazily, so compiling is ~1 ms for typical schemas; the token-level
+llguidance builds its lexer and token trie lazily, so compiling is cheap for typical schemas; the token-level
 work happens per step, when a matcher computes its mask (see bitmask.py). A compiled grammar is kept as a fresh
 "template" matcher; each request gets a deep copy of it (microseconds).
 """

@@ -79,13 +79,13 @@ def _transformers_model(path: Path, llm: LLM):
 
 
 def test_greedy_tokens_equal_transformers_on_same_gguf(gguf_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from hearth.kernels import quant
+    from hearth.weights import activations
 
     # Exact parity needs the exact arithmetic: float activations against the kept-quantized weights, pinned here
     # before the load (so the weights keep the row layout that float activations run on, not VNNI panels). The
     # default int8x2 and opt-in int8 activations are checked against their own bounds in tests/unit/test_quant*.py
     # and tests/e2e/test_quant_smollm2.py.
-    monkeypatch.setattr(quant, "ACTIVATIONS", "float")
+    monkeypatch.setattr(activations, "ACTIVATIONS", "float")
     llm = LLM(str(gguf_path), dtype="float32", max_model_len=512)
     exact = llm.generate(PROMPTS[:2], SamplingParams(temperature=0.0, max_tokens=STEPS, ignore_eos=True))
     hf = _transformers_model(gguf_path, llm)

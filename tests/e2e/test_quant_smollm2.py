@@ -5,7 +5,7 @@
   summation order. So do they with two-term int8 activations everywhere (HEARTH_QUANT_ACT=int8x2: x ~ d2 * (254 q1
   + q2) per block of 32, error <= amax / 64516). With activations rounded to int8 blocks of 32 (HEARTH_QUANT_ACT=int8,
   llama.cpp's scheme), they equal it or first differ where fp32's top-2 logits are within INT8_MARGIN. The default,
-  auto, takes int8x2 for every row on a model this small (quant.one_term_pays): equal.
+  auto, takes int8x2 for every row on a model this small (activations.one_term_pays): equal.
 - `--quantization int8` (per-channel, from the dequantized fp32 weights): greedy tokens equal fp32's, or first
   differ at a step where fp32's top-2 logits are within INT8_MARGIN.
 """
@@ -15,8 +15,8 @@ import os
 import pytest
 
 from hearth import LLM, SamplingParams
-from hearth.kernels import quant
 from hearth.layers.quant_linear import QuantLinear
+from hearth.weights import activations
 
 pytestmark = pytest.mark.slow
 
@@ -70,23 +70,23 @@ def _check_q4_1_layers(llm: LLM) -> None:
     assert head is not None and head.bits == 8 and tuple(head.shape) == (49152, 576)
 
 
-@pytest.mark.parametrize("activations", ["float", "int8x2"])
-def test_q4_1_kept_quantized_equals_dequantized(dense, monkeypatch, activations: str) -> None:
-    monkeypatch.setattr(quant, "ACTIVATIONS", activations)
-    monkeypatch.setattr(quant, "AUTO_ACTIVATIONS", False)
+@pytest.mark.parametrize("act_name", ["float", "int8x2"])
+def test_q4_1_kept_quantized_equals_dequantized(dense, monkeypatch, act_name: str) -> None:
+    monkeypatch.setattr(activations, "ACTIVATIONS", act_name)
+    monkeypatch.setattr(activations, "AUTO_ACTIVATIONS", False)
     llm, outs = _greedy(None)
     _check_q4_1_layers(llm)
     for ref, got in zip(dense, outs):
         assert got.token_ids == ref.token_ids
 
 
-@pytest.mark.parametrize("activations", ["int8", "auto"])
-def test_q4_1_kept_quantized_int8_activations_within_margin(dense, monkeypatch, activations: str) -> None:
-    monkeypatch.setattr(quant, "ACTIVATIONS", "int8" if activations == "int8" else "int8x2")
-    monkeypatch.setattr(quant, "AUTO_ACTIVATIONS", activations == "auto")
+@pytest.mark.parametrize("act_name", ["int8", "auto"])
+def test_q4_1_kept_quantized_int8_activations_within_margin(dense, monkeypatch, act_name: str) -> None:
+    monkeypatch.setattr(activations, "ACTIVATIONS", "int8" if act_name == "int8" else "int8x2")
+    monkeypatch.setattr(activations, "AUTO_ACTIVATIONS", act_name == "auto")
     llm, outs = _greedy(None)
     _check_q4_1_layers(llm)
-    if activations == "auto":  # mostly 4-bit, but too small for one term anywhere (quant.one_term_pays)
+    if act_name == "auto":  # mostly 4-bit, but too small for one term anywhere (activations.one_term_pays)
         assert {m.qweight.activations for m in _quant_layers(llm)} == {"int8x2"}
         assert llm.engine.model.lm_head_qweight.activations == "int8x2"
         assert [o.token_ids for o in outs] == [o.token_ids for o in dense]  # (int8x2 throughout: exact here)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from hearth import LLM, SamplingParams
-from hearth.kernels import quant
+from hearth.weights import activations
 from tests.tiny_models import hf_greedy_loop
 
 pytestmark = pytest.mark.slow
@@ -40,9 +40,10 @@ def test_chat_capital_of_france(llm: LLM) -> None:
 
 def test_greedy_tokens_equal_transformers_on_same_gguf(monkeypatch) -> None:
     # Exact with two-term int8 activations throughout (HEARTH_QUANT_ACT=int8x2, which the default, auto, also takes
-    # on a model this small: quant.one_term_pays); one int8 term is held to a margin in tests/e2e/test_quant_smollm2.py.
-    monkeypatch.setattr(quant, "ACTIVATIONS", "int8x2")
-    monkeypatch.setattr(quant, "AUTO_ACTIVATIONS", False)
+    # on a model this small: activations.one_term_pays); one int8 term is held to a margin in
+    # tests/e2e/test_quant_smollm2.py.
+    monkeypatch.setattr(activations, "ACTIVATIONS", "int8x2")
+    monkeypatch.setattr(activations, "AUTO_ACTIVATIONS", False)
     llm = LLM(smollm2_path(), dtype="float32", max_model_len=1024, kv_cache_space=0.5)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

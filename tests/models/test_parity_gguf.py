@@ -59,12 +59,12 @@ def _reference(folder: str, decoded: dict[str, torch.Tensor] | None):
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_gguf_greedy_parity(case: str, tmp_path: Path, monkeypatch) -> None:
-    from hearth.kernels import quant
+    from hearth.weights import activations
 
     # Q8_0 / Q4_0 stay quantized: decode with float activations (pinned), so hearth computes exactly the reference's
     # dequantized model (int8 activation rounding, HEARTH_QUANT_ACT=int8, is checked in tests/unit/test_quant.py and
     # on the real SmolLM2 in tests/e2e/test_quant_smollm2.py).
-    monkeypatch.setattr(quant, "ACTIVATIONS", "float")
+    monkeypatch.setattr(activations, "ACTIVATIONS", "float")
     folder, path, qtype, decoded = _build(case, tmp_path)
     if qtype != Q.F32:
         # the round trip must actually change the weights, or this case tests nothing beyond F32
@@ -77,7 +77,7 @@ def test_gguf_greedy_parity(case: str, tmp_path: Path, monkeypatch) -> None:
 def test_gguf_tokenizer_matches_folder(case: str, tmp_path: Path) -> None:
     from transformers import AutoTokenizer
 
-    from hearth.loader.gguf_loader import load_gguf
+    from hearth.loader.gguf import load_gguf
 
     folder, path, _, _ = _build(case, tmp_path)
     ck = load_gguf(str(path))

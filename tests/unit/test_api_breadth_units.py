@@ -162,7 +162,7 @@ def test_fim_tokens_from_gguf_file(tmp_path, monkeypatch) -> None:
     """tokenizer.ggml.fim_* metadata reaches the config the server reads FIM tokens from."""
     import gguf
 
-    from hearth.loader.gguf_loader import load_gguf
+    from hearth.loader.gguf import load_gguf
     from tests.unit.test_gguf_loader import write_llama
 
     write_template = gguf.GGUFWriter.add_chat_template

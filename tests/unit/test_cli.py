@@ -3,7 +3,6 @@ import subprocess
 import sys
 
 import pytest
-import torch
 
 from tests.tiny_models import build_checkpoint, tiny_config
 
@@ -59,15 +58,13 @@ def test_chat_reads_turns_until_empty_line(tiny):
 def test_doctor_reports_isa():
     r = hearth("doctor")
     assert r.returncode == 0 and "isa" in r.stdout and "physical cores" in r.stdout
-    from hearth.kernels import quant
+    from hearth.weights import dispatch
 
-    gemm_row = next(line for line in r.stdout.splitlines() if line.startswith("quantized weights, several rows"))
-    # the row starts with what runs; its hint in parentheses names the other choice
-    in_use = gemm_row.removeprefix("quantized weights, several rows").strip()
-    probe = quant.QWeight(8, 32, torch.zeros(64, 32, dtype=torch.int8), torch.ones(64, 1), None)
-    want = ("VNNI panels" if quant.can_panel(probe) else "fp32 GEMM" if quant.gemm_enabled()
-            else "integer-dot kernels")
-    assert in_use.startswith(want)
+    # the layout table, printed from dispatch.table(): every layout, the kernel plan() picks per row count
+    lines = r.stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("weight layout"))
+    printed = {line.split()[0]: line.split()[1:] for line in lines[start + 1:] if line.strip()}
+    assert printed == {name: kernels for name, _, kernels in dispatch.table()}
 
 
 def test_server_staggers_prompts_by_default_offline_runs_do_not():

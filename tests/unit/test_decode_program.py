@@ -1,13 +1,16 @@
 """The C decode program (hearth.kernels.decoder) gives exactly the layer-by-layer path's tokens and logprobs."""
+import dataclasses
+
 import pytest
-import torch
 
 from hearth import LLM, SamplingParams
-from hearth.kernels import decoder, quant
+from hearth.kernels import decoder
 from hearth.models.blocks import DecoderModel
+from hearth.weights import apply
+from hearth.weights import dispatch
 from tests.tiny_models import build_checkpoint, tiny_config
 
-_real_run = quant._run
+_real_run = apply.run
 needs_program = pytest.mark.skipif(decoder._lib() is None, reason="hearth kernels unavailable here")
 
 PROMPTS = [[5, 17, 42, 99, 7], [300, 12], list(range(20, 60))]
@@ -68,16 +71,17 @@ def test_unsupported_layers_keep_the_layer_path(tmp_path) -> None:
     llm = LLM(folder, dtype="float32", kv_cache_space=0.05)
     llm.generate([{"prompt_token_ids": [5, 6, 7]}], SamplingParams(max_tokens=3, temperature=0.0))
     assert llm.engine.model.model._decode_program() is None
-    assert decoder.DecodeProgram.build(torch.nn.ModuleList()) is None
+    assert decoder.DecodeProgram.build([], dispatch.program_rows()) is None
 
 
 @needs_program
-@pytest.mark.skipif(not quant.gemm_enabled(), reason="the quantized GEMM does not run on this CPU")
+@pytest.mark.skipif(not dispatch.caps().gemm, reason="the quantized GEMM does not run on this CPU")
 def test_program_equals_layer_path_in_the_gemms_broadcast_form(tmp_path, monkeypatch) -> None:
     """Quantized decode steps with many rows take the GEMM's broadcast form (hq_linear_gemm_bcast) in both paths:
     BCAST_MIN_M lowered to the GEMM's own threshold so that six sequences reach it. (Plain rows: VNNI panels off.)"""
-    monkeypatch.setattr(quant, "BCAST_MIN_M", 4)
-    monkeypatch.setattr(quant, "PANELS", False)
+    monkeypatch.setattr(dispatch, "BCAST_MIN_M", 4)
+    off = dataclasses.replace(dispatch.caps(), quant_panels=False)
+    monkeypatch.setattr(dispatch, "caps", lambda: off)
     folder = build_checkpoint(str(tmp_path / "q"), tiny_config("llama", num_hidden_layers=2))
     llm = LLM(folder, kv_cache_space=0.05, enable_prefix_caching=False, dtype="float32", quantization="int8")
     prompts = [{"prompt_token_ids": [3 + i, 40 + 7 * i, 9, 100 + i]} for i in range(6)]
@@ -94,6 +98,6 @@ def test_program_equals_layer_path_in_the_gemms_broadcast_form(tmp_path, monkeyp
     with_program = generate()
     assert max(rows) == len(prompts), "the decode steps did not run through the program"
     monkeypatch.setattr(DecoderModel, "_decode_program", lambda self: None)
-    monkeypatch.setattr(quant, "_run", lambda *a, **kw: acts.append(kw.get("act")) or _real_run(*a, **kw))
+    monkeypatch.setattr(apply, "run", lambda *a, **kw: acts.append(kw.get("call")) or _real_run(*a, **kw))
     assert generate() == with_program
     assert "bcast" in acts and "gemm" in acts  # decode steps and prompt steps

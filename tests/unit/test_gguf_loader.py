@@ -1,4 +1,4 @@
-"""hearth.loader.gguf_loader: synthetic GGUFs (mapping, types, errors, splits) + the bundled SmolLM2 Q4_1
+"""hearth.loader.gguf: synthetic GGUFs (mapping, types, errors, splits) + the bundled SmolLM2 Q4_1
 checked against transformers' own GGUF loader (config, every tensor, tokenizer)."""
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from hearth.loader.gguf_loader import GGUFError, load_gguf
+from hearth.loader.gguf import GGUFError, load_gguf
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -389,7 +389,7 @@ def test_smol_dequant_independent_of_gguf_numpy(smol: dict) -> None:
     from transformers.integrations.gguf.dequant import GGML_BLOCK
     from transformers.integrations.gguf.kernels import dequantize_blocks
 
-    from hearth.loader import gguf_loader as gl
+    from hearth.loader.gguf import reader
 
     part = smol["ck"]._parts[0]
     with open(part.path, "rb") as f:
@@ -402,7 +402,7 @@ def test_smol_dequant_independent_of_gguf_numpy(smol: dict) -> None:
         packed = torch.frombuffer(bytearray(raw[info.start:info.start + info.nbytes]), dtype=torch.uint8)
         ref = dequantize_blocks(packed.reshape(rows, cols // block * block_bytes), info.ggml_type, rows, cols,
                                 torch.float32)
-        ours = gl._dequantize(raw[info.start:info.start + info.nbytes], info)
+        ours = reader.dequantize(raw[info.start:info.start + info.nbytes], info)
         torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-5, msg=info.name)
 
 
@@ -437,15 +437,15 @@ def test_kept_untied_head_is_never_dequantized(tmp_path: Path, monkeypatch) -> N
     """An output.weight kept in its blocks for the LM head is not dequantized on the way (its dense copy was freed
     right after: TinyLlama Q8_0, 0.77 s of numpy); the head still comes from the blocks (parity: test_parity_gguf)."""
     from hearth import LLM, SamplingParams
-    from hearth.loader import gguf_loader
+    from hearth.loader.gguf import reader
     from tests.gguf_writer import write_gguf
     from tests.tiny_models import build_checkpoint, tiny_config
 
     folder = build_checkpoint(str(tmp_path / "ckpt"), tiny_config("llama"))  # (untied: output.weight is written)
     write_gguf(folder, tmp_path / "m.gguf", gguf.GGMLQuantizationType.Q8_0)
     dequantized: list[str] = []
-    real = gguf_loader._dequantize
-    monkeypatch.setattr(gguf_loader, "_dequantize", lambda raw, info: dequantized.append(info.name) or real(raw, info))
+    real = reader.dequantize
+    monkeypatch.setattr(reader, "dequantize", lambda raw, info: dequantized.append(info.name) or real(raw, info))
     llm = LLM(str(tmp_path / "m.gguf"), dtype="float32", kv_cache_space=0.05)
     assert "output.weight" not in dequantized and "output_norm.weight" in dequantized
     assert llm.engine.model.lm_head_qweight is not None

@@ -4,8 +4,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from hearth.kernels import quant
-from hearth.loader import hugepages
+from hearth.weights import apply
+from hearth.weights import hugepages
+from hearth.weights import packed
+from hearth.weights import quantize
 
 
 def _anon_huge_kib(addr: int) -> int:
@@ -20,9 +22,9 @@ def _anon_huge_kib(addr: int) -> int:
     return 0
 
 
-def _model() -> tuple[nn.Module, quant.QWeight]:
+def _model() -> tuple[nn.Module, packed.QWeight]:
     torch.manual_seed(0)
-    qw = quant.quantize_int4(torch.randn(1024, 2048) * 0.02, 32)  # 1 MiB of nibbles + 256 KiB of scales (x2, mins)
+    qw = quantize.quantize_int4(torch.randn(1024, 2048) * 0.02, 32)  # 1 MiB of nibbles + 256 KiB of scales (x2, mins)
     lin = nn.Module()
     lin.qweight = qw
     lin.weight = nn.Parameter(qw.data, requires_grad=False)  # a second tensor object on the same storage
@@ -38,7 +40,7 @@ def test_quantized_weights_move_with_their_aliases() -> None:
     root, qw = _model()
     lin = root.layers[0]
     x = torch.randn(1, 2048)
-    want = quant.linear(x, qw)
+    want = apply.linear(x, qw)
     data, scales, dense = qw.data.clone(), qw.scales.clone(), lin.dense.clone()
     old_ptr, dense_ptr = qw.data.data_ptr(), lin.dense.data_ptr()
     moved = hugepages.move_to_hugepages(root, min_bytes=1)
@@ -48,7 +50,7 @@ def test_quantized_weights_move_with_their_aliases() -> None:
     assert lin.weight.data_ptr() == qw.data.data_ptr() and lin.scales.data_ptr() == qw.scales.data_ptr()
     assert root.lm_head_qweight is qw
     assert all(t.data_ptr() % 64 == 0 for t in (qw.data, qw.scales, qw.mins))
-    assert torch.equal(quant.linear(x, qw), want)
+    assert torch.equal(apply.linear(x, qw), want)
     if hugepages.enabled():  # THP "always" / "madvise": the 1 MiB of nibbles sit in a 2 MiB-aligned arena
         assert _anon_huge_kib(qw.data.data_ptr()) >= 2048
 
@@ -66,11 +68,11 @@ def test_copy_stops_at_its_time_budget(monkeypatch) -> None:
     """With the budget spent (as when every 2 MiB fault waits for compaction) the weights stay where they are."""
     root, qw = _model()
     x = torch.randn(1, 2048)
-    want = quant.linear(x, qw)
+    want = apply.linear(x, qw)
     ptr = qw.data.data_ptr()
     monkeypatch.setattr(hugepages, "_BUDGET_S", -1.0)
     assert hugepages.move_to_hugepages(root, min_bytes=1) == 0
-    assert qw.data.data_ptr() == ptr and torch.equal(quant.linear(x, qw), want)
+    assert qw.data.data_ptr() == ptr and torch.equal(apply.linear(x, qw), want)
 
 
 

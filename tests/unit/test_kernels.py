@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from hearth import kernels
+from hearth.weights import apply, dispatch
 
 needs_kernels = pytest.mark.skipif(not kernels.available(), reason="hearth kernels unavailable (no AVX2 or compiler)")
 
@@ -45,7 +46,7 @@ def test_matches_f_linear(wdtype, K, N):
         for M in (1, 2, 3, 4, 5, 6, 7, 8, 9, 17, 64):
             x = torch.randn(M, K, generator=g)
             for b in (None, bias):
-                got = kernels._run(x, w, b, isa_code=isa)
+                got = kernels.run_linear(x, w, b, isa_code=isa)
                 assert got.dtype == torch.float32 and got.shape == (M, N)
                 _close(got, _reference(x, wf, b))
 
@@ -60,7 +61,7 @@ def test_ragged_k_and_k_blocks(K):
         x = torch.randn(M, K, generator=g)
         for isa in _isas():
             for kblock in (0, 16, 32):
-                _close(kernels._run(x, w, bias, kblock=kblock, isa_code=isa), _reference(x, w, bias))
+                _close(kernels.run_linear(x, w, bias, kblock=kblock, isa_code=isa), _reference(x, w, bias))
 
 
 @needs_kernels
@@ -71,28 +72,25 @@ def test_dtypes_strides_and_public_api():
     x = torch.randn(4, 512, generator=g)[:, ::2]  # non-unit stride along K
     bias = torch.randn(129, generator=g).bfloat16()
     ref = _reference(x, w, bias)
-    _close(kernels.linear_bf16(x, w, bias), ref)
-    y = kernels.linear_bf16(x.bfloat16(), w, bias)  # bf16 activations -> bf16 output
+    _close(apply.dense_linear(x, w, bias), ref)
+    y = apply.dense_linear(x.bfloat16(), w, bias)  # bf16 activations -> bf16 output
     assert y.dtype == torch.bfloat16
     _close(y.float(), _reference(x.bfloat16(), w, bias), tol=2e-2)
-    _close(kernels.linear_f16(x, w.half()), _reference(x, w.half(), None))
-    _close(kernels.linear_f32(x, w.float()), _reference(x, w, None))
-    # The dispatcher: leading dims, both sides of the M threshold, matching F.linear's output dtype.
-    for m in (1, kernels.MAX_KERNEL_M, kernels.MAX_KERNEL_M + 1):
+    _close(apply.dense_linear(x, w.half()), _reference(x, w.half(), None))
+    _close(apply.dense_linear(x, w.float()), _reference(x, w, None))
+    # The dispatch: leading dims, both sides of the dense kernel's row limit, matching F.linear's output dtype.
+    limit = dispatch.caps().dense_max_rows
+    for m in (1, limit, limit + 1):
         x3 = torch.randn(1, m, 256, generator=g)
-        _close(kernels.linear(x3, w, bias), _reference(x3, w, bias))
-    with pytest.raises(TypeError):
-        kernels.linear_bf16(x, w.float())
-    with pytest.raises(ValueError):
-        kernels.linear_bf16(x[:, :100], w)
+        _close(apply.dense_linear(x3, w, bias), _reference(x3, w, bias))
 
 
 def test_linear_falls_back_without_kernels(monkeypatch):
     monkeypatch.setattr(kernels, "available", lambda: False)
     x, w, b = torch.randn(2, 16), torch.randn(3, 16).bfloat16(), torch.randn(3)
-    _close(kernels.linear(x, w, b), _reference(x, w, b))
+    _close(apply.dense_linear(x, w, b), _reference(x, w, b))
     x64 = torch.randn(2, 16, dtype=torch.float64)
-    _close(kernels.linear(x64, w.double(), None), F.linear(x64, w.double()))
+    _close(apply.dense_linear(x64, w.double(), None), F.linear(x64, w.double()))
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from hearth.layers.linear import Linear
+from hearth.weights import apply
 
 SHARDS = {"q": 64, "k": 16, "v": 16}
 
@@ -55,14 +56,13 @@ def test_wrong_shard_shape_is_named() -> None:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_linear_parts_kernel_equals_merged_kernel(dtype: torch.dtype) -> None:
     """Uneven parts (row counts not multiples of any tile) through the one-call kernel, x in the weight dtype."""
-    from hearth import kernels
 
     torch.manual_seed(1)
     parts = [torch.randn(n, 72).to(dtype) for n in (37, 8, 100)]
     bias = torch.randn(145)
     for m in (1, 4, 7, 16):
         x = torch.randn(2, m, 72).to(dtype)  # a leading batch dimension, as the layers pass it
-        ref = kernels.linear(x, torch.cat(parts), bias)
+        ref = apply.dense_linear(x, torch.cat(parts), bias)
         # NOTE: not bit-equal: which rows a thread's row streams share shifts with the part boundaries
         tol = 1e-5 if dtype == torch.float32 else 1e-2
-        torch.testing.assert_close(kernels.linear_parts(x, parts, bias).float(), ref.float(), rtol=tol, atol=tol)
+        torch.testing.assert_close(apply.dense_linear_parts(x, parts, bias).float(), ref.float(), rtol=tol, atol=tol)

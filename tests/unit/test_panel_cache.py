@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from hearth.loader import panel_pack
+from hearth.weights import panel_pack
 
 MB = 1 << 20
 CAP = 10 * MB

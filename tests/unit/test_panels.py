@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from hearth.kernels import panels
+from hearth.weights import apply, dispatch
 
 pytestmark = pytest.mark.skipif(not panels.supported(), reason="panels need AVX-512 (and AVX512-BF16 where bf16 "
                                                                  "GEMMs are native)")
@@ -35,20 +36,20 @@ def test_kernel_equals_f_linear_on_uneven_shapes(x_dtype: torch.dtype, k: int, r
     bias = torch.randn(n_out)
     ref_w = torch.cat(parts).float()
     packed = [_packed(p) for p in parts]
-    for m in (1, 2, 3, 4, 5, 7, 8, 13, 16, 64, 150, panels.TILED_MAX_M + 3):
+    for m in (1, 2, 3, 4, 5, 7, 8, 13, 16, 64, 150, dispatch.DENSE_PANEL_MAX_ROWS + 3):
         x = torch.randn(m, k).to(x_dtype)
-        y = panels.linear(x, packed, list(rows), bias)
+        y = apply.dense_panels_linear(x, packed, list(rows), bias)
         assert y.dtype == x_dtype and y.shape == (m, n_out)
         ref = F.linear((x.bfloat16() if DOT else x).float(), ref_w, bias)
         tol = 1e-4 * (k / 83) ** 0.5 if x_dtype == torch.float32 else 3e-2 * ref.abs().max().item()
         torch.testing.assert_close(y.float(), ref, rtol=0, atol=tol, msg=f"m={m}")
         if DOT and x_dtype == torch.bfloat16:
-            assert torch.equal(y, panels.linear(x.float(), packed, list(rows), bias).bfloat16()), f"m={m}"
+            assert torch.equal(y, apply.dense_panels_linear(x.float(), packed, list(rows), bias).bfloat16()), f"m={m}"
             # rows read where they lie at a wider stride, and (odd offset: not 4-byte aligned) packed first
             for off in (2, 1):
                 wide = torch.zeros(m, k + 4, dtype=x_dtype)
                 wide[:, off:off + k] = x
-                assert torch.equal(panels.linear(wide[:, off:off + k], packed, list(rows), bias), y), f"m={m} {off}"
+                assert torch.equal(apply.dense_panels_linear(wide[:, off:off + k], packed, list(rows), bias), y), f"m={m} {off}"
 
 
 def test_pack_layout_and_widen_are_exact() -> None:

@@ -1,45 +1,56 @@
-"""Quantized weights in VNNI panels (csrc/quant_panel.cpp, quant.to_panels): an exact re-lay, and a GEMM that gives
+"""Quantized weights in VNNI panels (csrc/quant_panel.cpp, relayout.to_panels): an exact re-lay, and a GEMM that gives
 the dequantized weights times the int8 / int8x2-rounded activations for every row count."""
 import pytest
 import torch
 
-from hearth.kernels import quant
+from hearth import kernels
+from hearth import platform
+from hearth.kernels import quant as qkernels
 from hearth.layers.quant_linear import QuantLinear
+from hearth.weights import activations
+from hearth.weights import apply
+from hearth.weights import gguf as gguf_w
+from hearth.weights import layouts
+from hearth.weights import packed
+from hearth.weights import prepare
+from hearth.weights import quantize
+from hearth.weights import reference
+from hearth.weights import relayout
 
 needs_panels = pytest.mark.skipif(
-    not (quant.available() and quant.cpu_info().has_vnni and quant.kernels.isa() == quant.kernels.ISA_AVX512),
+    not (qkernels.available() and platform.cpu_info().has_vnni and kernels.isa() == kernels.ISA_AVX512),
     reason="the panel GEMM needs AVX512-VNNI")
 
 
-def _formats(n: int, k: int) -> dict[str, quant.QWeight]:
+def _formats(n: int, k: int) -> dict[str, packed.QWeight]:
     g = torch.Generator().manual_seed(n * 7 + k)
     w = torch.randn(n, k, generator=g) * 0.05
     w[0, :32] *= 40  # one loud block: its scale must stay its own
-    i8, i4 = quant.quantize_int8(w), quant.quantize_int4(w, 32)
-    q8 = quant.quantize_int8(w, 32)
+    i8, i4 = quantize.quantize_int8(w), quantize.quantize_int4(w, 32)
+    q8 = quantize.quantize_int8(w, 32)
     fmts = {
         "int8-per-channel": i8,
-        "q8_0 (fp16 scales, group 32)": quant.QWeight(8, 32, q8.data, q8.scales.half(), None),
+        "q8_0 (fp16 scales, group 32)": packed.QWeight(8, 32, q8.data, q8.scales.half(), None),
         "int4-g32 (mins)": i4,
-        "q4_0 (symmetric, fp16)": quant.QWeight(4, 32, i4.data, i4.scales.half(), None),
-        "q4_1 (fp16 mins)": quant.QWeight(4, 32, i4.data, i4.scales.half(), i4.mins.half()),
+        "q4_0 (symmetric, fp16)": packed.QWeight(4, 32, i4.data, i4.scales.half(), None),
+        "q4_1 (fp16 mins)": packed.QWeight(4, 32, i4.data, i4.scales.half(), i4.mins.half()),
     }
     if k % 128 == 0:
-        fmts["int4-g128"] = quant.quantize_int4(w, 128)
+        fmts["int4-g128"] = quantize.quantize_int4(w, 128)
     if n % 4 == 0 and k % 64 == 0:
-        fmts["q4_0 in 4-row tiles"] = quant.tile_rows4(fmts["q4_0 (symmetric, fp16)"])
+        fmts["q4_0 in 4-row tiles"] = relayout.tile_rows4(fmts["q4_0 (symmetric, fp16)"])
     return fmts
 
 
 @pytest.mark.parametrize("n,k", [(64, 256), (200, 96), (130, 4352)])
 def test_panels_round_trip_exactly(n: int, k: int) -> None:
     for name, qw in _formats(n, k).items():
-        p = quant.to_panels(qw)
-        assert p.shape == (n, k) and p.kernel_code in quant.PANEL_CODES, name
-        assert torch.equal(quant.dequantize(p), quant.dequantize(qw)), name
+        p = relayout.to_panels(qw)
+        assert p.shape == (n, k) and layouts.of(p).code in (layouts.PANELS_INT8.code, layouts.PANELS_INT4.code), name
+        assert torch.equal(reference.dequantize(p), reference.dequantize(qw)), name
         # the torch form, a panel at a time: the same bytes as the kernel library's packer (where it runs)
-        assert torch.equal(quant.to_panels(qw, chunk=1, kernel=False).data, p.data), name
-        assert p.nbytes() <= quant.untile_rows4(qw).nbytes() * (-(-n // 64) * 64) / n + 1, name
+        assert torch.equal(relayout.to_panels(qw, chunk=1, kernel=False).data, p.data), name
+        assert p.nbytes() <= relayout.untile_rows4(qw).nbytes() * (-(-n // 64) * 64) / n + 1, name
 
 
 @needs_panels
@@ -48,20 +59,20 @@ def test_panels_round_trip_exactly(n: int, k: int) -> None:
 def test_panel_gemm_equals_dequantized_reference(n: int, k: int, act: str) -> None:
     """Every row count (tile tails 1-5, two row tiles, a prompt-sized M), bias, padded last panel; rows of a big call
     bit-identical to the same rows alone (a prompt's last token recomputed alone gets the same numbers)."""
-    rounding = quant.quantize_activations if act == "panels" else quant.quantize_activations_x2
+    rounding = activations.quantize_x if act == "panels" else activations.quantize_x2
     g = torch.Generator().manual_seed(1)
     bias = torch.randn(n, generator=g)
     for name, qw in _formats(n, k).items():
-        p = quant.to_panels(qw)
-        w = quant.dequantize(qw).double()
+        p = relayout.to_panels(qw)
+        w = reference.dequantize(qw).double()
         for m in (1, 5, 8, 13, 70):
             x = (torch.randn(m, k, generator=g) * 2).to(torch.bfloat16)
-            got = quant._run(x, p, bias, act=act)
+            got = apply.run_panels(x, p, bias, 0 if act == "panels" else x.shape[0], bf16=False)
             want = rounding(x.float()).double() @ w.t() + bias.double()
             err = ((got.double() - want).abs().max() / want.abs().max()).item()
             assert err < 2e-6, f"{name} M={m}: relative error {err:.2e}"
             if m == 13:
-                alone = quant._run(x[7:8].contiguous(), p, bias, act=act)
+                alone = apply.run_panels(x[7:8].contiguous(), p, bias, 0 if act == "panels" else 1, bf16=False)
                 assert torch.equal(alone, got[7:8]), name
 
 
@@ -70,47 +81,47 @@ def test_panel_gemm_equals_dequantized_reference(n: int, k: int, act: str) -> No
 def test_bf16_output_equals_rounded_fp32(split: int, monkeypatch) -> None:
     """bf16 x on panels gets its result rounded to bf16 in the kernel (the last K block; earlier ones' partial sums
     in fp32 scratch): bit-identical to the fp32 result's .to(bfloat16), int8x2 rows before `split`, int8 after."""
-    monkeypatch.setattr(quant, "_int8_from", lambda m, activations=None: split)
-    monkeypatch.setattr(quant, "ACTIVATIONS", "int8x2")
+    monkeypatch.setattr(activations, "int8_from", lambda m, activations=None: split)
+    monkeypatch.setattr(activations, "ACTIVATIONS", "int8x2")
     g = torch.Generator().manual_seed(5)
     bias = torch.randn(130, generator=g)
     for k in (96, 4352):  # one K block; several (int4: 3 of <= 32 blocks of 32, int8: 5 of <= 16)
         for name, qw in _formats(130, k).items():
-            p = quant.to_panels(qw)
+            p = relayout.to_panels(qw)
             x = (torch.randn(5, k, generator=g) * 2).to(torch.bfloat16)
-            want = torch.cat([quant._run(x[:split], p, bias, act="panels2"),
-                              quant._run(x[split:], p, bias, act="panels")]).to(torch.bfloat16)
-            got = quant.linear(x, p, bias)
+            want = torch.cat([apply.run_panels(x[:split], p, bias, x[:split].shape[0], bf16=False),
+                              apply.run_panels(x[split:], p, bias, 0, bf16=False)]).to(torch.bfloat16)
+            got = apply.linear(x, p, bias)
             assert got.dtype == torch.bfloat16 and torch.equal(got, want), (name, k)
 
 
 @needs_panels
 def test_int8x2_is_closer_than_int8() -> None:
     """The two-term activations give a result within ~amax / 64516 of fp32 x; one term within ~amax / 254."""
-    qw = quant.to_panels(quant.quantize_int8(torch.randn(128, 512) * 0.05))
+    qw = relayout.to_panels(quantize.quantize_int8(torch.randn(128, 512) * 0.05))
     x = torch.randn(4, 512)
-    exact = x.double() @ quant.dequantize(qw).double().t()
-    e1 = (quant._run(x, qw, None, act="panels").double() - exact).abs().max().item()
-    e2 = (quant._run(x, qw, None, act="panels2").double() - exact).abs().max().item()
+    exact = x.double() @ reference.dequantize(qw).double().t()
+    e1 = (apply.run_panels(x, qw, None, 0, bf16=False).double() - exact).abs().max().item()
+    e2 = (apply.run_panels(x, qw, None, x.shape[0], bf16=False).double() - exact).abs().max().item()
     assert e2 < e1 / 50
 
 
 @needs_panels
-@pytest.mark.parametrize("activations", ["int8x2", "int8"])
+@pytest.mark.parametrize("act_name", ["int8x2", "int8"])
 @pytest.mark.parametrize("scheme", ["int8", "int4-g32", "int4"])
-def test_quant_linear_uses_panels(scheme: str, activations: str, monkeypatch) -> None:
+def test_quant_linear_uses_panels(scheme: str, act_name: str, monkeypatch) -> None:
     """QuantLinear re-lays its weight at load on VNNI CPUs; the layer's output equals the plain rows' kernels within
-    fp32 summation order, with the activation rounding quant.ACTIVATIONS names at the call (as the rows read it)."""
-    monkeypatch.setattr(quant, "ACTIVATIONS", activations)
+    fp32 summation order, with the activation rounding activations.ACTIVATIONS names at the call (as the rows read it)."""
+    monkeypatch.setattr(activations, "ACTIVATIONS", act_name)
     g = torch.Generator().manual_seed(3)
     w = torch.randn(192, 512, generator=g) * 0.05
     lin = QuantLinear(512, 192, scheme=scheme)
     lin.load_shard("weight", None, w)
     assert lin.qweight.panel_rows == 192 and lin.weight.data_ptr() == lin.qweight.data.data_ptr()
-    plain = quant.from_panels(lin.qweight)
+    plain = relayout.from_panels(lin.qweight)
     for m in (1, 3):
         x = torch.randn(m, 512, generator=g)
-        want = quant._run(x, plain, None)  # the row kernels with the same activations
+        want = apply.run(x, plain, None)  # the row kernels with the same activations
         torch.testing.assert_close(lin(x), want, rtol=1e-5, atol=1e-5)
 
 
@@ -120,20 +131,20 @@ def test_lookup_from_panels_equals_rows(n: int, k: int) -> None:
     repeated ids included; an id past the table is an IndexError like F.embedding's."""
     ids = torch.tensor([0, n - 1, 63, 64, 5, 5, 130 % n, 31, 32, 47, 48])
     for name, qw in _formats(n, k).items():
-        want = quant.dequantize(qw)[ids]
-        assert torch.equal(quant.dequantize_gather(quant.to_panels(qw), ids), want), name
+        want = reference.dequantize(qw)[ids]
+        assert torch.equal(apply.dequantize_gather(relayout.to_panels(qw), ids), want), name
     with pytest.raises(IndexError):
-        quant.dequantize_gather(quant.to_panels(qw), torch.tensor([n]))
+        apply.dequantize_gather(relayout.to_panels(qw), torch.tensor([n]))
 
 
 @needs_panels
 def test_float_activations_after_load_name_the_fix(monkeypatch) -> None:
-    """Panels take int8 / int8x2 activations only: switching quant.ACTIVATIONS to float after the load is an error
+    """Panels take int8 / int8x2 activations only: switching activations.ACTIVATIONS to float after the load is an error
     that names the setting to use before loading, not a silent other rounding."""
     lin = QuantLinear(256, 64, scheme="int8")
     lin.load_shard("weight", None, torch.randn(64, 256))
     assert lin.qweight.panel_rows
-    monkeypatch.setattr(quant, "ACTIVATIONS", "float")
+    monkeypatch.setattr(activations, "ACTIVATIONS", "float")
     with pytest.raises(RuntimeError, match="HEARTH_QUANT_ACT=float"):
         lin(torch.randn(2, 256))
 
@@ -167,9 +178,9 @@ def test_prompt_rows_take_int8_and_generated_rows_do_not_notice(tmp_path, monkey
     from hearth.models.blocks import DecoderModel
     from tests.tiny_models import build_checkpoint, tiny_config
 
-    monkeypatch.setattr(quant, "ACTIVATIONS", "int8x2")
-    monkeypatch.setattr(quant, "AUTO_ACTIVATIONS", True)
-    monkeypatch.setattr(quant, "ONE_TERM_MIN_WEIGHTS", 0)  # (a tiny model: one term only from this size)
+    monkeypatch.setattr(activations, "ACTIVATIONS", "int8x2")
+    monkeypatch.setattr(activations, "AUTO_ACTIVATIONS", True)
+    monkeypatch.setattr(activations, "ONE_TERM_MIN_WEIGHTS", 0)  # (a tiny model: one term only from this size)
     if layer_path:
         monkeypatch.setattr(DecoderModel, "_decode_program", lambda self: None)
     folder = build_checkpoint(str(tmp_path / "q"), tiny_config("llama", num_hidden_layers=2))
@@ -178,53 +189,52 @@ def test_prompt_rows_take_int8_and_generated_rows_do_not_notice(tmp_path, monkey
     a, b = [5, 17, 42, 99, 7, 3], list(range(30, 70))
     alone = _run_staggered(llm, a, None, 8)
     calls: list[tuple[int, int]] = []  # (rows, of which int8x2) per panel call
-    real = quant._panels
-    monkeypatch.setattr(quant, "_panels",
-                        lambda x, qw, bias, split, bf16: calls.append((x.shape[0], split)) or real(x, qw, bias, split,
-                                                                                                   bf16))
+    real = apply.run_panels
+    monkeypatch.setattr(apply, "run_panels", lambda x, qw, bias, split, *a: calls.append((x.shape[0], split))
+                        or real(x, qw, bias, split, *a))
     mixed = _run_staggered(llm, a, b, 8)
     assert mixed == alone
     if layer_path:  # the step where B's 40 prompt rows ran beside A's decode row: split 1 + 40
         assert (41, 1) in calls
     # prompt rows are rounded differently: B's logprobs alone differ from an all-int8x2 run of the same engine
-    monkeypatch.setattr(quant, "AUTO_ACTIVATIONS", False)
+    monkeypatch.setattr(activations, "AUTO_ACTIVATIONS", False)
     all_x2 = _run_staggered(llm, b, None, 4)
-    monkeypatch.setattr(quant, "AUTO_ACTIVATIONS", True)
+    monkeypatch.setattr(activations, "AUTO_ACTIVATIONS", True)
     assert _run_staggered(llm, b, None, 4) != all_x2
 
 
-def _qweights(llm) -> list[quant.QWeight]:
-    from hearth.loader import hugepages
+def _qweights(llm) -> list[packed.QWeight]:
+    from hearth.weights import hugepages
 
-    return [q for q in hugepages.held(llm.engine.model) if isinstance(q, quant.QWeight)]
+    return [q for q in hugepages.held(llm.engine.model) if isinstance(q, packed.QWeight)]
 
 
-def _q(bits: int, n: int, k: int) -> quant.QWeight:
+def _q(bits: int, n: int, k: int) -> packed.QWeight:
     w = torch.randn(n, k) * 0.05
-    return quant.quantize_int8(w, 32) if bits == 8 else quant.quantize_int4(w, 32)
+    return quantize.quantize_int8(w, 32) if bits == 8 else quantize.quantize_int4(w, 32)
 
 
 def test_auto_rounds_mostly_4bit_models_to_int8(monkeypatch) -> None:
     """HEARTH_QUANT_ACT=auto: a model whose quantized weights are mostly 4-bit (by count) takes single-term int8 in
     every quantized linear but its LM head (the logits); a mostly 8-bit one, or another setting, keeps ACTIVATIONS."""
-    monkeypatch.setattr(quant, "ACTIVATIONS", "int8x2")
-    monkeypatch.setattr(quant, "AUTO_ACTIVATIONS", True)
+    monkeypatch.setattr(activations, "ACTIVATIONS", "int8x2")
+    monkeypatch.setattr(activations, "AUTO_ACTIVATIONS", True)
     body, other, head = [_q(4, 256, 512) for _ in range(2)], _q(8, 512, 256), _q(8, 1024, 256)
     small = 2 * 256 * 512 + 512 * 256  # the body's weights, each counted once
     # A model too small for one term takes int8x2 for every row of every linear, its head's included.
-    monkeypatch.setattr(quant, "ONE_TERM_MIN_WEIGHTS", small + 1)
+    monkeypatch.setattr(activations, "ONE_TERM_MIN_WEIGHTS", small + 1)
     tiny = [_q(4, 256, 512), _q(4, 256, 512), _q(8, 512, 256), _q(8, 1024, 256)]
-    assert quant.set_model_activations(tiny, tiny[-1]) == "int8x2"
+    assert activations.set_model_activations(tiny, tiny[-1]) == "int8x2"
     assert all(q.activations == "int8x2" for q in tiny)
-    monkeypatch.setattr(quant, "ONE_TERM_MIN_WEIGHTS", small)
-    assert quant.set_model_activations(body + [other, other, head], head) == "int8"  # (each counts once)
+    monkeypatch.setattr(activations, "ONE_TERM_MIN_WEIGHTS", small)
+    assert activations.set_model_activations(body + [other, other, head], head) == "int8"  # (each counts once)
     assert all(q.activations == "int8" for q in body + [other]) and head.activations is None
     mostly_8 = [_q(4, 256, 512), _q(8, 512, 256), _q(8, 256, 256)]
-    monkeypatch.setattr(quant, "ONE_TERM_MIN_WEIGHTS", 0)
-    assert quant.set_model_activations(mostly_8) is None and all(q.activations is None for q in mostly_8)
-    monkeypatch.setattr(quant, "AUTO_ACTIVATIONS", False)  # HEARTH_QUANT_ACT=int8x2
+    monkeypatch.setattr(activations, "ONE_TERM_MIN_WEIGHTS", 0)
+    assert activations.set_model_activations(mostly_8) is None and all(q.activations is None for q in mostly_8)
+    monkeypatch.setattr(activations, "AUTO_ACTIVATIONS", False)  # HEARTH_QUANT_ACT=int8x2
     fresh = [_q(4, 256, 512)]
-    assert quant.set_model_activations(fresh) is None and fresh[0].activations is None
+    assert activations.set_model_activations(fresh) is None and fresh[0].activations is None
 
 
 @pytest.mark.parametrize("layer_path", [False, True])
@@ -240,11 +250,11 @@ def test_auto_4bit_model_runs_int8_everywhere(tmp_path, monkeypatch, layer_path:
     folder = build_checkpoint(str(tmp_path / "q"), tiny_config("llama", num_hidden_layers=2))
     params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, logprobs=3, prompt_logprobs=3)
 
-    monkeypatch.setattr(quant, "ONE_TERM_MIN_WEIGHTS", 0)  # (a tiny model: one term only from this size)
+    monkeypatch.setattr(activations, "ONE_TERM_MIN_WEIGHTS", 0)  # (a tiny model: one term only from this size)
 
-    def run(activations: str, auto: bool) -> tuple[list, list]:
-        monkeypatch.setattr(quant, "ACTIVATIONS", activations)
-        monkeypatch.setattr(quant, "AUTO_ACTIVATIONS", auto)
+    def run(act_name: str, auto: bool) -> tuple[list, list]:
+        monkeypatch.setattr(activations, "ACTIVATIONS", act_name)
+        monkeypatch.setattr(activations, "AUTO_ACTIVATIONS", auto)
         llm = LLM(folder, kv_cache_space=0.05, dtype="float32", quantization="int4-g32")
         assert all(q.activations == ("int8" if auto else None) for q in _qweights(llm))
         out = llm.generate([{"prompt_token_ids": [5, 17, 42, 99, 7, 3] * 3}], params)[0]
@@ -257,14 +267,12 @@ def test_auto_4bit_model_runs_int8_everywhere(tmp_path, monkeypatch, layer_path:
 
 
 def _gguf_blocks(ggml_type: int, n: int, k: int, rng):
-    from hearth.kernels import quant_gguf
-
-    nbytes = quant_gguf.KEPT_TYPES[ggml_type][2]
+    nbytes = gguf_w.KEPT_TYPES[ggml_type][2]
     raw = rng.integers(0, 256, size=(n, k // 32, nbytes), dtype="uint8")
     raw[:, :, 0:2] = rng.uniform(0.001, 0.1, size=(n, k // 32, 1)).astype("float16").view("uint8")
     if ggml_type == 3:  # Q4_1's min
         raw[:, :, 2:4] = rng.uniform(-0.1, 0.0, size=(n, k // 32, 1)).astype("float16").view("uint8")
-    return quant_gguf.GGUFBlocks(ggml_type, (n, k), torch.from_numpy(raw.reshape(n, -1)))
+    return gguf_w.GGUFBlocks(ggml_type, (n, k), torch.from_numpy(raw.reshape(n, -1)))
 
 
 @needs_panels
@@ -274,15 +282,12 @@ def test_panels_straight_from_gguf_blocks_equal_the_repacked_path(ggml_type: int
     rows, concatenating and re-laying gives; a shard before the last that leaves a panel part-filled takes that path."""
     import numpy as np
 
-    from hearth.kernels import quant_gguf
-    from hearth.layers.quant_linear import _cat
-
     rng = np.random.default_rng(ggml_type)
     for rows in ([128, 64, 70], [200], [64, 64]):
         parts = [_gguf_blocks(ggml_type, n, 256, rng) for n in rows]
-        got = quant_gguf.panels_from_blocks(parts)
-        want = quant.to_panels(_cat([p.repack() for p in parts]))
+        got = gguf_w.panels_from_blocks(parts)
+        want = relayout.to_panels(prepare.cat([p.repack() for p in parts]))
         assert got is not None and got.panel_rows == want.panel_rows == sum(rows)
         assert torch.equal(got.data, want.data) and torch.equal(got.scales, want.scales)
         assert (got.mins is None and want.mins is None) or torch.equal(got.mins, want.mins)
-    assert quant_gguf.panels_from_blocks([_gguf_blocks(ggml_type, n, 256, rng) for n in (70, 64)]) is None
+    assert gguf_w.panels_from_blocks([_gguf_blocks(ggml_type, n, 256, rng) for n in (70, 64)]) is None

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from hearth.kernels import quant
+from hearth.kernels import quant as qkernels
 from tests.gguf_writer import Q, write_gguf
 from tests.tiny_models import build_checkpoint, tiny_config
 
@@ -51,7 +51,7 @@ aeng.shutdown()
 """
 
 
-@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2 or not quant.available(), reason="needs 2 CPUs and the kernels")
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2 or not qkernels.available(), reason="needs 2 CPUs and the kernels")
 def test_engine_threads_do_not_sleep_at_every_barrier(tmp_path) -> None:
     folder = build_checkpoint(str(tmp_path / "ckpt"), tiny_config(
         "llama", hidden_size=512, intermediate_size=2048, num_hidden_layers=4, num_attention_heads=8,

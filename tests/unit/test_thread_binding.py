@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from hearth import kernels
+from hearth.weights import apply
 from hearth.platform import _PROCESS_AFFINITY, bind_omp_threads, release_calling_thread
 
 
@@ -42,7 +43,7 @@ def test_team_of_a_non_main_thread_is_pinned_and_does_the_work():
         for _ in range(40):  # torch's parallel regions and hearth's kernel, ~1 s
             (a @ a).sum()
             torch.nn.functional.embedding(torch.arange(4096), a.repeat(8, 1))
-            kernels.linear(a[:8], w)
+            apply.dense_linear(a[:8], w)
         seen["before"], seen["after"] = before, _tasks()
 
     t = threading.Thread(target=run)

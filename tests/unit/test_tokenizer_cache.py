@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from hearth.loader import gguf_loader, tokenizer_cache
-from hearth.loader.gguf_loader import load_gguf
+from hearth.tokenizer import cache as tokenizer_cache
+from hearth.loader.gguf import reader
+from hearth.loader.gguf import load_gguf
 from tests.gguf_writer import write_gguf
 from tests.tiny_models import build_checkpoint, tiny_config
 
@@ -89,7 +90,7 @@ def test_damaged_entry_is_rebuilt(gguf_file: Path, tokenizer_cache_dir: Path, mo
 
 
 def test_key_follows_tokenizer_metadata_only(gguf_file: Path) -> None:
-    meta = gguf_loader._read_parts(str(gguf_file))[0].metadata
+    meta = reader.read_parts(str(gguf_file))[0].metadata
     key = tokenizer_cache.cache_key(meta)
     assert key == tokenizer_cache.cache_key(dict(meta))
     other_weights = {**meta, "llama.block_count": 99, "general.name": "x"}

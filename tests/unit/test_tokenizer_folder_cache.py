@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from hearth import tokenizer as tokenizer_mod
+from hearth.tokenizer import tokenizer as tokenizer_mod
 from hearth.tokenizer import Tokenizer
 from tests.tiny_models import tiny_tokenizer
 

@@ -13,9 +13,8 @@ import time
 
 logger = logging.getLogger("hearth")
 
-# Long enough for a local client's next request to arrive (Qwen2.5-0.5B, concurrency 8, staggered: TTFT p50 2.26 s
-# without the wait, 1.73 s with 30 ms, one run each); it costs at most 30 ms after a step that finished requests,
-# against ~110 ms decode steps and ~1 s prompt steps here.
+# Long enough for a local client's next request to arrive, so it joins the next step (a shorter TTFT under
+# closed-loop load); it costs at most this after a step that finished requests, a fraction of one decode step.
 DEFAULT_REFILL_WAIT_MS = 30.0
 # server.DEFAULT_MAX_BODY_BYTES, not imported from there: the server module pulls in torch, and `--help` must not.
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024

@@ -53,10 +53,10 @@ class ServerConfig:
 async def warm_when_idle(engine: AsyncEngine, warm_up: Callable[[], object], idle_s: float = 5.0,
                          poll_s: float = 0.1) -> None:
     """Run warm_up (in a thread) once the engine has been idle for idle_s: the chat-template renderer's first use
-    imports transformers (~1.3 s here), which an interactive user's first chat request then does not pay. A client
-    that sends at once is not slowed by it (the import holds the GIL and a core beside its requests): it waits for
-    quiet. NOTE: 1 s of quiet was too short: a client that looked up /v1/models after /health still met the import
-    with its first requests (TinyLlama, 16-token prompts: TTFT 1.07-1.26 s instead of 0.48-0.52 s)."""
+    imports transformers (a second or more), which an interactive user's first chat request then does not pay. A
+    client that sends at once is not slowed by it (the import holds the GIL and a core beside its requests): it
+    waits for quiet. NOTE: a one-second quiet was too short: a client that looked up /v1/models after /health still
+    met the import with its first requests, doubling their TTFT."""
     quiet = 0.0
     while quiet < idle_s:
         await asyncio.sleep(poll_s)

@@ -5,8 +5,8 @@
 // the attention and MLP outputs, and attention softcap), by the same C entry points (and the same rounding points) the Python layers
 // call one at a time: each projection's fp32 result is rounded to the model dtype, q is widened to fp32 for the
 // attention kernel and its output rounded back. So the result equals the layer-by-layer path bit for bit; what goes
-// away is Python: ~0.7 ms per layer on the 2-core Zen 3 (module calls, ~10 torch allocations, ~12 ctypes calls),
-// which is most of a small model's decode step.
+// away is Python per layer (module calls, torch allocations, ctypes calls), which is most of a small model's
+// decode step.
 // Layouts are described once per model (HkLayerDesc, built by hearth/kernels/decoder.py) and per step (HkStepDesc).
 #include <immintrin.h>
 
@@ -32,7 +32,7 @@ constexpr int kBF16DotPanels = 4;  // hk_linear_parts' w_dtype for pair panels
 // One projection. kFloat: w [N][ldw] in w_dtype (0 f32 / 1 bf16 / 2 f16; 3: bf16 panels, see panel.cpp), or with nparts > 1 the weight in parts
 // (the checkpoint's q/k/v or gate/up as loaded): part_w[p] [part_n[p]][K], rows in order, w unused (one
 // hk_linear_parts call: one parallel region, as fast as a merged weight). Quantized:
-// hearth's int8/int4 layout (w_dtype 1 = int4, 0 = int8), scales/mins [N][ldg], group weights per scale.
+// w_dtype is the weight's format code (hearth/weights/layouts.py), scales/mins [N][ldg], group weights per scale.
 struct HkLinearDesc {
   int32_t kind, w_dtype;
   const void* w;

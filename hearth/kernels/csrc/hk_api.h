@@ -4,7 +4,7 @@
 #pragma once
 #include <cstdint>
 
-// Quantized weight-format codes past the plain / tiled ones (quant.QWeight.kernel_code): VNNI panels (quant_panel.cpp).
+// Quantized weight-format codes past the plain / tiled ones (hearth/weights/layouts.py's table): VNNI panels.
 constexpr int kPanelsInt8 = 5, kPanelsInt4 = 6;
 
 extern "C" {
@@ -30,12 +30,6 @@ int hq_linear_gemm(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx
 int hq_linear_gemm_bcast(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, const void* w, int int4,
                          int64_t N, int64_t ldw, const void* scales, const void* mins, int64_t ldg, int64_t group,
                          const float* bias, float* out, int isa, int nthreads, int scale_f16);
-int hq_linear_panels(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, const void* w, int code,
-                     int64_t N, int64_t ldw, const void* scales, const void* mins, int64_t ldg, int64_t group,
-                     const float* bias, float* out, int isa, int nthreads, int scale_f16);
-int hq_linear_panels2(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, const void* w, int code,
-                      int64_t N, int64_t ldw, const void* scales, const void* mins, int64_t ldg, int64_t group,
-                      const float* bias, float* out, int isa, int nthreads, int scale_f16);
 int hq_linear_panels_out(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, const void* w, int code,
                          int64_t N, const void* scales, const void* mins, int64_t group, const float* bias,
                          float* partial, uint16_t* out16, int nthreads, int scale_f16, int x2);

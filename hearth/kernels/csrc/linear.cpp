@@ -1,7 +1,7 @@
 // hearth decode-shape linear kernels: y = x w^T (+ b) for bf16 / f16 / f32 weights, fp32 accumulate.
 // Built without -march: each ISA body is compiled under its own `#pragma GCC target` and chosen at run time by
 // the caller (Python reads the CPU flags); the generic code here uses no vector instructions beyond the baseline.
-// Deliberately free of torch headers (they alone take ~70 s to compile): a C ABI called through ctypes with data
+// Deliberately free of torch headers (they alone would dominate the compile): a C ABI called through ctypes with data
 // pointers; threads are OpenMP regions on torch's own libgomp (same soname, already loaded), sized by the caller
 // from torch.get_num_threads().
 #include <immintrin.h>
@@ -130,7 +130,7 @@ struct T {
 }  // namespace hk_avx512
 #pragma GCC pop_options
 
-// AVX-512 with AVX512-BF16 (Zen 4+, Cooper Lake, Sapphire Rapids+): hk_avx512's body plus the WBF16Dot kind, for
+// AVX-512 with AVX512-BF16: hk_avx512's body plus the WBF16Dot kind, for
 // bf16 x against bf16 weights (vdpbf16ps). Chosen in hk_linear_parts by __builtin_cpu_supports.
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512bf16")
@@ -241,19 +241,6 @@ int hk_linear_parts(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ld
   else
     parallel(total, nthreads, chunks);
   return 0;
-}
-
-// Single-pass read-bandwidth probe (benchmarks): AVX2 sum of n floats.
-double hk_read_sum(const float* p, int64_t n, int nthreads) {
-  std::vector<double> partial(256, 0.0);
-  const int64_t blocks = n / 32;
-  parallel(blocks, std::min(nthreads, 256), [&](int64_t b, int64_t e) {
-    double d = hk_avx2::sum_blocks(p, b, e);
-    partial[omp_get_thread_num()] += d;
-  });
-  double total = 0;
-  for (double d : partial) total += d;
-  return total;
 }
 
 }  // extern "C"

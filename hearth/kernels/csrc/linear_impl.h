@@ -109,9 +109,8 @@ static inline void micro_mr(int mr, int nr, const float* x, int64_t ldx, const t
 
 // Software prefetch into L2 of the weight tile the microkernels will read next, a slice after each microkernel
 // call. Read by the microkernel alone, a tile's NR adjacent short rows in lockstep are scattered offsets in the same
-// pages, which the hardware prefetcher follows poorly (see run_rows). Measured (2-core Zen 3, Qwen2.5-0.5B-shape
-// linears, bf16, 2 threads, alternated in one process, medians): M = 8 127 -> 103 ms, M = 16 188 -> 164,
-// M = 32 308 -> 285. (M <= kRowStreamMaxM no longer comes here: run_rows.)
+// pages, which the hardware prefetcher follows poorly (see run_rows); prefetching them ahead keeps the tiles fed.
+// (M <= kRowStreamMaxM no longer comes here: run_rows.)
 struct TilePrefetch {
   const char* p = nullptr;  // the current row's next line
   const char* row_end = nullptr;
@@ -211,11 +210,10 @@ static void run_chunks(const Problem& a, int64_t c0, int64_t c1) {
 
 // MR (1-4) x rows, weight rows [r0, r1): S streams in lockstep, stream s walking its own contiguous run of rows
 // (r0 + s * len + i), so every stream reads memory strictly sequentially and the S streams lie far apart.
-// Measured (2-core Zen 3, bf16, whole-model shapes, cold weights, one x row): 18-21 GB/s on every shape, vs
-// 8-11 GB/s for S adjacent rows in lockstep on short rows (K = 896: S rows share a 4 KiB page at scattered offsets,
-// which the hardware prefetcher does not follow) and 13-16 GB/s for one row at a time. A few x rows are still
-// memory-bound, so they take the same path: Qwen2.5-0.5B-shape linears, bf16, 2 threads, M = 2 / 3 / 4:
-// 76 / 76 / 106 ms -> 44-56 / 55 / 64 ms (M = 1: 42 ms). (M = 4 spills x vectors to L1 loads; fine.)
+// Far-apart sequential streams keep the hardware prefetcher on every stream: S adjacent rows in lockstep on short
+// rows share a 4 KiB page at scattered offsets, which it does not follow, and one row at a time leaves bandwidth
+// unused. A few x rows are still memory-bound, so they take the same path. (M = 4 spills x vectors to L1 loads;
+// fine.)
 template <class W, int S, int MR>
 static void run_rows(const Problem& a, int64_t r0, int64_t r1) {
   const int64_t K = a.K, kc = K / CH;
@@ -345,16 +343,3 @@ static void pack_x(const void* x, int dtype, int64_t M, int64_t K, int64_t ldx, 
   }
 }
 
-static double sum_blocks(const float* p, int64_t b, int64_t e) {
-  typename T::V a0 = T::zero(), a1 = a0, a2 = a0, a3 = a0;
-  for (int64_t i = b; i < e; ++i) {
-    const float* q = p + i * 32;
-    a0 = T::add(a0, T::load(q));
-    a1 = T::add(a1, T::load(q + L));
-    if (L == 8) {
-      a2 = T::add(a2, T::load(q + 16));
-      a3 = T::add(a3, T::load(q + 24));
-    }
-  }
-  return (double)T::hsum(T::add(T::add(a0, a1), T::add(a2, a3)));
-}

@@ -10,9 +10,8 @@
 //   streamed once per thread (prefetch 2 KiB ahead; for M = 1 four panels in lockstep). At M = 1 on a par with the
 //   row-dot kernel in linear.cpp.
 // - tile / linear_tiled (M >= 4: compute-bound): BLIS loop order, 6 x 64 register tiles, x micro-panels in L1, a
-//   K block of 4 panel pairs in L2. Qwen2.5-0.5B gate_up, 2 threads, 2-vCPU Skylake-SP: M = 8 ~85 GF/s, M = 32
-//   ~105-110, M = 128 ~118 (widened weights + torch.mm: 83; torch.mm alone ~105). Above ~512 rows torch.mm on
-//   widened weights is ahead again (5-15%), so prefill takes that path (panels.py).
+//   K block of 4 panel pairs in L2: ahead of torch.mm (on widened weights or alone) up to a few hundred rows;
+//   above that torch.mm on widened weights is ahead again, so prefill takes that path (hearth.weights.dispatch).
 #include <immintrin.h>
 #include <omp.h>
 
@@ -170,7 +169,7 @@ void widen_panels(const uint16_t* wp, int64_t n, int64_t K, float* dst, int64_t 
 }
 
 // Panels [p0, p1) of W [N][K] (row stride ldw) into dst, 16 k at a time: rows i and 16 + i interleave into 16
-// 32-bit values, then a 16 x 16 transpose of those gives the 16 k vectors (~10 GB/s, vs ~1 GB/s scalar).
+// 32-bit values, then a 16 x 16 transpose of those gives the 16 k vectors (an order of magnitude above scalar).
 void pack_range(const uint16_t* w, int64_t N, int64_t K, int64_t ldw, uint16_t* dst, int64_t p0, int64_t p1) {
   const int64_t K16 = K / 16 * 16;
   for (int64_t p = p0; p < p1; ++p) {
@@ -206,8 +205,7 @@ float load_x(const void* x, int dtype, int64_t i) {
 // x is packed into 6-row micro-panels [K][6]; each thread takes a range of panel pairs (or, with few pairs, of row
 // tiles) and walks it in blocks of kPairsPerBlock pairs x kc k: that weight block (<= 256 KiB) stays in L2 while
 // every row tile's micro-panel (6 x kc, L1) runs against it; C tiles are re-read once per K block.
-// Qwen2.5-0.5B gate_up (9728 x 896), 2 threads, against the one-tile kernel above: M = 8 70 -> 84-91 GF/s,
-// M = 32 85 -> 109, M = 64 82 -> 115; M = 128 against widened weights + torch.mm 83 -> 118 (1.1x torch.mm alone).
+// Against the one-tile kernel above it wins at every M from 8, and at 128 rows it is ahead of torch.mm.
 void linear_tiled(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, int64_t nparts,
                   const void* const* w, const int64_t* n, const float* bias, float* out, int64_t N, int nthreads) {
   constexpr int MR = 6;

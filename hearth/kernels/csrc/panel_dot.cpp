@@ -25,8 +25,8 @@ namespace {
 
 constexpr int kNP = 32;  // outputs per panel
 constexpr int kPanelPair = 64;  // bf16 values per (panel, k pair)
-// k pairs ahead that tile() prefetches (4 KiB): 8 -> 32 took M = 8-16 from ~225 to ~250 GF/s (Qwen2.5-0.5B shapes,
-// Zen 5, weights from memory), where loads and dot products otherwise take turns instead of overlapping.
+// k pairs ahead that tile() prefetches (4 KiB): far enough that loads and dot products overlap instead of taking
+// turns when the weights come from memory.
 constexpr int kPrefetchPairs = 32;
 // K block in k pairs (2048 values): one block for a 0.5-1.1B model's hidden size, three for its MLP down.
 constexpr int64_t kMaxKC = 1024;
@@ -124,12 +124,10 @@ void linear_dot(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, i
                 const int64_t* n, const float* bias, float* out, uint16_t* out16, int64_t N, int nthreads) {
   // Row tiles of 6 against a panel pair (24 accumulators); for 7, 8 or 16 rows tiles of 8 against one panel at a
   // time (16 accumulators): the weights then stream once per 8 rows, not once per 6 plus a thin remainder tile.
-  // Zen 5, weights from memory, GF/s, 6 -> 8 rows: M = 7 gate_up 302 -> 336, head 201 -> 243; M = 8 gate_up
-  // 327 -> 417, head 213 -> 255, down 303 -> 309; M = 16 472 / 381 / 447 -> 502 / 405 / 491; M = 4-5 and 12 lose.
+  // Tiles of 8 win at exactly these row counts (weights from memory); at 4-5 and 12 rows they lose.
   const int MR = M == 7 || M == 8 || M == 16 ? 8 : 6;
   // KC in k pairs; MC in row tiles (516 rows: x of a long prompt stays in L2 per pass over the weights).
-  // Measured against 4 pairs x 256 k pairs without MC (Qwen2.5-0.5B shapes, 2 threads, Zen 5): M = 32-64 +0-8%,
-  // down (K = 4864) at M = 2048 492 -> 643 GF/s.
+  // Against 4 pairs x 256 k pairs without MC: a little ahead at 32-64 rows, well ahead on long prompts of a long K.
   constexpr int64_t kPairsPerBlock = 2, kMC = 86;
   const int64_t KP = K / 2;
   const std::vector<PanelPair> pairs = panel_pairs(nparts, w, n, bias, K * kNP);

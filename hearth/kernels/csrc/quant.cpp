@@ -2,12 +2,12 @@
 // scale) and int4 (per-group scale and min) weights; x fp32 / bf16 / f16, fp32 accumulate. See quant_impl.h for the
 // layout. Same build rules as linear.cpp: per-ISA `#pragma GCC target`, chosen at run time by the caller, C ABI.
 //
-// Two paths for small M:
+// The small-M kernels (which one runs is hearth/weights/dispatch.py's choice):
 //   hq_linear      x stays fp32 and weights are dequantized in registers (quant_impl.h): the dequantized float
 //                  model's results up to summation order, but compute-bound (~4 vector ops per weight).
 //   hq_linear_dot  x quantized once per call to int8 blocks of 32 (llama.cpp's Q8 activations), integer dot
 //                  products (maddubs / vpdpbusd), one float fma per 32 (int8) or 2 x 32 (int4) weights
-//                  (quant_dot_impl.h): ~4x fewer instructions, decode becomes memory-bound. Results are the
+//                  (quant_dot_impl.h): a fraction of the instructions, decode becomes memory-bound. Results are the
 //                  dequantized weights times the int8-rounded x (relative error ~ 1/254 of each block's amax).
 //   hq_linear_dot2 the same with two-term activations x ~ d2 * (254 * q1 + q2) per block (error <= d2 / 2 =
 //                  amax / 64516): a second integer dot chain on the same unpacked weights, still one float fma per
@@ -55,9 +55,9 @@ static float half_to_float(uint16_t h);
 // records, each n = 4 pairs of blocks (256 weights; the last one K % 256 / 64 pairs):
 //   [scales: 4 rows x 2n][mins: 4 rows x 2n, tmins only][quants: 4 rows x 32n bytes, pair by pair as in the plain row]
 // So a decode tile of four rows is ONE sequential stream; the plain layout makes it four row streams plus four
-// scale streams, which every chunk of rows restarts. C harness, a TinyLlama step's 88 int4 linears, 2 threads,
-// alternated rounds: 1.18-1.28x the plain layout's speed (rows interleaved but scales in their own array: 0.99-1.02x).
-// The same tiles for int8 (Q8_0) measured slower than int8's four row streams, so int8 keeps the plain layout.
+// scale streams, which every chunk of rows restarts: the tiles are clearly faster (rows interleaved with the scales
+// in their own array were not). The same tiles for int8 (Q8_0) measured slower than int8's four row streams, so int8
+// keeps the plain layout.
 struct TileGeo {
   int64_t S, c, np, nq, tail, rec;  // scale bytes, 1 + tmins, pairs per row, full records, pairs in the last, bytes
   TileGeo(const Problem& a) : S(a.sf16 ? 2 : 4), c(a.tmins ? 2 : 1), np(a.K / 64), nq(np / 4), tail(np % 4),
@@ -269,7 +269,7 @@ struct T {
 }  // namespace avx512
 #pragma GCC pop_options
 
-// AVX-512BW without VNNI (Skylake-SP / -X): avx2's integer dots, plus 512-bit ones for the M = 1 int4 tiles
+// AVX-512BW without VNNI: avx2's integer dots, plus 512-bit ones for the M = 1 int4 tiles
 // (HQ_ZMM: tile_records_zmm, which has the measurements).
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl")
@@ -292,9 +292,8 @@ struct D : avx2::D {
 }  // namespace avx512bw
 #pragma GCC pop_options
 
-// AVX-512 VNNI (Cascade Lake+, Zen 4): the same integer-dot code with vpdpbusd (EVEX, needs VL), 512-bit for the M = 1
-// int4 tiles. Chosen at run time by __builtin_cpu_supports; not executed on the machines this was developed on
-// (2-core AVX2 Zen 3, then AVX-512BW Skylake-SP without VNNI).
+// AVX-512 VNNI: the same integer-dot code with vpdpbusd (EVEX, needs VL), 512-bit for the M = 1 int4 tiles.
+// Chosen at run time by __builtin_cpu_supports.
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")
 namespace vnni {

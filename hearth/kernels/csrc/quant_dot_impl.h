@@ -423,10 +423,8 @@ static inline __m512 load16(const uint8_t* p) {
 // tile_records with 512-bit integer dots: one zmm holds two pairs of one row (blocks 0..3 or 4..7 of the record, a
 // block per 128-bit lane), x's matching halves are gathered once per record for all four rows, and rows are worked
 // two at a time (lanes 0..7 row r, 8..15 row r + 1). The integer block sums are exact either way and each float
-// lane sees the same convert, multiply and fma as in tile_records, so acc / ms come out bit-identical. ~2.4x fewer
-// vector instructions per record than tile_records: on a 2-core AVX-512BW Skylake-SP VM (no VNNI) TinyLlama-shape
-// Q4_0 batch-1 decode went from 16.5 / 19.2 / 17.6 to 21.3 / 21.4 / 20.7 tok/s (3 alternated pairs), an 11264 x 2048
-// linear from 0.86-1.21 ms to 0.68-0.82 ms.
+// lane sees the same convert, multiply and fma as in tile_records, so acc / ms come out bit-identical. Less than
+// half the vector instructions per record of tile_records, which shows in batch-1 decode on AVX-512BW without VNNI.
 template <bool kX2, class S, bool kMins>
 static inline void tile_records_zmm(const XQ& xq, const TileGeo& g, const uint8_t* rec, __m256 acc[4], __m256 ms[4]) {
   const __m512i mask = _mm512_set1_epi8(0x0F);
@@ -655,8 +653,7 @@ static inline void m1_q6_tile_zmm(const Problem& a, const XQ& xq, int64_t t) {
 // broadcast from a table built 16 blocks at a time. ~3 vector ALU ops per 32 weights and row against ~12 for
 // micro_i8's sign / maddubs / madd chain (maddubs saturates, so there |w| must stay <= 127 by the sign trick).
 // Blocks accumulate into 16 lanes of 2 elements instead of 8 of 4: micro_i8's results up to fp32 summation order.
-// 2-core Skylake-SP VM, alternated: an 11264 x 2048 Q8_0-like weight 0.98-1.71 vs 1.41-2.11 ms (in-process, by ISA
-// code); TinyLlama-shape Q8_0 batch-1 decode 13.1 / 10.4 / 12.4 vs 10.6 / 11.2 / 10.5 tok/s (HQ zmm paths off).
+// Faster per weight than micro_i8 on AVX-512BW without VNNI; in whole decode steps the gain is within noise.
 template <int NR, class S>
 static inline void m1_i8_zmm(const Problem& a, const XQ& xq, int64_t n0, int64_t rs) {
   const int64_t nb = a.K / 32, spg = a.sb_per_group;
@@ -803,9 +800,8 @@ static inline void micro_dot_mr(int mr, const Problem& a, const XQ& xq, int64_t 
 static inline bool u4_g32(const Problem& a) { return a.int4 && !a.tiled && a.sb_per_group == 1 && a.K % 64 == 0; }
 
 // Row m of a Problem / of its quantized x, as a one-row problem (M > 1 int4-g32: the M = 1 kernels row by row).
-// 2-core Skylake-SP VM, an 11264 x 2048 int4 tile weight (ms, M = 2 / 8 / 32): 4.8 / 16.0 / 63 before (tile
-// unpacked, then micro_u4), 1.9 / 7.4 / 31 now; a 32000 x 2048 Q6_K head at M = 8: 293 -> 50 ms (its tiles were
-// unpacked to int8 by a scalar loop).
+// About twice as fast as unpacking the tile and running micro_u4, and several times faster for a Q6_K head (its
+// tiles were unpacked to int8 by a scalar loop).
 static inline Problem row_of(const Problem& a, int64_t m) {
   Problem p = a;
   p.M = 1;
@@ -821,9 +817,8 @@ static inline XQ row_of(const XQ& xq, const Problem& a, int64_t m) {
 // rows (see linear_impl.h run_rows), the last < kStreamsM1 rows one at a time. M > 1, int4-g32 (plain or tiles) and
 // 6-bit tiles: the M = 1 kernels for each x row in turn on four weight rows (row_of). Other M > 1: up to kDotMR x
 // rows per weight row, so each weight row (a few KiB) is unpacked once per x tile and re-read from L1 by the next
-// tile; x (M x K bytes, M <= 32 per call of this) stays in L2. That tile: 4 x rows per weight row (measured on the
-// 2-core AVX2 EPYC, 1 thread, CPU time, M = 8: 4 x 1 beat 2 x 2, 4 x 2 and 8 x 1, which spill accumulators or
-// unpacked weights out of the 16 ymm registers).
+// tile; x (M x K bytes, M <= 32 per call of this) stays in L2. That tile: 4 x rows per weight row (on AVX2, 4 x 1
+// beat 2 x 2, 4 x 2 and 8 x 1, which spill accumulators or unpacked weights out of the 16 ymm registers).
 constexpr int64_t kDotMR = 4, kDotNR = 1;
 constexpr int kStreamsM1 = 4;  // 2 and 3 streams measured no better (noisy)
 template <bool kX2>

@@ -11,7 +11,7 @@
 // int8 q - 8; scales / mins as fp32 per 32 weights, or one scale per row applied to the sums), K runs in blocks of <= kKC so an 8-row x tile stays in L1, the partial sums wait unreduced in
 // a per-thread scratch between K blocks and are reduced once per block, 16 at a time by a transpose-add network.
 //
-// Measured (2-vCPU Skylake-SP, no VNNI, Qwen2.5-0.5B shapes, 2 threads): see hearth/kernels/quant.py's module doc.
+// When it runs instead of the integer dots is hearth/weights/dispatch.py's choice (plan).
 
 constexpr int64_t kNB = 24;   // weight rows per block: divisible by every tile width C below
 constexpr int64_t kKC = 512;  // k per block (x tile: 8 rows x 2 KiB)
@@ -48,7 +48,7 @@ static inline void with_deq(Deq d, F&& f) {
 }
 
 // 16 bytes of 32 nibbles (GGUF order: low nibbles = weights 0..15, high = 16..31) -> 32 bytes, one per weight, minus
-// `bias` (8 for symmetric int4: then q - 8 as int8, and q * s == fma(q + 8, s, -8 s) exactly).
+// `bias` (8 for symmetric int4: then q - 8 as int8, and q * s == fma(q + 8, s, -8 * s) exactly).
 static inline void unpack_nibbles(const uint8_t* src, int8_t* dst, int bias) {
   const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src)), mask = _mm_set1_epi8(0x0F);
   const __m128i d = _mm_set1_epi8(char(bias));
@@ -262,10 +262,8 @@ static void gemm(const Problem& a, int nthreads) {
 // block of kBN weight rows x kBKC k is dequantized once into fp32 panels [kc][64] (16 x 16 transposes) and every
 // 6-row x micro-panel runs 6 x 64 broadcast tiles against it. Per row, the results differ from the dot form only
 // in summation order, but they do depend on the form: prompt steps keep the dot form at every row count (a prompt's
-// last row recomputed alone after a prefix-cache hit must match its full prefill; see quant.prompt_rows).
-// Measured (2-vCPU Skylake-SP, Qwen2.5-0.5B gate_up 9728 x 896, 12 weight copies cycled, 2 threads, alternated):
-// int8 per-channel M = 32 52 -> 68 GF/s (1.31x), M = 64 53 -> 83 (1.52x); group-32 int8 M = 32 1.20-1.26x; M = 16
-// 0.97x (not used there).
+// last row recomputed alone after a prefix-cache hit must match its full prefill; see activations.prompt_rows).
+// The broadcast form is ahead from about 32 rows (at 16 on a par, so not used there).
 
 constexpr int64_t kBN = 64;     // weight rows per block: the tile's 64 columns
 constexpr int64_t kBKC = 256;   // k per block (the fp32 panel block: 64 KiB, in L2)

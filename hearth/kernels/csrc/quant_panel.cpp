@@ -34,10 +34,8 @@ namespace {
 constexpr int kCols = 64;   // outputs per panel
 constexpr int kQuads = 8;   // k quads per block of 32
 // K block: a panel's K block of at most 32 KiB (int8: 16 blocks of 32, 512 values; int4: 32 blocks) stays in L1 while
-// the row tiles run against it; with 2048 int8 values the 3-row int8 tiles waited on L2 (Qwen2.5-0.5B Q8_0 stack, 128
-// rows: 117 -> 95 ms, int8x2 175 -> 144; 8 rows Q8_0 15.6 -> 14.1; 256 values no better). int4 at 32 KiB rather than
-// 16 (one K block for a 896-wide input: no partial sums through memory): Qwen2.5-0.5B Q4_0 stack, one process,
-// 1365 rows 777 -> 721 ms, 32 rows 21.6 -> 20.6 ms.
+// the row tiles run against it; with 2048 int8 values the 3-row int8 tiles waited on L2 (256 values were no better).
+// int4 at 32 KiB rather than 16: one K block for a 896-wide input, so no partial sums through memory.
 constexpr int64_t kKCBytes = 32 << 10;
 constexpr int64_t kPrefetchBytes = 4096;
 
@@ -123,8 +121,7 @@ inline __m512i bcast32(const int8_t* p) {
 // R x rows [m0, m0 + R) against one panel (64 columns, 4 vectors) over blocks [b0, b1): out (row stride ldo) gets
 // the sums, added to what it holds (accumulate: a later K block) or to the bias (first block; null: none). nvalid:
 // the panel's real columns. R <= 3 (int8: 12 integer + 12 float accumulators) or R <= 2 (int8x2: 16 + 8): every
-// sum stays in a register. (Measured against 6-row int8 tiles with the float sums in memory and 32-column passes:
-// Qwen2.5-0.5B gate_up Q4_0, 128 rows, 773 -> 1222 GOP/s; int8x2 396 -> 582.)
+// sum stays in a register (well ahead of 6-row tiles with the float sums in memory and 32-column passes).
 template <int R, int BITS, bool X2, bool MINS, class S, bool PF>
 void tile(const XQ& xq, int64_t m0, const uint8_t* wp, const S* sp, const S* mp, int64_t b0, int64_t b1,
           int64_t spg, float* out, int64_t ldo, bool accumulate, const float* bias, int nvalid, uint16_t* out16) {
@@ -158,7 +155,7 @@ void tile(const XQ& xq, int64_t m0, const uint8_t* wp, const S* sp, const S* mp,
 #pragma GCC unroll 8
     for (int qd = 0; qd < kQuads; ++qd) {
       // Every line of the panel kPrefetchBytes ahead (the hardware prefetcher alone left decode steps of a few
-      // rows waiting on memory between dot products: Qwen2.5-0.5B Q8_0 stack, 8 rows, 29.7 -> 15.7 ms).
+      // rows waiting on memory between dot products, nearly twice as long).
       // (PF: only the first row tile of a pass over the panel; the others find it in L1 / L2.)
 #pragma GCC unroll 4
       for (int64_t l = 0; l < (PF ? kQuadBytes : 0); l += 64)
@@ -390,22 +387,8 @@ int hq_pack_panels(const void* w, int bits, int64_t N, int64_t K, int64_t ldw, u
 
 // out [M][N] (fp32) = x [M][K] (row stride ldx; f32 / bf16 / f16) . W^T (+ bias), W in VNNI panels (code
 // kPanelsInt8 / kPanelsInt4, see the layout above; scales and mins per panel [K / group][64], fp16 if scale_f16),
-// x quantized to one int8 term per block of 32 (hq_linear_panels) or two (hq_linear_panels2, "int8x2").
-// Returns 0, -1 without AVX512-VNNI, -2 for a shape or code it does not take. (ldw, ldg, isa: unused, for the
-// signature the other quantized kernels share.)
-int hq_linear_panels(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, const void* w, int code,
-                     int64_t N, int64_t, const void* scales, const void* mins, int64_t, int64_t group,
-                     const float* bias, float* out, int, int nthreads, int scale_f16) {
-  return run(x, x_dtype, M, K, ldx, w, code, N, scales, mins, group, bias, out, nullptr, nthreads, scale_f16, false);
-}
-
-int hq_linear_panels2(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, const void* w, int code,
-                      int64_t N, int64_t, const void* scales, const void* mins, int64_t, int64_t group,
-                      const float* bias, float* out, int, int nthreads, int scale_f16) {
-  return run(x, x_dtype, M, K, ldx, w, code, N, scales, mins, group, bias, out, nullptr, nthreads, scale_f16, true);
-}
-
-// hq_linear_panels / hq_linear_panels2 (x2) with a choice of output: with out16, the result rounded to bf16 (nearest
+// The VNNI panel GEMM: x quantized to one int8 term per block of 32, or two (x2: "int8x2"); returns 0, -1 without
+// AVX512-VNNI, -2 for a shape or code it does not take. With out16, the result rounded to bf16 (nearest
 // even, as the fp32 result's .to(torch.bfloat16)) into out16 [M][N], no fp32 output pass, and partial fp32 [M][N]
 // scratch for the partial sums of K blocks before the last (untouched where K fits one block); with out16 null,
 // the fp32 result into partial.

@@ -2,7 +2,7 @@
 //
 // Lives in C (not a Python callback run by each OpenMP worker): measured in a non-main Python thread, the
 // callback route left torch's later parallel regions on a fresh worker that inherited the master's one-core
-// mask (two threads on one core, decode steps ~1.7x slower); this region is an ordinary team of the calling
+// mask (two threads on one core, decode steps much slower); this region is an ordinary team of the calling
 // thread's pool, the one torch's and hearth's kernels reuse.
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE

@@ -1,5 +1,5 @@
-// 16-bit weights -> float32 for prefill GEMMs (torch's Tensor.float() on bf16 runs at ~1.5 GB/s here: 60 ms for
-// one TinyLlama gate_up matrix, ~15% of a 512-token prefill). bf16 is a 16-bit shift, f16 uses F16C.
+// 16-bit weights -> float32 for prefill GEMMs (torch's Tensor.float() on bf16 is single-threaded and slow enough
+// to be a visible part of a prefill). bf16 is a 16-bit shift, f16 uses F16C.
 #include <immintrin.h>
 #include <omp.h>
 

@@ -1,42 +1,25 @@
 """The tokenizer and chat template.
 
 transformers decides how a checkpoint tokenizes (which pipeline its tokenizer class builds, the special tokens,
-the chat template); importing it and resolving the class costs ~2.5 s of a start-up. So the tokenizer transformers
-builds is saved once (hearth.loader.tokenizer_cache: its `tokenizers` backend as tokenizer.json, plus the few
-facts encode/decode/templates need, TokenizerInfo) and later starts load only that with `tokenizers` (~0.1 s).
+the chat template); importing it and resolving the class costs seconds of a start-up. So the tokenizer transformers
+builds is saved once (hearth.tokenizer.cache: its `tokenizers` backend as tokenizer.json, plus the few
+facts encode/decode/templates need, TokenizerInfo) and later starts load only that with `tokenizers` (fast).
 Chat templates are rendered by transformers' Jinja renderer, imported on the first chat request.
 """
 from __future__ import annotations
 
 import logging
 import os
-from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from hearth.loader.errors import LoadError
+from hearth.tokenizer import cache as tokenizer_cache
+from hearth.tokenizer.info import TokenizerInfo
 
 logger = logging.getLogger("hearth")
 
 # A decode that transformers' clean_up_tokenization changes, to learn whether a tokenizer applies it.
 _CLEANUP_PROBE = "a . b , c ! d ? e n't f 's"
-
-
-@dataclass
-class TokenizerInfo:
-    """What hearth needs besides the backend: the same values transformers' tokenizer reports."""
-    vocab_size: int  # len(tokenizer): base vocabulary + added tokens
-    eos_token_id: int | None
-    special_ids: list[int]
-    special_tokens: dict[str, Any] = field(default_factory=dict)  # bos_token, eos_token, ...: chat template variables
-    chat_template: str | dict[str, str] | None = None  # a dict holds named templates ("default", "tool_use")
-    cleanup: bool = False  # decode applies clean_up_tokenization (transformers' clean_up_tokenization_spaces)
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> TokenizerInfo:
-        return cls(**data)
 
 
 class Tokenizer:
@@ -61,8 +44,6 @@ class Tokenizer:
 
     @classmethod
     def from_folder(cls, folder: str, chat_template: str | None = None) -> Tokenizer:
-        from hearth.loader import tokenizer_cache
-
         key = tokenizer_cache.folder_key(folder)
         hit = tokenizer_cache.load(key) if key else None
         if hit is not None:
@@ -110,7 +91,7 @@ class Tokenizer:
                             tools: list[dict] | None = None, chat_template: str | None = None,
                             continue_final_message: bool = False, **kwargs: Any) -> str:
         """The prompt text, rendered as transformers' apply_chat_template(..., tokenize=False) renders it."""
-        from transformers.utils.chat_template_utils import render_jinja_template  # ~1 s, on first use
+        from transformers.utils.chat_template_utils import render_jinja_template  # (slow to import: on first use)
 
         rendered, _ = render_jinja_template(**self.chat_render_kwargs(
             messages, add_generation_prompt, tools, chat_template, continue_final_message, **kwargs))

@@ -2,9 +2,9 @@
 
 The panels of a model live in one file, packed at the first start and mapped at every later one (like the compiled
 kernels): $XDG_CACHE_HOME/hearth/panels/<key>.bin, the key hashing the checkpoint files' names, sizes and mtimes,
-the model's layout and the panel format. Why a file: a copy of the weights needs fresh memory, and in this VM
-first-touched memory costs ~1.3 s per GB (0.3-1.0 GB/s, huge pages or not: the host backs guest pages lazily),
-so packing TinyLlama's 2 GB in memory at every start would add ~2.6 s to a ~3.5 s start. A mapped file's pages are
+the model's layout and the panel format. Why a file: a copy of the weights needs fresh memory, and in a VM whose
+host backs guest pages lazily first-touched memory is slow (huge pages or not), so packing a 1B model's weights in
+memory at every start would nearly double its start-up. A mapped file's pages are
 page cache: a later start maps them (read-only, private) at no cost. HEARTH_PANEL_CACHE=0 (or an unwritable cache,
 or too little disk) packs into anonymous memory instead. The cache is capped (HEARTH_PANEL_CACHE_MAX_GIB, default
 32): a new entry evicts the least recently used ones beyond it, as each model would otherwise leave a second copy of
@@ -33,9 +33,7 @@ from torch import nn
 
 from hearth import envs
 from hearth.kernels import panels
-from hearth.layers.embedding import Embedding
-from hearth.layers.linear import Linear
-from hearth.loader import hugepages
+from hearth.weights import hugepages
 
 logger = logging.getLogger("hearth")
 
@@ -193,9 +191,11 @@ def pack_dense_weights(model: nn.Module, source: str | None = None, compute_dtyp
         return 0
     cap = envs.panel_cache_max_bytes()  # (read first: a bad value stops every start, cache hit or not)
     t0 = time.perf_counter()
-    named = [(name, m) for name, m in model.named_modules() if type(m) is Linear and m.can_use_panels()]
+    # (layers that can hold panels say so: Linear.can_use_panels; a tied head's table is the embedding's)
     embed = getattr(getattr(model, "model", None), "embed_tokens", None)
-    if getattr(model, "tie_word_embeddings", False) and type(embed) is Embedding and embed.can_use_panels():
+    named = [(name, m) for name, m in model.named_modules()
+             if m is not embed and callable(getattr(m, "can_use_panels", None)) and m.can_use_panels()]
+    if getattr(model, "tie_word_embeddings", False) and embed is not None and embed.can_use_panels():
         named.append(("model.embed_tokens", embed))  # the tied head's weight
     if not named:
         return 0
@@ -226,8 +226,8 @@ def pack_dense_weights(model: nn.Module, source: str | None = None, compute_dtyp
         logger.info("packing %.2f GB of bf16 weights into panels, once for this checkpoint: %s", 2 * total / 1e9, path)
     replaced = []
     if not cached:
-        # Map the file pages in with one call each: faulted in by the packing threads instead, page by page, the
-        # Qwen2.5-0.5B weights took 1.2 s to pack instead of 0.5 s (+0.07 s for this).
+        # Map the file pages in with one call each: faulted in by the packing threads instead, page by page, packing
+        # took over twice as long.
         _madvise_each([b for _, m in named for b in m.row_blocks()], _MADV_POPULATE_READ, _file_mappings())
     with torch.no_grad():
         for _, m in named:

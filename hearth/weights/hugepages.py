@@ -1,11 +1,10 @@
 """Move a loaded model's weights into one arena backed by transparent huge pages (2 MiB).
 
 Why: a decode step streams every weight once. With 4 KiB pages that is a TLB miss every 4 KiB of each row stream
-(~150k page walks per step for TinyLlama Q4_0's 0.6 GB); with 2 MiB pages, 512x fewer. Measured on the 2-core
-AVX2 EPYC (THP in "madvise" mode, as on Debian/Ubuntu defaults), one decode step's 88 int4 linears of TinyLlama's
-shapes called from C: median 39.4 -> 35.5 ms (8 alternated rounds, 7 faster).
+(a page walk per 4 KiB of weights, every step); with 2 MiB pages, 512 times fewer, and a decode step of int4
+linears measurably faster (THP in "madvise" mode, as on Debian/Ubuntu defaults).
 
-How: every storage of a quantized weight (hearth.kernels.quant.QWeight data / scales / mins, also ones in plain
+How: every storage of a quantized weight (hearth.weights.QWeight data / scales / mins, also ones in plain
 attributes such as `lm_head_qweight`) of at least `min_bytes` is copied once into an anonymous private mmap advised
 MADV_HUGEPAGE, and every tensor object the modules hold that viewed it (parameters, buffers, attributes) is
 re-pointed in place (`Tensor.set_`), so aliases (a QuantLinear's `weight` Parameter and its `qweight.data`, a tied
@@ -19,26 +18,26 @@ from __future__ import annotations
 import ctypes
 import logging
 import mmap
-import os
 import time
 from collections.abc import Iterator
 
 import torch
 from torch import nn
 
-from hearth.kernels.quant import QWeight
+from hearth import envs
+from hearth.weights.packed import QWeight
 
 logger = logging.getLogger("hearth")
 
 _ALIGN = 64  # bytes; every kernel's loads are unaligned-safe, this keeps rows cache-line aligned
 # Seconds of copying after which the remaining storages stay where they are. Where the kernel has free 2 MiB pages
-# the copy is fast (TinyLlama Q4_0's 0.64 GB in 0.13 s); with THP defrag "madvise" (Debian / Ubuntu's default) and
-# fragmented memory each huge-page fault waits for compaction instead: the same 0.64 GB took 3.1 s and TinyLlama
-# Q8_0's 1.17 GB 3.5-4.2 s, which alone broke the 5 s start-up. The gain is a few percent of decode speed.
+# the copy is fast; with THP defrag "madvise" (Debian / Ubuntu's default) and fragmented memory each huge-page fault
+# waits for compaction instead, twenty times slower, which alone would break the start-up budget. The gain is a
+# few percent of decode speed: not worth a slow start.
 _BUDGET_S = 1.0
 # And after _PROBE_S, a copy running below _MIN_RATE bytes/s stops there: compaction is slow for every page then,
-# and in a VM whose host backs guest memory lazily each fresh page costs ~8 us more (TinyLlama Q8_0 after a host
-# reclaim: 0.22 GB in the whole second, against ~5 GB/s where free 2 MiB pages exist).
+# and in a VM whose host backs guest memory lazily each fresh page costs much more (after a host reclaim the copy
+# runs an order of magnitude below its rate where free 2 MiB pages exist).
 _PROBE_S = 0.2
 _MIN_RATE = 1e9
 _HUGE = 2 << 20
@@ -47,7 +46,7 @@ _THP_MODE = "/sys/kernel/mm/transparent_hugepage/enabled"
 
 def enabled() -> bool:
     """HEARTH_HUGEPAGES (default on) and a Linux kernel whose THP mode is "always" or "madvise"."""
-    if os.environ.get("HEARTH_HUGEPAGES", "1").strip().lower() in ("0", "false", "no", "off"):
+    if not envs.hugepages():
         return False
     if not hasattr(mmap, "MADV_HUGEPAGE"):
         return False
@@ -80,8 +79,8 @@ def move_to_hugepages(model: nn.Module, min_bytes: int = 64 << 10) -> int:
     huge-page arena (see the module doc) and re-point every tensor viewing them, until _BUDGET_S of copying has
     passed. Returns the bytes moved (arena bytes up to the end of the last storage moved).
     Dense weights stay where they are: a safetensors checkpoint's are the file's own page-cache pages (zero-copy
-    load), and copying TinyLlama bf16's 0.95 GB of projections took 2.4 s here with the file's pages cold (0.7 s
-    warm): half of the 5 s start-up budget."""
+    load), and copying a bf16 model's projections with the file's pages cold would take about half of the start-up
+    budget."""
     t0 = time.perf_counter()
     values = list(held(model))
     storages: dict[int, torch.UntypedStorage] = {}
@@ -138,7 +137,7 @@ def move_to_hugepages(model: nn.Module, min_bytes: int = 64 << 10) -> int:
 def arena(nbytes: int) -> tuple[torch.Tensor, int] | None:
     """nbytes of fresh anonymous memory advised MADV_HUGEPAGE, starting on a 2 MiB boundary, as a uint8 tensor
     (which keeps the mapping alive) and that start's byte offset inside the tensor's storage; None if the kernel
-    refuses the advice. Faulting it in costs one fault per 2 MiB instead of per 4 KiB (~2 us each in some VMs)."""
+    refuses the advice. Faulting it in costs one fault per 2 MiB instead of per 4 KiB (slow in some VMs)."""
     # mmap only promises 4 KiB alignment: map whole huge pages plus one and skip to the first boundary, so the
     # last huge page lies inside the mapping too.
     size = (nbytes + _HUGE - 1) // _HUGE * _HUGE + _HUGE

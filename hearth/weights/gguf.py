@@ -1,4 +1,4 @@
-"""GGUF block-quantized weights kept quantized: raw blocks -> hearth's int8 / int4 layout (hearth.kernels.quant).
+"""Pack functions from GGUF blocks: raw block rows -> hearth's int8 / int4 layouts (hearth.weights.layouts).
 
 Only integer moves and the per-block scales are touched; the weights never pass through floats:
   Q8_0 (fp16 d, 32 int8)              -> int8, group 32, scale d (fp16, as stored)
@@ -11,7 +11,7 @@ Only integer moves and the per-block scales are touched; the weights never pass 
                                       -> int8, group 16, scale d * sc, q = 6-bit value - 32 (the head llama-quantize
                                          writes beside Q4_0 layers, and Q4_K_M's ffn_down / attn_v); an untied LM
                                          head instead keeps its 6-bit values in tiles (repack_q6_tiles)
-Each repack dequantizes (hearth.kernels.quant.dequantize) to exactly gguf.quants.dequantize's floats.
+Each repack dequantizes (hearth.weights.reference.dequantize) to exactly gguf.quants.dequantize's floats.
 """
 from __future__ import annotations
 
@@ -20,7 +20,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from hearth.kernels.quant import QWeight
+from hearth.kernels import quant as qkernels
+from hearth.weights.packed import PANEL_COLS, QWeight, panel_scales
 
 # ggml type id -> (name, weights per block, bytes per block) of the types kept quantized.
 KEPT_TYPES = {8: ("Q8_0", 32, 34), 2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20), 12: ("Q4_K", 256, 144),
@@ -118,40 +119,49 @@ _PANEL_BLOCKS = {"Q8_0": (8, 2), "Q4_0": (4, 2), "Q4_1": (4, 4)}
 
 def panels_from_blocks(parts: list[GGUFBlocks]) -> QWeight | None:
     """cat(parts) (one layer's shards, rows in order) in VNNI panels, packed straight from the GGUF rows: the same
-    QWeight as to_panels(cat(repack(part))) without the plain-row copy of each part or their concatenation (each weight
-    byte was written three times at load). None where that does not apply: a type other than Q8_0 / Q4_0 / Q4_1 (or
-    mixed), a part before the last that does not fill whole 64-row panels, or no panel kernels (can_panel)."""
-    from hearth.kernels import quant
-
-    names = {p.type_name for p in parts}
-    name = names.pop() if len(names) == 1 else None
-    if name not in _PANEL_BLOCKS or any(p.shape[0] % quant.PANEL_COLS for p in parts[:-1]):
+    QWeight as to_panels(cat(repack(part))) without the plain-row copy of each part or their concatenation. None where
+    that does not apply: a type other than Q8_0 / Q4_0 / Q4_1 (or mixed), a part before the last that does not fill
+    whole 64-row panels, or no packer here. The caller asks dispatch.panels_take whether panels run at all."""
+    name = panel_block_type(parts)
+    if name is None:
         return None
     bits, header = _PANEL_BLOCKS[name]
     n_all, k = sum(p.shape[0] for p in parts), parts[0].shape[1]
-    if not quant.panels_take(bits, 32, k):
-        return None
     nbytes = KEPT_TYPES[parts[0].ggml_type][2]
-    panels = -(-n_all // quant.PANEL_COLS)
-    data = torch.empty(panels, quant.PANEL_COLS * k * bits // 8, dtype=torch.uint8)
+    panels = -(-n_all // PANEL_COLS)
+    data = torch.empty(panels, PANEL_COLS * k * bits // 8, dtype=torch.uint8)
     scales, mins, p0 = [], [], 0
     for part in parts:
         n = part.shape[0]
         raw = part.data if part.data.is_contiguous() else part.data.contiguous()
-        if quant._lib().hq_pack_panels_blocks(raw.data_ptr(), bits, n, k, raw.stride(0), nbytes, header,
-                                              data[p0].data_ptr(), torch.get_num_threads()):
+        if not qkernels.pack_panels_blocks(raw, bits, n, k, nbytes, header, data[p0]):
             return None
         b = raw.numpy().reshape(n, k // 32, nbytes)
-        scales.append(quant.panel_scales(torch.from_numpy(_f16_raw(b[:, :, 0:2]))))
+        scales.append(panel_scales(torch.from_numpy(_f16_raw(b[:, :, 0:2]))))
         if name == "Q4_1":
-            mins.append(quant.panel_scales(torch.from_numpy(_f16_raw(b[:, :, 2:4]))))
-        p0 += -(-n // quant.PANEL_COLS)
+            mins.append(panel_scales(torch.from_numpy(_f16_raw(b[:, :, 2:4]))))
+        p0 += -(-n // PANEL_COLS)
     return QWeight(bits, 32, data, torch.cat(scales), torch.cat(mins) if mins else None, panel_rows=n_all)
+
+
+def panel_block_type(parts: list[GGUFBlocks]) -> str | None:
+    """The one GGUF type of parts if panels_from_blocks takes it (Q8_0 / Q4_0 / Q4_1, whole panels but the last)."""
+    names = {p.type_name for p in parts}
+    name = names.pop() if len(names) == 1 else None
+    if name not in _PANEL_BLOCKS or any(p.shape[0] % PANEL_COLS for p in parts[:-1]):
+        return None
+    return name
+
+
+def panel_block_bits(parts: list[GGUFBlocks]) -> int:
+    """Bits of the panels panels_from_blocks would write for parts (0: it does not take them)."""
+    name = panel_block_type(parts)
+    return 0 if name is None else _PANEL_BLOCKS[name][0]
 
 
 def repack_q6_tiles(blocks: GGUFBlocks) -> QWeight:
     """Q6_K blocks -> hearth's 6-bit tiles (QWeight bits 6, the decode kernels' format for a Q6_K LM head; see
-    quant.cpp kQ6Rec): each row's super-blocks stay the file's own 210-byte blocks ([ql 128][qh 64][16 scales][d]),
+    csrc/quant.cpp kQ6Rec): each row's super-blocks stay the file's own 210-byte blocks ([ql 128][qh 64][16 scales][d]),
     rows 4t .. 4t + 3 interleaved super-block by super-block so a tile streams from one place. Exact (bytes moved)."""
     n, k = blocks.shape
     if blocks.type_name != "Q6_K" or n % 4 or k % 256:
@@ -175,3 +185,12 @@ def q6k_to_int8(b: np.ndarray, n: int, k: int) -> QWeight:
     scales = (_f16(b[:, :, 208:210])[..., None] * sc).reshape(n, nb * 16)  # exact: 11-bit d times 8-bit sc
     return QWeight(8, 16, torch.from_numpy(np.ascontiguousarray(q).reshape(n, k)),
                    torch.from_numpy(np.ascontiguousarray(scales)), None)
+
+
+def untile_q6(qw: QWeight) -> QWeight:
+    """6-bit tiles (repack_q6_tiles) -> int8 q = value - 32, fp32 scales d * sc per 16 weights (exact): the rows put
+    back in order, then the file's own Q6_K decode."""
+    n, k = qw.shape
+    nsb = k // 256
+    rec = qw.data.reshape(n // 4, nsb, 4, 210).permute(0, 2, 1, 3).reshape(n, nsb, 210)
+    return q6k_to_int8(rec.numpy(), n, k)

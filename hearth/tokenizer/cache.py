@@ -1,8 +1,8 @@
 """On-disk cache of the tokenizers transformers builds, so later starts load them with `tokenizers` alone.
 
-Building costs a start-up seconds: importing transformers and resolving a folder's tokenizer class ~2.5 s, and for
-a GGUF the converter 20-40 s for Gemma 3 (it regenerates 262k merges from the scores). Loading the saved
-tokenizer.json takes ~0.1 s.
+Building costs a start-up seconds: importing transformers and resolving a folder's tokenizer class, and for a
+GGUF the converter (it regenerates every merge from the scores: long for a big vocabulary such as Gemma 3's).
+Loading the saved tokenizer.json is a small fraction of that.
 
 An entry is <tokenizer cache dir>/<key>/{tokenizer.json, hearth.json}: the backend exactly as transformers built
 it, and hearth.tokenizer.TokenizerInfo (special tokens, chat template, ...) with tokenizer.json's sha256, so a
@@ -23,14 +23,12 @@ import shutil
 import tempfile
 from importlib import metadata
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from hearth import envs
-
-if TYPE_CHECKING:
-    from hearth.tokenizer import TokenizerInfo
+from hearth.tokenizer.info import TokenizerInfo
 
 logger = logging.getLogger("hearth")
 
@@ -54,7 +52,7 @@ def _versions() -> bytes:
 
 
 def cache_key(meta: dict[str, Any]) -> str:
-    """Key of a GGUF's tokenizer: its tokenizer metadata (cheap: ~0.1 s for Gemma 3's 262k tokens)."""
+    """Key of a GGUF's tokenizer: its tokenizer metadata (cheap, even for a big vocabulary)."""
     h = hashlib.sha256(b"gguf " + _versions())
     for key in sorted(k for k in meta if k.startswith("tokenizer.") or k == "general.architecture"):
         value = meta[key]
@@ -102,8 +100,6 @@ def load(key: str) -> tuple[Any, TokenizerInfo] | None:
     if entry is None or not (entry / _INFO).exists():
         return None
     from tokenizers import Tokenizer as Backend
-
-    from hearth.tokenizer import TokenizerInfo
 
     try:
         info = json.loads((entry / _INFO).read_text())

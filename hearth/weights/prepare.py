@@ -1,0 +1,127 @@
+"""The post-load pass: each weight ends in the layout this machine's kernels read best, decided here only.
+
+Per quantized layer, as its shards complete (so plain rows of every layer are never held at once):
+    pack_parts(parts, scheme, k)  the source tensors (float, or GGUF blocks) -> a QWeight, through the table's packs
+    relayout(qw)                  VNNI panels where dispatch.panels_take, else 4-row tiles (int4 group 32), else rows
+Per LM head: head_weight(blocks) (a GGUF head), tied_head(qw) (the embedding's blocks as the head).
+Per model, once loaded: prepare_model(model, source, dtype): activation rounding, huge pages, dense bf16 panels.
+"""
+from __future__ import annotations
+
+import logging
+
+import torch
+from torch import nn
+
+from hearth import envs
+from hearth.kernels import quant as qkernels
+from hearth.weights import activations, dispatch, gguf, hugepages, panel_pack
+from hearth.weights.layouts import BY_NAME, TILES_Q6
+from hearth.weights.packed import QWeight, supports
+from hearth.weights.reference import implied_mins
+from hearth.weights.relayout import can_tile
+
+logger = logging.getLogger("hearth")
+
+# int4 weights with 32-weight groups are re-laid into 4-row tiles (HEARTH_INT4_TILES=0: keep the plain rows).
+TILES = envs.int4_tiles()
+# A GGUF Q6_K LM head is kept in 6-bit tiles (HEARTH_Q6_TILES=0: int8, group 16).
+Q6_TILES = envs.q6_tiles()
+
+
+def pack(source: str, layout: str, *args) -> QWeight:
+    """The layout table's pack function from `source` into `layout` (layouts.TABLE[layout].packs[source])."""
+    return BY_NAME[layout].packs[source](*args)
+
+
+def can_panel(qw: QWeight) -> bool:
+    """int8 or int4 in rows or tiles, groups of 32 or more, where the VNNI panel kernels run (dispatch.panels_take)."""
+    return not qw.panel_rows and qw.shape[0] > 0 and dispatch.panels_take(qw.bits, qw.group, qw.shape[1])
+
+
+def relayout(qw: QWeight) -> QWeight:
+    """qw in the layout its kernels read best here: VNNI panels (one kernel for every row count), else 4-row tiles
+    for int4 group 32 (one address range per decode tile), else as it is. Exact either way (bytes moved)."""
+    if can_panel(qw):
+        return to_panels(qw)
+    if TILES and qkernels.available() and can_tile(qw):
+        return pack("int4", "int4-tiles-min" if qw.mins is not None else "int4-tiles", qw)
+    return qw
+
+
+def pack_parts(parts: list, scheme: str, k: int, int4_group: int | None) -> QWeight | None:
+    """One layer's shards (rows in order) -> its QWeight in its final layout; None: keep the layer dense.
+    scheme "gguf": the parts are GGUFBlocks of one kept type (else None); "int8" / "int4*": float tensors."""
+    if scheme == "gguf":
+        if not all(isinstance(p, gguf.GGUFBlocks) for p in parts):
+            return None
+        bits = gguf.panel_block_bits(parts)
+        if bits and dispatch.panels_take(bits, 32, k):
+            qw = gguf.panels_from_blocks(parts)  # straight from the file's blocks: no plain-row copy
+            if qw is not None:
+                return qw
+        kinds = {(p.bits, p.group) for p in parts}
+        if len(kinds) != 1 or not supports(k, 32):
+            return None
+        return relayout(cat([p.repack() for p in parts]))
+    whole = torch.cat([p.dequantize() if isinstance(p, gguf.GGUFBlocks) else p.float() for p in parts])
+    if scheme == "int8":
+        return relayout(pack("float", "int8", whole)) if k % 32 == 0 else None
+    return None if int4_group is None else relayout(pack("float", "int4", whole, int4_group))
+
+
+def cat(parts: list[QWeight]) -> QWeight:
+    """Shards of one layer (plain rows, one bits / group) as one QWeight."""
+    if len(parts) == 1:
+        return parts[0]
+    if len({(p.bits, p.group) for p in parts}) != 1:
+        raise ValueError("shards of one layer quantized differently")
+    # fp16 scales (GGUF Q8_0/Q4_0/Q4_1) stay fp16 only when every shard has them; widening to fp32 is exact.
+    dt = torch.float16 if all(p.scale_f16 for p in parts) else torch.float32
+    mins = None  # symmetric int4 shards stay without mins; mixed with asymmetric ones, theirs are spelled out
+    if any(p.mins is not None for p in parts):
+        mins = torch.cat([implied_mins(p).to(dt) for p in parts]) if parts[0].bits == 4 else None
+    return QWeight(parts[0].bits, parts[0].group, torch.cat([p.data for p in parts]),
+                   torch.cat([p.scales.to(dt) for p in parts]), mins)
+
+
+def embedding_blocks(blocks: gguf.GGUFBlocks) -> QWeight | None:
+    """A GGUF embedding table kept in its repacked blocks where the kernels gather rows from them (None: dense)."""
+    return blocks.repack() if qkernels.available() else None
+
+
+def head_weight(head: gguf.GGUFBlocks) -> QWeight:
+    """A GGUF LM head's kept blocks, repacked: a Q6_K head (llama-quantize's choice beside Q4_0 / Q4_K layers) as
+    6-bit tiles where the kernels run (a third smaller than int8; exact either way), else panels or rows."""
+    n, k = head.shape
+    if head.type_name == "Q6_K" and Q6_TILES and qkernels.available() and n % 4 == 0 and k % 256 == 0:
+        return TILES_Q6.packs["Q6_K"](head)
+    qw = head.repack()
+    return to_panels(qw) if can_panel(qw) else qw
+
+
+def tied_head(embed: QWeight) -> QWeight:
+    """The embedding's blocks as a tied LM head: in panels where they run (the head's product dominates; lookups
+    gather from the panels), else as they are."""
+    return to_panels(embed) if can_panel(embed) else embed
+
+
+def to_panels(qw: QWeight) -> QWeight:
+    source = "int8" if qw.bits == 8 else "int4"
+    return pack(source, f"{source}-panels", qw)
+
+
+def prepare_model(model: nn.Module, source: str | None, dtype: torch.dtype) -> None:
+    """After every weight is in: the activation rounding per model (activations.set_model_activations), quantized
+    weights into huge pages, dense bf16 projections into panels (mapped from the panel cache). Runs before anything
+    caches raw weight pointers (the decode program is built later, by the model runner)."""
+    act = activations.set_model_activations((q for q in hugepages.held(model) if isinstance(q, QWeight)),
+                                            getattr(model, "lm_head_qweight", None))
+    if act == "int8x2":
+        logger.info("a small quantized model: activations in two int8 terms for every row (HEARTH_QUANT_ACT=auto)")
+    elif act:
+        logger.info("mostly 4-bit weights: activations rounded to %s for every row but the LM head's "
+                    "(HEARTH_QUANT_ACT=auto)", act)
+    if hugepages.enabled():
+        hugepages.move_to_hugepages(model)
+    panel_pack.pack_dense_weights(model, source, dtype)
