@@ -16,6 +16,7 @@ from tqdm import tqdm
 
 from hearth.config import EngineArgs, HFConfig, ModelConfig, resolve_dtype
 from hearth.kernels import quant as qkernels
+from hearth.loader import hf_quant
 from hearth.loader.errors import LoadError
 from hearth.loader.hf_folder import iter_safetensors, read_generation_config, read_hf_config, safetensors_files
 from hearth.models.registry import get_model_class, supported_architectures
@@ -142,7 +143,13 @@ def _load_hf_folder(folder: str, args: EngineArgs) -> LoadedModel:
     gen_cfg = read_generation_config(folder)
     dtype = _resolve_model_dtype(args.dtype, hf_cfg)
     max_len = _max_len(hf_cfg, args.max_model_len)
-    scheme = _quantization(args.quantization, False)
+    spec = hf_quant.read_spec(folder, hf_cfg)
+    hf_quant.check_requested(spec, args.quantization, folder)
+    weights = iter_safetensors(files, dtype)
+    if spec is not None:  # pre-quantized layers arrive packed and stay so
+        scheme, weights = "prequant", hf_quant.assemble(weights, spec)
+    else:
+        scheme = _quantization(args.quantization, False)
     if scheme == "gguf":
         raise ValueError("--quantization gguf needs a .gguf file; use int8 or int4 for an HF folder")
     # The tokenizer (mostly transformers' imports, slow) loads beside the weights (copies that release the GIL).
@@ -150,7 +157,7 @@ def _load_hf_folder(folder: str, args: EngineArgs) -> LoadedModel:
         tokenizer_job = pool.submit(Tokenizer.from_folder, args.tokenizer or folder,
                                     resolve_chat_template(args.chat_template))
         try:
-            model = _build(arch, hf_cfg, max_len, dtype, iter_safetensors(files, dtype), scheme)
+            model = _build(arch, hf_cfg, max_len, dtype, weights, scheme)
         except BaseException:
             tokenizer_job.cancel()
             raise
