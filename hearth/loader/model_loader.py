@@ -16,7 +16,7 @@ from tqdm import tqdm
 
 from hearth.config import EngineArgs, HFConfig, ModelConfig, resolve_dtype
 from hearth.kernels import quant as qkernels
-from hearth.loader import hf_quant
+from hearth.loader import hf_quant, memory_fit
 from hearth.loader.errors import LoadError
 from hearth.loader.hf_folder import iter_safetensors, read_generation_config, read_hf_config, safetensors_files
 from hearth.models.registry import get_model_class, supported_architectures
@@ -152,6 +152,8 @@ def _load_hf_folder(folder: str, args: EngineArgs) -> LoadedModel:
         scheme = _quantization(args.quantization, False)
     if scheme == "gguf":
         raise ValueError("--quantization gguf needs a .gguf file; use int8 or int4 for an HF folder")
+    elem = torch.empty((), dtype=dtype).element_size()
+    memory_fit.check_fits(folder, memory_fit.footprint(folder, hf_cfg, elem), memory_fit.option_of(scheme), elem)
     # The tokenizer (mostly transformers' imports, slow) loads beside the weights (copies that release the GIL).
     with ThreadPoolExecutor(1, thread_name_prefix="hearth-tokenizer", initializer=release_calling_thread) as pool:
         tokenizer_job = pool.submit(Tokenizer.from_folder, args.tokenizer or folder,
@@ -181,8 +183,9 @@ def _load_gguf(path: str, args: EngineArgs) -> LoadedModel:
 
     if not path.endswith(".gguf"):
         raise LoadError(f"{path} is a file but not a .gguf: pass a .gguf file or an HF model folder")
-    ckpt = load_gguf(path)
+    ckpt = load_gguf(path)  # (maps the file: nothing is read into memory yet)
     hf_cfg = ckpt.hf_config
+    memory_fit.check_fits(path, memory_fit.footprint(path, hf_cfg), "stored", 2)
     arch = _arch_of(hf_cfg, path)
     if args.tokenizer:
         tokenizer = Tokenizer.from_folder(args.tokenizer, resolve_chat_template(args.chat_template))
