@@ -50,8 +50,11 @@ def _kv(cfg: HFConfig) -> tuple[int, int]:
 
 
 def _safetensors_headers(files: list[str]) -> dict[str, dict]:
+    from hearth.loader.hf_folder import check_safetensors
+
     out = {}
     for path in files:
+        check_safetensors(path)  # (a truncated or corrupt file is named before its header is read)
         with open(path, "rb") as f:
             (n,) = struct.unpack("<Q", f.read(8))
             out.update({k: v for k, v in json.loads(f.read(n)).items() if k != "__metadata__"})
