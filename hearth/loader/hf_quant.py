@@ -11,11 +11,12 @@ import torch
 from hearth.config import HFConfig
 from hearth.loader.errors import LoadError
 from hearth.loader.hf_folder import read_json
+from hearth.weights.formats import bitsandbytes as bnb
 from hearth.weights.formats.source import PackedSource
 
-METHODS = ("gptq", "awq", "compressed-tensors")
+METHODS = ("gptq", "awq", "compressed-tensors", "bitsandbytes")
 SUPPORTED = ("GPTQ 4/8-bit (checkpoint_format gptq or gptq_v2), AWQ 4-bit GEMM, compressed-tensors int-quantized "
-             "(W8A8/W8A16) and pack-quantized (W4A16)")
+             "(W8A8/W8A16) and pack-quantized (W4A16), bitsandbytes NF4/FP4 and LLM.int8")
 _CT_FORMATS = ("pack-quantized", "int-quantized", "naive-quantized")
 
 
@@ -46,6 +47,14 @@ def read_spec(folder: str, hf_cfg: HFConfig) -> QuantSpec | None:
         return _awq(qc)
     if method == "compressed-tensors":
         return _compressed_tensors(qc)
+    if method == "bitsandbytes":
+        if qc.get("load_in_4bit") or qc.get("_load_in_4bit"):
+            if qc.get("bnb_4bit_quant_type", "fp4") not in ("nf4", "fp4"):
+                raise _unsupported(f"bitsandbytes 4-bit quant type {qc.get('bnb_4bit_quant_type')!r}")
+            return QuantSpec("bitsandbytes", 4, ("weight", "absmax", "quant_map"))
+        if qc.get("load_in_8bit") or qc.get("_load_in_8bit"):
+            return QuantSpec("bitsandbytes", 8, ("weight", "SCB"), ("weight_format",))
+        raise _unsupported("bitsandbytes quantization_config without load_in_4bit / load_in_8bit")
     raise _unsupported(f"quantization_config quant_method {method!r}")
 
 
@@ -102,9 +111,10 @@ def _compressed_tensors(qc: dict) -> QuantSpec:
 
 
 def check_requested(spec: QuantSpec | None, requested: str | None, folder: str) -> None:
-    """--quantization against the checkpoint: auto / the checkpoint's own method, or an error naming the fix."""
+    """--quantization against the checkpoint: auto / the checkpoint's own method, or an error naming the fix
+    (bitsandbytes on a float checkpoint quantizes at load: model_loader)."""
     if spec is None:
-        if requested in METHODS:
+        if requested in METHODS and requested != "bitsandbytes":
             raise LoadError(f"--quantization {requested} needs a {requested} checkpoint, and {folder}'s config.json "
                             "has no quantization_config: drop the flag, or use int8 / int4 to quantize at load")
         return
@@ -120,6 +130,9 @@ def _source(spec: QuantSpec, prefix: str, t: dict[str, torch.Tensor]) -> PackedS
         if t["qweight"].shape[0] * 32 // spec.bits != k:
             raise LoadError(f"{prefix}: qweight {tuple(t['qweight'].shape)} is not {spec.bits}-bit for "
                             f"{k} inputs (g_idx)")
+    elif spec.method == "bitsandbytes":  # LLM.int8: one scale a row
+        n, k = t["weight"].shape
+        groups = 1
     elif spec.method == "awq":
         k, n, groups = t["qweight"].shape[0], t["scales"].shape[1], t["scales"].shape[0]
     else:
@@ -131,9 +144,41 @@ def _source(spec: QuantSpec, prefix: str, t: dict[str, torch.Tensor]) -> PackedS
     return PackedSource(spec.method, spec.bits, k // groups, (n, k), t, spec.options)
 
 
+def _assemble_bnb4(weights: Iterator[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, object]]:
+    """bitsandbytes 4-bit: each layer's `W.weight` (uint8) and `W.weight.*` statistics -> (`W.weight`, fp32)."""
+    pending: dict[str, dict[str, torch.Tensor]] = {}
+    for name, tensor in weights:
+        base, dot, rest = name.partition(".weight.")
+        if dot:
+            key, suffix = base + ".weight", rest
+        elif name.endswith(".weight") and tensor.dtype == torch.uint8:
+            key, suffix = name, "weight"
+        else:
+            yield name, tensor
+            continue
+        parts = pending.setdefault(key, {})
+        parts[suffix] = tensor
+        if _bnb4_complete(parts):
+            yield key, bnb.dequantize_4bit(pending.pop(key))
+    if pending:
+        key, parts = next(iter(pending.items()))
+        raise LoadError(f"bitsandbytes checkpoint: {key} lacks some of its statistics (has {', '.join(sorted(parts))})"
+                        ": re-copy the checkpoint")
+
+
+def _bnb4_complete(parts: dict[str, torch.Tensor]) -> bool:
+    if not all(s in parts for s in ("weight", "absmax", "quant_map")) or not any(
+            s.startswith("quant_state.") for s in parts):
+        return False
+    return "nested_blocksize" not in bnb.quant_state(parts) or {"nested_absmax", "nested_quant_map"} <= parts.keys()
+
+
 def assemble(weights: Iterator[tuple[str, torch.Tensor]], spec: QuantSpec) -> Iterator[tuple[str, object]]:
     """Checkpoint tensors -> the same stream with each quantized layer's tensors replaced by one
     (`prefix.weight`, PackedSource); a layer's tensors may come in any order and from different shards."""
+    if spec.method == "bitsandbytes" and spec.bits == 4:
+        yield from _assemble_bnb4(weights)
+        return
     pending: dict[str, dict[str, torch.Tensor]] = {}
     wanted = set(spec.required) | set(spec.ignored)
     for name, tensor in weights:

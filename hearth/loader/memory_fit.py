@@ -72,13 +72,17 @@ def footprint(path: str, cfg: HFConfig, elem: int = 2) -> Footprint:
         return Footprint(0, 0, 0, size, True, kv * elem, kv8, max_len)
     from hearth.loader.hf_folder import safetensors_files
 
+    qc = cfg.get("quantization_config") or {}
+    # bitsandbytes 4-bit layers load dense (hearth.weights.formats.bitsandbytes): two weights a stored byte
+    bnb4 = qc.get("quant_method") == "bitsandbytes" and bool(qc.get("load_in_4bit") or qc.get("_load_in_4bit"))
     linear = rows = other = stored = 0
     for name, info in _safetensors_headers(safetensors_files(path)).items():
         shape = info["shape"]
         numel = 1
         for d in shape:
             numel *= d
-        stored += numel * _ELEM.get(info["dtype"], 2)
+        unpacked = bnb4 and info["dtype"] == "U8" and name.endswith(".weight")
+        stored += numel * (2 * elem if unpacked else _ELEM.get(info["dtype"], 2))
         if len(shape) == 2 and not any(s in name for s in _DENSE_NAMES):
             linear, rows = linear + numel, rows + shape[0]
         else:
