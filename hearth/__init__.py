@@ -1,6 +1,7 @@
 """hearth: a CPU-first LLM inference and serving engine."""
 __version__ = "0.1.0"
 
+from hearth.pooling_params import PoolingParams  # noqa: E402
 from hearth.sampling_params import SamplingParams  # noqa: E402
 
 
@@ -13,4 +14,4 @@ def __getattr__(name: str):
     raise AttributeError(name)
 
 
-__all__ = ["LLM", "SamplingParams", "__version__"]
+__all__ = ["LLM", "PoolingParams", "SamplingParams", "__version__"]

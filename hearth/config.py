@@ -139,3 +139,9 @@ class EngineArgs:
     quantization: str | None = None
     # Speculative decoding, vLLM's JSON (a dict or a JSON string): hearth/spec_decode/config.py. None: off.
     speculative_config: dict | str | None = None
+    # vLLM's --runner: auto | generate | pooling (embeddings and scores; encoders always pool). hearth/engine/pooling.py
+    runner: str = "auto"
+    # vLLM's --pooler-config JSON, {"pooling_type": "MEAN"|"CLS"|"LAST", "normalize": bool}; None: the checkpoint's
+    pooler_config: dict | str | None = None
+    # Ranks of tensor parallelism (processes on this host, gloo all-reduce): hearth/distributed/. 1: off.
+    tensor_parallel_size: int = 1

@@ -60,19 +60,24 @@ def api_key() -> str | None:
     return _first("HEARTH_API_KEY", "VLLM_API_KEY")
 
 
+def upstream_api_key() -> str | None:
+    """The gateway's key for its upstream (--upstream-api-key)."""
+    return _first("HEARTH_UPSTREAM_API_KEY")
+
+
 def kernels_enabled() -> bool:
     """HEARTH_KERNELS (default on): hearth's compiled C++ kernels; 0 runs torch's operators only (kernels/_build.py)."""
     return _flag("HEARTH_KERNELS", True)
 
 
 def kernels_isa() -> str | None:
-    """HEARTH_KERNELS_ISA: avx2 runs the AVX2 kernels on an AVX-512 CPU; unset: the widest the CPU has."""
+    """HEARTH_KERNELS_ISA: avx2 runs the AVX2 kernels on an AVX-512 CPU; unset or auto: the widest the CPU has."""
     value = _first("HEARTH_KERNELS_ISA")
-    if value is None:
+    v = None if value is None else value.strip().lower()
+    if v in (None, "auto"):
         return None
-    v = value.strip().lower()
     if v not in ("avx2", "avx512"):
-        raise ValueError(f"HEARTH_KERNELS_ISA must be avx2 or avx512, got {value!r}")
+        raise ValueError(f"HEARTH_KERNELS_ISA must be auto, avx2 or avx512, got {value!r}")
     return v
 
 

@@ -4,6 +4,7 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 
 from hearth.structured.params import StructuredOutputsParams
+from hearth.structured.reasoning import ReasoningParams
 
 _GREEDY_EPS = 1e-5
 MAX_N = 128
@@ -39,6 +40,8 @@ class SamplingParams:
     detokenize: bool = True
     # A grammar the output must follow (JSON schema, regex, choice, grammar): see hearth/structured/.
     structured_outputs: StructuredOutputsParams | None = None
+    # A reasoning model's thinking: the grammar waits for its end, a budget forces it (hearth/structured/reasoning.py).
+    reasoning: ReasoningParams | None = None
     # Filled by the engine, not the user: stop strings as a list, resolved max_tokens.
     _stop_list: list[str] = field(default_factory=list, repr=False)
 

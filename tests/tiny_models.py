@@ -13,9 +13,11 @@ CHATML = ("{% for m in messages %}{{'<|im_start|>' + m['role'] + '\n' + m['conte
           "{% endfor %}{% if add_generation_prompt %}{{'<|im_start|>assistant\n'}}{% endif %}")
 
 
-def tiny_tokenizer(vocab_size: int = VOCAB):
-    """A byte-level BPE tokenizer with exactly vocab_size entries (trained on a fixed text, deterministic)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+def tiny_tokenizer(vocab_size: int = VOCAB, extra_special: tuple[str, ...] = (), extra_added: tuple[str, ...] = (),
+                   chat_template: str = CHATML):
+    """A byte-level BPE tokenizer with exactly vocab_size entries (trained on a fixed text, deterministic).
+    extra_special are more special tokens; extra_added are added tokens that decode as text (as Qwen3's <think>)."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     text = ("The quick brown fox jumps over the lazy dog. Paris is the capital of France. "
@@ -23,11 +25,14 @@ def tiny_tokenizer(vocab_size: int = VOCAB):
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator([text], trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIALS,
+    tok.train_from_iterator([text], trainers.BpeTrainer(vocab_size=vocab_size - len(extra_added),
+                                                        special_tokens=SPECIALS + list(extra_special),
                                                         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
                                                         show_progress=False))
+    if extra_added:
+        tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in extra_added])
     return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
-                                   chat_template=CHATML)
+                                   chat_template=chat_template)
 
 
 # family -> (transformers config class name, defaults that keep it tiny). Head dims are set explicitly because

@@ -15,16 +15,21 @@ from hearth.engine.block_manager import BlockManager, freeable_window
 from hearth.engine.kv_sizing import num_kv_blocks
 from hearth.engine.model_runner import ModelRunner
 from hearth.engine.outputs import StepOutput
+from hearth.engine.pooling import PoolingExecutor, resolve_runner
 from hearth.engine.request import Request, RequestStatus
 from hearth.engine.scheduler import Scheduler
+from hearth.distributed import start_tensor_parallel
 from hearth.layers.attention import Attention
+from hearth.layers.pooler import PoolerConfig
 from hearth.loader.model_loader import load_model
 from hearth.platform import cpu_info, keep_freed_memory, setup_threads
+from hearth.pooling_params import PoolingParams
 from hearth.sampling_params import SamplingParams
 from hearth.spec_decode.config import SpeculativeConfig
 from hearth.spec_decode.draft_proposer import DraftProposer, load_draft_model
 from hearth.spec_decode.speculator import Speculator
 from hearth.structured.manager import StructuredOutputManager
+from hearth.structured.reasoning import ReasoningGate
 
 logger = logging.getLogger("hearth")
 
@@ -62,11 +67,13 @@ class LLMEngine:
     def __init__(self, args: EngineArgs) -> None:
         self.args = args
         bind = args.omp_threads_bind or envs.omp_threads_bind()
-        self.threads, self.bound_cores = setup_threads(args.threads, bind)
+        self.tp = start_tensor_parallel(args, bind, self)
+        self.threads, self.bound_cores = setup_threads(*((self.tp.threads, self.tp.bind) if self.tp else
+                                                         (args.threads, bind)))
         keep_freed_memory()  # process-wide glibc setting, before the model and its activations are allocated
         torch.manual_seed(args.seed)
         spec_config = SpeculativeConfig.parse(args.speculative_config)  # before loading: a bad config fails fast
-        loaded = load_model(args)
+        loaded = load_model(args, self.tp.shard if self.tp else None)
         self.model_config = loaded.model_config
         self.tokenizer = loaded.tokenizer
         self.model = loaded.model
@@ -80,22 +87,32 @@ class LLMEngine:
         kv_dtype = torch.int8 if args.kv_cache_dtype == "int8" else mc.dtype
         self.scheduler_config = SchedulerConfig(
             max_num_seqs=args.max_num_seqs,
-            max_num_batched_tokens=args.max_num_batched_tokens or max(2048, args.max_num_seqs),
+            max_num_batched_tokens=args.max_num_batched_tokens or _default_budget(self.model, args.max_num_seqs),
             max_model_len=mc.max_model_len, max_waiting_requests=args.max_waiting_requests,
             max_prefills_per_decode_step=args.max_prefills_per_decode_step)
+        self.runner_type = resolve_runner(args.runner, self.model)
         per_block = ModelRunner.kv_bytes_per_block(self.model, args.block_size, kv_dtype)
         if draft_model is not None:  # the draft's KV cache has as many blocks as the target's
             per_block += ModelRunner.kv_bytes_per_block(draft_model, args.block_size, draft_kv_dtype)
         # Sliding-window models: blocks outside every layer's window are released as requests advance; block 0
         # is then the null block that stands in for them, one more on top of the sized cache.
         window = freeable_window([m.sliding_window for m in self.model.modules() if isinstance(m, Attention)])
-        self.cache_config.num_blocks = num_kv_blocks(per_block, args.block_size, mc.max_model_len,
-                                                     args.max_num_seqs, space) + (window is not None)
+        if per_block == 0:  # an encoder: no paged attention, no KV cache (one block keeps the manager valid)
+            self.cache_config.num_blocks = 1
+        else:
+            self.cache_config.num_blocks = num_kv_blocks(per_block, args.block_size, mc.max_model_len,
+                                                         args.max_num_seqs, space) + (window is not None)
+        if self.runner_type == "pooling" and per_block:  # KV only for one pooling pass: one step's tokens
+            pass_tokens = max(self.scheduler_config.max_num_batched_tokens, mc.max_model_len)
+            self.cache_config.num_blocks = min(self.cache_config.num_blocks,
+                                               -(-pass_tokens // args.block_size) + args.max_num_seqs + 1)
         self.block_manager = BlockManager(self.cache_config.num_blocks, args.block_size, args.enable_prefix_caching,
                                           window)
         self.scheduler = Scheduler(self.scheduler_config, self.block_manager)
         self.runner = ModelRunner(self.model, self.cache_config.num_blocks, args.block_size, kv_dtype,
                                   mc.vocab_size, args.seed)
+        if self.tp is not None:
+            self.tp.attach(self.model, self.cache_config.num_blocks, args.block_size, kv_dtype)
         self.speculator: Speculator | None = None
         if spec_config is not None:
             draft = None
@@ -109,6 +126,10 @@ class LLMEngine:
             logger.info("speculative decoding: %s", spec_config)
         # Structured output: grammars compiled against the tokenizer, masks prefetched while the model runs.
         self.structured = StructuredOutputManager(self.tokenizer, mc.vocab_size, mc.eos_token_ids)
+        pooler = PoolerConfig.parse(args.pooler_config) or loaded.pooler_config or PoolerConfig(
+            getattr(self.model, "default_pooling", "LAST"), True)
+        self.pooling = PoolingExecutor(self.model, mc, pooler, self.block_manager, args.max_num_seqs,
+                                       self.scheduler_config.max_num_batched_tokens)
         self.seqs: dict[str, _Sequence] = {}  # engine request id -> sequence
         self.parents: dict[str, list[str]] = {}  # user request id -> engine request ids
         self._ids = itertools.count()
@@ -123,13 +144,18 @@ class LLMEngine:
         blocks = self.block_manager.num_usable_blocks  # (without the reserved null block of windowed models)
         tokens = blocks * cc.block_size
         cores = ",".join(map(str, self.bound_cores)) or "unbound"
+        if self.runner_type == "pooling":
+            kv = "no KV cache (encoder)" if not self.runner.attn_layers else f"KV for one pass: {tokens} tokens"
+            return (f"hearth ready for pooling (embeddings, scores): {mc.architecture}, dtype "
+                    f"{str(mc.dtype).removeprefix('torch.')}, {self.threads} threads (cores {cores}; "
+                    f"{cpu_info().isa}), {self.pooling.pooler_summary()}, {kv}, max input {mc.max_model_len} tokens")
         return (f"hearth ready: {mc.architecture}, dtype {str(mc.dtype).removeprefix('torch.')}, "
                 f"{self.threads} threads (cores {cores}; {cpu_info().isa}), KV cache {blocks} blocks x "
                 f"{cc.block_size} = {tokens} tokens, max concurrency {tokens / mc.max_model_len:.1f}x at "
                 f"max-model-len {mc.max_model_len}")
 
     # ---- requests ----
-    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams | PoolingParams,
                     arrival_time: float | None = None) -> None:
         """Queue a request. Raises ValueError (a user error) for an empty or too-long prompt, bad token ids."""
         if request_id in self.parents:
@@ -141,6 +167,15 @@ class LLMEngine:
         vocab = mc.vocab_size
         if any(not 0 <= t < vocab for t in prompt_token_ids):
             raise ValueError(f"prompt token ids must be in [0, {vocab})")
+        if isinstance(params, PoolingParams):
+            if n_prompt > mc.max_model_len:
+                raise ValueError(f"the input has {n_prompt} tokens, but this model's maximum input length is "
+                                 f"{mc.max_model_len} tokens: shorten it, or set truncate_prompt_tokens")
+            self.pooling.check(params)
+            return self.pooling.add(request_id, prompt_token_ids, params, arrival_time)
+        if self.runner_type == "pooling":
+            raise ValueError(f"model {mc.served_model_name!r} is served for pooling (--runner pooling): it answers "
+                             "embeddings and scores, not text generation")
         params.check_vocab(vocab)
         max_tokens = params.max_tokens
         if n_prompt >= mc.max_model_len:
@@ -161,6 +196,8 @@ class LLMEngine:
             req = Request(rid, prompt_token_ids, child_params, mc.eos_token_ids, arrival_time)
             if grammar is not None:
                 req.grammar = grammar.new_matcher()  # each of the n sequences walks the grammar on its own
+            if params.reasoning is not None:  # thinking first, then the grammar (if any)
+                req.grammar = ReasoningGate(params.reasoning, req.grammar, self.structured.compiler.vocab_size)
             detok = (IncrementalDetokenizer(self.tokenizer, prompt_token_ids, params.skip_special_tokens)
                      if params.detokenize else None)
             self.seqs[rid] = _Sequence(req, request_id, i, detok)
@@ -171,17 +208,19 @@ class LLMEngine:
 
     def abort_request(self, request_id: str) -> None:
         """Abort a user request (all its n sequences); frees their KV blocks at once. Unknown ids are ignored."""
+        self.pooling.abort(request_id)
         for rid in self.parents.pop(request_id, []):
             seq = self.seqs.pop(rid, None)
             if seq is not None:
                 self.scheduler.finish(seq.request, RequestStatus.FINISHED_ABORTED)
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished()
+        return self.scheduler.has_unfinished() or self.pooling.num_waiting > 0
 
     def stats(self) -> EngineStats:
         bm = self.block_manager
-        stats = EngineStats(len(self.scheduler.running), len(self.scheduler.waiting), bm.usage, bm.num_used_blocks,
+        stats = EngineStats(len(self.scheduler.running), len(self.scheduler.waiting) + self.pooling.num_waiting,
+                            bm.usage, bm.num_used_blocks,
                             self.scheduler.num_preemptions, bm.prefix_queries, bm.prefix_hits)
         if self.speculator is not None:
             sp = self.speculator.stats
@@ -192,6 +231,12 @@ class LLMEngine:
 
     # ---- the loop ----
     def step(self) -> list[StepOutput]:
+        pooled = self.pooling.step() if self.pooling.num_waiting else []
+        if not self.scheduler.has_unfinished():
+            return pooled
+        return pooled + self._generation_step()
+
+    def _generation_step(self) -> list[StepOutput]:
         if self.speculator is not None:
             self.speculator.plan(self.scheduler.running)
         sched = self.scheduler.schedule()
@@ -242,7 +287,9 @@ class LLMEngine:
             if status is not None:
                 seq.detok.flush()
             text = seq.detok.text
-            if p.stop_strings and req.num_output_tokens >= p.min_tokens and status is None:
+            # NOTE: the length limit too: a stop string in the last allowed token still ends (and cuts) the text
+            if (p.stop_strings and req.num_output_tokens >= p.min_tokens
+                    and status in (None, RequestStatus.FINISHED_LENGTH)):
                 # Only text not yet streamed: a stop string that began in streamed text (possible only while
                 # min_tokens held the check off) was let through then and must not cut what the client has.
                 hit = find_stop(text, len(text) - seq.emitted_chars, p.stop_strings)
@@ -290,6 +337,12 @@ class LLMEngine:
         siblings = self.parents.get(seq.parent_id)
         if siblings is not None and all(rid not in self.seqs for rid in siblings):
             del self.parents[seq.parent_id]
+
+
+def _default_budget(model: torch.nn.Module, max_num_seqs: int) -> int:
+    """The step's default token budget. An encoder keeps no KV, so a larger pass costs only activations and
+    runs a batch of 64 pooling inputs of 128 tokens in one pass instead of four."""
+    return max(8192 if getattr(model, "is_encoder", False) else 2048, max_num_seqs)
 
 
 def _merge(outs: list[StepOutput]) -> StepOutput:

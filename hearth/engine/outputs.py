@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
+
 from hearth.layers.sampler import TokenLogprobs
 
 
@@ -22,6 +24,7 @@ class StepOutput:
     num_output_tokens: int = 0
     num_cached_tokens: int = 0
     prompt_logprobs: list[TokenLogprobs | None] | None = None  # set once, on the sequence's first output
+    pooled: torch.Tensor | None = None  # a pooling request's result: its embedding [H], or its score [1]
 
 
 @dataclass

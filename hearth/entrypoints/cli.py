@@ -51,23 +51,42 @@ def add_engine_args(p: argparse.ArgumentParser, model_optional: bool = False, ma
                         "computed at load; auto (default) keeps GGUF Q8_0/Q4_0/Q4_1/Q4_K weights and a checkpoint's "
                         "own GPTQ / AWQ / compressed-tensors / bitsandbytes quantization; bitsandbytes on a float "
                         "checkpoint: 4-bit at load (int4 group 64); none dequantizes GGUF weights")
+    g.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
+                   help="split every layer over N processes on this host (torch.distributed gloo all-reduce); "
+                        "dense weights only (--quantization none for GGUF files); default 1")
     g.add_argument("--speculative-config", default=None,
                    help='speculative decoding, as JSON: {"method": "ngram", "num_speculative_tokens": 4, '
                         '"prompt_lookup_max": 4, "prompt_lookup_min": 2} (prompt lookup) or {"model": "DRAFT", '
                         '"num_speculative_tokens": 4} (a small draft model of the same vocabulary)')
+    add_pooling_args(g)
+
+
+def add_pooling_args(g: argparse._ArgumentGroup) -> None:
+    g.add_argument("--runner", default="auto", choices=["auto", "generate", "pooling"],
+                   help="pooling: serve embeddings / scores only (auto: pooling for encoders such as BERT)")
+    g.add_argument("--task", default=None, choices=["auto", "generate", "embed", "embedding", "score", "classify"],
+                   help="vLLM's older name for --runner: embed, score and classify mean --runner pooling")
+    g.add_argument("--pooler-config", default=None,
+                   help='pooling of embeddings, as JSON: {"pooling_type": "MEAN"|"CLS"|"LAST", "normalize": true} '
+                        "(default: the checkpoint's sentence-transformers config, else CLS for encoders and LAST "
+                        "for decoders, normalized)")
 
 
 ENGINE_ARG_NAMES = ["model", "tokenizer", "dtype", "max_model_len", "max_num_seqs", "max_num_batched_tokens",
                     "max_prefills_per_decode_step",
                     "block_size", "kv_cache_space", "kv_cache_dtype", "enable_prefix_caching", "threads",
                     "omp_threads_bind", "seed", "chat_template", "served_model_name", "quantization",
-                    "speculative_config"]
+                    "speculative_config", "runner", "pooler_config",
+                    "tensor_parallel_size"]
 
 
 def engine_args_from(ns: argparse.Namespace):
     from hearth.config import EngineArgs
 
     kwargs = {k: getattr(ns, k) for k in ENGINE_ARG_NAMES if hasattr(ns, k)}
+    task = getattr(ns, "task", None)
+    if task not in (None, "auto"):
+        kwargs["runner"] = "generate" if task == "generate" else "pooling"
     if hasattr(ns, "max_waiting_requests"):
         kwargs["max_waiting_requests"] = ns.max_waiting_requests
     return EngineArgs(**kwargs)
@@ -93,6 +112,9 @@ def build_parser() -> argparse.ArgumentParser:
     from hearth.entrypoints import cli_doctor
 
     cli_doctor.register(sub)
+    from hearth.entrypoints import cli_keys
+
+    cli_keys.register(sub)
     return parser
 
 

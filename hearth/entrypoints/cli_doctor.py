@@ -65,9 +65,10 @@ def _print_layouts() -> None:
     table = dispatch.table(rows=ROW_COUNTS)
     width = max(len(name) for name, _, _ in table)
     print()
-    print(f"{'weight layout':<{width}}  " + "  ".join(f"{f'{m} rows':>12}" for m in ROW_COUNTS))
+    col = max(len(k) for _, _, kernels in table for k in kernels)
+    print(f"{'weight layout':<{width}}  " + "  ".join(f"{f'{m} rows':>{col}}" for m in ROW_COUNTS))
     for name, _, kernels in table:
-        print(f"{name:<{width}}  " + "  ".join(f"{k:>12}" for k in kernels))
+        print(f"{name:<{width}}  " + "  ".join(f"{k:>{col}}" for k in kernels))
 
 
 def _activations_row() -> str:

@@ -9,6 +9,9 @@ from tqdm import tqdm
 from hearth.config import EngineArgs
 from hearth.engine.llm_engine import LLMEngine
 from hearth.engine.outputs import CompletionOutput, RequestOutput
+from hearth.entrypoints import llm_pooling
+from hearth.entrypoints.llm_pooling import PoolingRequestOutput
+from hearth.pooling_params import PoolingParams
 from hearth.sampling_params import SamplingParams
 
 Prompt = str | list[int] | dict
@@ -49,6 +52,16 @@ class LLM:
                                                       chat_template=chat_template)
             prompts.append({"prompt": text, "prompt_token_ids": self.tokenizer.encode(text, add_special_tokens=False)})
         return self.generate(prompts, sampling_params, use_tqdm)
+
+    def embed(self, prompts: str | list[int] | Sequence[str | list[int]], pooling_params: PoolingParams | None = None,
+              truncate_prompt_tokens: int | None = None) -> list[PoolingRequestOutput]:
+        """One embedding per prompt (texts or token ids), batched through the engine: .outputs.embedding."""
+        return llm_pooling.embed(self.engine, self._ids, prompts, pooling_params, truncate_prompt_tokens)
+
+    def score(self, text_1: str | Sequence[str], text_2: str | Sequence[str],
+              truncate_prompt_tokens: int | None = None) -> list[PoolingRequestOutput]:
+        """A cross-encoder's score of each (text_1, text_2) pair (1:1, 1:N or N:N): .outputs.score."""
+        return llm_pooling.score(self.engine, self._ids, text_1, text_2, truncate_prompt_tokens)
 
     def _tokenize(self, prompt: Prompt) -> tuple[str | None, list[int]]:
         if isinstance(prompt, str):

@@ -18,12 +18,13 @@ from pathlib import Path
 import torch
 
 from hearth import envs
+from hearth.kernels import _signatures
 
 logger = logging.getLogger("hearth")
 
 CSRC = Path(__file__).parent / "csrc"
-# Every .cpp / .h in csrc/ is part of the one library: a new kernel is a new file (plus its argtypes in
-# _declare below or in its own Python module), never an edit of a list.
+# Every .cpp / .h in csrc/ is part of the one library: a new kernel is a new file (plus its signature in
+# _signatures.py), never an edit of a list.
 SOURCES = sorted(p.name for p in CSRC.glob("*.cpp"))
 HEADERS = sorted(p.name for p in CSRC.glob("*.h"))
 # No -march: every vector instruction lives under a per-ISA `#pragma GCC target` and is chosen at run time.
@@ -106,22 +107,8 @@ def load() -> ctypes.CDLL | None:
             _compile(build_dir)
         build_seconds = time.perf_counter() - start
         lib = ctypes.CDLL(str(build_dir / "hearth_kernels.so"))
-        i64, i32, ptr = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p
-        lib.hk_linear.argtypes = [ptr, i32, i64, i64, i64, ptr, i32, i64, i64, ptr, ptr, i32, i64, i32]
-        lib.hk_linear.restype = i32
-        lib.hk_linear_parts.argtypes = [ptr, i32, i64, i64, i64, i64, ptr, ptr, i32, i64, ptr, ptr, i32, i64, i32]
-        lib.hk_linear_parts.restype = i32
-        lib.hk_linear_dot_panels_bf16.argtypes = [ptr, i32, i64, i64, i64, i64, ptr, ptr, ptr, ptr, i32]
-        lib.hk_linear_dot_panels_bf16.restype = i32
-        lib.hk_bind_threads.argtypes = [ptr, i32]
-        lib.hk_bind_threads.restype = i32
-        lib.hk_widen.argtypes = [ptr, i32, i64, ptr, i32]
-        lib.hk_widen.restype = i32
-        lib.hk_linear_set_bf16_dot.argtypes = [i32]
-        lib.hk_linear_set_bf16_dot.restype = i32
+        _signatures.declare(lib)
         lib.hk_linear_set_bf16_dot(int(bf16_dot))
-        lib.hk_attention_set_bf16_dot.argtypes = [i32]
-        lib.hk_attention_set_bf16_dot.restype = i32
         lib.hk_attention_set_bf16_dot(int(bf16_dot))
         if build_seconds > 2.0:
             logger.info("compiled hearth kernels in %.1f s (cached in %s)", build_seconds, build_dir)

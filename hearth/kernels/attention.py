@@ -28,19 +28,7 @@ _KV_DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2, torch.int8:
 def _lib() -> ctypes.CDLL | None:
     if kernels.isa() is None:
         return None
-    lib = _build.load()
-    if lib is None:
-        return None
-    i64, i32, ptr, f32 = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p, ctypes.c_float
-    lib.hk_paged_attention.argtypes = [
-        ptr, i64,  # q, q token stride
-        ptr, ptr, i32, ptr, ptr, i64, i64,  # k/v caches, dtype, k/v scales, block stride, token stride
-        ptr, i64, ptr, ptr, ptr, i64,  # block tables + stride, query_start, context_lens, seq_ids, num_seqs
-        ptr, i64,  # out, out token stride
-        i64, i64, i64, i64, f32, f32, i64,  # block_size, heads, kv heads, head_dim, scale, softcap, window
-        ptr, i32, i32, i32]  # alibi slopes, q values are bf16, isa, threads
-    lib.hk_paged_attention.restype = i32
-    return lib
+    return _build.load()
 
 
 def isa_for(head_dim: int) -> int | None:

@@ -60,11 +60,7 @@ class _Step(ctypes.Structure):
 def _lib() -> ctypes.CDLL | None:
     if not _ENABLED or kernels.isa() is None or not kernels.available() or fused._lib() is None:
         return None
-    lib = _build.load()
-    lib.hk_decoder_layers.argtypes = [ptr, i64, ptr, ptr, ptr, i32, i64, i32, i32, i32, ptr, ctypes.c_float,
-                                      ctypes.c_float, ptr]
-    lib.hk_decoder_layers.restype = i32
-    return lib
+    return _build.load()
 
 
 @dataclass

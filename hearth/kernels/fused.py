@@ -23,17 +23,7 @@ ACT_CODE = {"silu": 0, "gelu_tanh": 1}
 def _lib() -> ctypes.CDLL | None:
     if not kernels.available():
         return None
-    lib = _build.load()
-    i64, i32, f32, ptr = ctypes.c_int64, ctypes.c_int, ctypes.c_float, ctypes.c_void_p
-    lib.hk_rms_norm.argtypes = [ptr, i64, ptr, i64, ptr, f32, f32, ptr, ptr, i64, i64, i32, i32]
-    lib.hk_rope_neox.argtypes = [ptr, i64, i64, ptr, i64, i64, i64, i64, ptr, ptr, ptr, i64, i32, i32]
-    lib.hk_act_and_mul.argtypes = [ptr, i64, ptr, i64, i64, i32, i32, i32]
-    lib.hk_kv_write.argtypes = [ptr, i64, ptr, i64, ptr, ptr, ptr, i64, i64, i64]
-    lib.hk_sample.argtypes = [ptr, i64, i64, i64, ptr, ptr, ptr, i32]
-    lib.hk_argmax.argtypes = [ptr, i64, i64, i64, ptr, i32]
-    for f in (lib.hk_rms_norm, lib.hk_rope_neox, lib.hk_act_and_mul, lib.hk_kv_write, lib.hk_sample, lib.hk_argmax):
-        f.restype = i32
-    return lib
+    return _build.load()
 
 
 def available() -> bool:

@@ -31,17 +31,7 @@ ROWS = 32  # outputs per panel
 
 @functools.cache
 def _lib() -> ctypes.CDLL | None:
-    lib = _build.load()
-    if lib is None:
-        return None
-    i64, i32, ptr = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p
-    lib.hk_pack_panels.argtypes = [ptr, i64, i64, i64, ptr, i32]
-    lib.hk_pack_panels.restype = i32
-    lib.hk_widen_panels.argtypes = [i64, ptr, ptr, i64, ptr, i64, i32]
-    lib.hk_widen_panels.restype = i32
-    lib.hk_pack_dot_panels.argtypes = [ptr, i64, i64, i64, ptr, i32]
-    lib.hk_pack_dot_panels.restype = i32
-    return lib
+    return _build.load()
 
 
 @functools.cache

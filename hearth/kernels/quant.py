@@ -25,22 +25,6 @@ def _lib() -> ctypes.CDLL | None:
     lib = _build.load()
     if lib is None or not hasattr(lib, "hq_linear"):
         return None
-    i64, i32, ptr = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p
-    linear_args = [ptr, i32, i64, i64, i64, ptr, i32, i64, i64, ptr, ptr, i64, i64, ptr, ptr, i32, i32, i32]
-    for name in LINEAR_CALLS.values():
-        getattr(lib, name).argtypes = linear_args
-        getattr(lib, name).restype = i32
-    lib.hq_linear_panels_out.argtypes = [ptr, i32, i64, i64, i64, ptr, i32, i64, ptr, ptr, i64, ptr, ptr, ptr, i32,
-                                         i32, i32]
-    lib.hq_linear_panels_out.restype = i32
-    lib.hq_pack_panels.argtypes = [ptr, i32, i64, i64, i64, ptr, i32]
-    lib.hq_pack_panels.restype = i32
-    lib.hq_pack_panels_blocks.argtypes = [ptr, i32, i64, i64, i64, i64, i64, ptr, i32]
-    lib.hq_pack_panels_blocks.restype = i32
-    lib.hq_dequant.argtypes = [ptr, i32, i64, i64, ptr, ptr, i64, i64, i64, i64, ptr, i32, i32, i32]
-    lib.hq_dequant.restype = i32
-    lib.hq_dequant_gather.argtypes = [ptr, i32, i64, i64, ptr, ptr, i64, i64, i64, ptr, i64, ptr, i32, i32, i32]
-    lib.hq_dequant_gather.restype = i32
     return lib
 
 

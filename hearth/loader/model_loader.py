@@ -6,7 +6,7 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -18,6 +18,7 @@ from hearth.config import EngineArgs, HFConfig, ModelConfig, resolve_dtype
 from hearth.kernels import quant as qkernels
 from hearth.loader import hf_quant, memory_fit
 from hearth.loader.errors import LoadError
+from hearth.layers.pooler import PoolerConfig, read_sentence_transformers_config, sentence_transformers_max_len
 from hearth.loader.hf_folder import iter_safetensors, read_generation_config, read_hf_config, safetensors_files
 from hearth.models.registry import get_model_class, supported_architectures
 from hearth.platform import release_calling_thread
@@ -47,6 +48,7 @@ class LoadedModel:
     model: nn.Module
     model_config: ModelConfig
     tokenizer: Tokenizer
+    pooler_config: PoolerConfig | None = None  # a sentence-transformers folder's pooling (modules.json)
 
 
 def _check_path(model: str) -> str:
@@ -115,14 +117,18 @@ def _max_len(hf_cfg: HFConfig, requested: int | None) -> int:
     return requested
 
 
-def load_model(args: EngineArgs) -> LoadedModel:
+def load_model(args: EngineArgs, shard: Callable[[nn.Module], object] | None = None) -> LoadedModel:
+    """shard: tensor parallelism's in-place slicing of the loaded weights, before they are repacked."""
     path = _check_path(args.model) if args.model else default_model_path()
     t0 = time.perf_counter()
     if os.path.isfile(path):
         loaded = _load_gguf(path, args)
     else:
         loaded = _load_hf_folder(path, args)
-    prepare.prepare_model(loaded.model, path, loaded.model_config.dtype)
+    if shard is not None:
+        shard(loaded.model)
+    # (a rank's slice must not be cached under the whole checkpoint's name)
+    prepare.prepare_model(loaded.model, path if shard is None else None, loaded.model_config.dtype)
     logger.info("loaded %s (%s, %s) in %.1f s", path, loaded.model_config.architecture,
                 str(loaded.model_config.dtype).removeprefix("torch."), time.perf_counter() - t0)
     return loaded
@@ -143,6 +149,9 @@ def _load_hf_folder(folder: str, args: EngineArgs) -> LoadedModel:
     gen_cfg = read_generation_config(folder)
     dtype = _resolve_model_dtype(args.dtype, hf_cfg)
     max_len = _max_len(hf_cfg, args.max_model_len)
+    st_len = sentence_transformers_max_len(folder)  # sentence-transformers never encodes more than this
+    if args.max_model_len is None and st_len is not None:
+        max_len = min(max_len, st_len)
     spec = hf_quant.read_spec(folder, hf_cfg)
     hf_quant.check_requested(spec, args.quantization, folder)
     weights = iter_safetensors(files, dtype)
@@ -172,7 +181,7 @@ def _load_hf_folder(folder: str, args: EngineArgs) -> LoadedModel:
     mc = ModelConfig(folder, hf_cfg, arch, dtype, max_len, _eos_ids(gen_cfg, hf_cfg, tokenizer),
                      gen_cfg.get("bos_token_id", hf_cfg.get("bos_token_id")), False,
                      args.served_model_name or os.path.basename(os.path.normpath(folder)))
-    return LoadedModel(model, mc, tokenizer)
+    return LoadedModel(model, mc, tokenizer, read_sentence_transformers_config(folder))
 
 
 def _resolve_model_dtype(requested: str, hf_cfg: HFConfig) -> torch.dtype:

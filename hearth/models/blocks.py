@@ -128,6 +128,8 @@ def layer_spec(attn: nn.Module, mlp: nn.Module, norm1: nn.Module, norm2: nn.Modu
 class DecoderModel(nn.Module):
     """Embedding (optionally scaled), a stack of layers, a final norm. Names match HF's `model.*`."""
 
+    tensor_parallel = False  # set on a sharded model: layers all-reduce, so no whole-stack decode program
+
     def __init__(self, cfg: HFConfig, layers: list[nn.Module], norm: nn.Module,
                  embed_scale: float | None = None) -> None:
         super().__init__()
@@ -157,6 +159,8 @@ class DecoderModel(nn.Module):
     def _decode_program(self) -> DecodeProgram | None:
         """The layers as one C decode program (None when some layer's shape is not supported), built once the KV
         caches are bound and rebuilt if they are rebound."""
+        if self.tensor_parallel:
+            return None
         cached = self.__dict__.get("_program")
         # (the model runner binds every layer's cache at once: the first and last layer's identify the binding)
         caches = tuple(id(getattr(getattr(getattr(layer, "self_attn", None), "attn", None), "kv_cache", None))

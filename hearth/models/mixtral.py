@@ -28,6 +28,9 @@ class SparseMoE(nn.Module):
         self.top_k, self.renormalize = top_k, renormalize
         self.gate = Linear(hidden, num_experts)
         self.experts = nn.ModuleList(LlamaMLP(hidden, intermediate, act) for _ in range(num_experts))
+        # Tensor parallelism (hearth/distributed/shard.py): the experts this rank runs; None: all of them.
+        self.local_experts: list[bool] | None = None
+        self.fp32_out = False  # tensor parallelism: return the fp32 sum (all-reduced, then rounded once)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         probs = torch.softmax(self.gate(x).float(), dim=-1)  # [T, E]
@@ -40,13 +43,13 @@ class SparseMoE(nn.Module):
         counts = torch.bincount(flat, minlength=len(self.experts)).tolist()
         out = torch.zeros(x.shape[0], x.shape[1], dtype=torch.float32)
         start = 0
-        for expert, n in zip(self.experts, counts):
-            if n:
+        for e, (expert, n) in enumerate(zip(self.experts, counts)):
+            if n and (self.local_experts is None or self.local_experts[e]):
                 rows = token_of[start:start + n]
                 y = expert(x[rows]) * weights.flatten()[order[start:start + n]].unsqueeze(1)
                 out.index_add_(0, rows, y.float())
             start += n
-        return out.to(x.dtype)
+        return out if self.fp32_out else out.to(x.dtype)
 
 
 class MixtralForCausalLM(CausalLMBase):

@@ -22,6 +22,9 @@ _MODELS: dict[str, tuple[str, str]] = {
     "Olmo2ForCausalLM": ("olmo2", "Olmo2ForCausalLM"),
     "BaichuanForCausalLM": ("baichuan", "BaichuanForCausalLM"),
     "BaiChuanForCausalLM": ("baichuan", "BaichuanForCausalLM"),  # Baichuan-7B (v1) spells it so
+    # Encoders, served for pooling only (embeddings, scores)
+    "BertModel": ("bert", "BertModel"),
+    "BertForSequenceClassification": ("bert", "BertForSequenceClassification"),
 }
 
 

@@ -44,7 +44,7 @@ def linear(x: torch.Tensor, qw: QWeight, bias: torch.Tensor | None = None) -> to
     layout = of(qw)
     c = dispatch.caps()
     if x.dtype in _DTYPE_CODE:
-        kernel = plan(layout, m, c, activations.in_prompt())
+        kernel = plan(layout, m, c, getattr(activations._prompt, "on", False))
     else:
         kernel = Kernel.TILED if c.kernels and m > 0 else Kernel.REFERENCE
     if kernel is Kernel.PANELS:
@@ -53,9 +53,9 @@ def linear(x: torch.Tensor, qw: QWeight, bias: torch.Tensor | None = None) -> to
             raise RuntimeError("quantized weights were re-laid into VNNI panels at load, which take int8 / int8x2 "
                                "activations: set HEARTH_QUANT_ACT=float (or HEARTH_QUANT_PANELS=0) before loading")
         split = activations.int8_from(m) if act == "int8x2" else 0
-        y = run_panels(x2, qw, b, split, bf16=x2.dtype == torch.bfloat16)
-    elif kernel in (Kernel.GEMM, Kernel.BCAST, Kernel.DOT):
-        y = run(x2, qw, b, call=kernel.value if kernel is not Kernel.DOT else None)
+        y = run_panels(x2, qw, b, split, x2.dtype == torch.bfloat16, layout.code)
+    elif kernel is Kernel.DOT or kernel is Kernel.GEMM or kernel is Kernel.BCAST:
+        y = run(x2, qw, b, call=None if kernel is Kernel.DOT else kernel.value, code=layout.code)
     elif kernel is Kernel.TILED:
         y = tiled(x2, qw, b)
     else:
@@ -64,19 +64,21 @@ def linear(x: torch.Tensor, qw: QWeight, bias: torch.Tensor | None = None) -> to
 
 
 def run(x: torch.Tensor, qw: QWeight, bias: torch.Tensor | None, isa_code: int | None = None,
-        call: str | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+        call: str | None = None, out: torch.Tensor | None = None, code: int | None = None) -> torch.Tensor:
     """One row-layout kernel on x [M, K] -> fp32 [M, N] (into out, contiguous, if given); call "float", "int8",
-    "int8x2", "gemm" or "bcast" (default: the weight's activation rounding, activations.of)."""
+    "int8x2", "gemm" or "bcast" (default: the weight's activation rounding, activations.of); code: of(qw).code."""
     m, k = x.shape
     if x.stride(1) != 1 or (m > 1 and x.stride(0) < k):
         x = x.contiguous()
     n = qw.shape[0]
     out = torch.empty(m, n, dtype=torch.float32) if out is None else out
-    return qkernels.linear(call or activations.of(qw), x, qw.data, of(qw).code, n, qw.scales, qw.mins, qw.group,
+    return qkernels.linear(call or qw.activations or activations.ACTIVATIONS, x, qw.data,
+                           of(qw).code if code is None else code, n, qw.scales, qw.mins, qw.group,
                            bias, out, isa_code)
 
 
-def run_panels(x: torch.Tensor, qw: QWeight, bias: torch.Tensor | None, split: int, bf16: bool) -> torch.Tensor:
+def run_panels(x: torch.Tensor, qw: QWeight, bias: torch.Tensor | None, split: int, bf16: bool,
+               code: int | None = None) -> torch.Tensor:
     """x [M, K] on VNNI panels -> fp32 [M, N], or with bf16 the result rounded to bf16 in the kernel (the fp32
     result's .to(torch.bfloat16), without an fp32 output pass): rows [0, split) with int8x2 activations, the rest
     single-term int8 (activations.int8_from)."""
@@ -84,7 +86,7 @@ def run_panels(x: torch.Tensor, qw: QWeight, bias: torch.Tensor | None, split: i
     m, n = x.shape[0], qw.shape[0]
     f32 = torch.empty(m, n, dtype=torch.float32)  # the result, or (bf16) the sums of K blocks before the last
     out = torch.empty(m, n, dtype=torch.bfloat16) if bf16 else None
-    code = of(qw).code
+    code = of(qw).code if code is None else code
     for r0, r1, x2 in ((0, split, True), (split, m, False)):
         if r1 > r0:
             qkernels.linear_panels(x[r0:r1], qw.data, code, n, qw.scales, qw.mins, qw.group, bias, f32[r0:r1],

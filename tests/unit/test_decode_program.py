@@ -2,7 +2,6 @@
 import dataclasses
 
 import pytest
-import torch
 
 from hearth import LLM, SamplingParams
 from hearth.kernels import decoder

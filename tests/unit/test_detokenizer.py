@@ -185,3 +185,16 @@ def test_stop_string_never_streams_partially(llm: LLM, refs) -> None:
             assert stop not in streamed
             assert streamed == ref.text[: len(streamed)]
     assert streamed == ref.text[: ref.text.find(stop)]
+
+
+def test_stop_string_in_the_last_allowed_token(llm: LLM, refs) -> None:
+    """max_tokens reached on the very token that completes a stop string: the stop wins (the text is cut)."""
+    prompt, ref = PROMPTS[0], refs[0]
+    stop = stop_candidates(ref.text)[0]
+    at = ref.text.find(stop)
+    # the first token count whose text holds the whole stop string
+    n = next(k for k in range(1, 17) if stop in llm.engine.tokenizer.decode(ref.token_ids[:k]))
+    out = llm.generate([{"prompt_token_ids": prompt}], SamplingParams(temperature=0.0, max_tokens=n,
+                                                                      ignore_eos=True, stop=stop))[0].outputs[0]
+    assert (out.finish_reason, out.stop_reason) == ("stop", stop)
+    assert out.text == ref.text[:at]

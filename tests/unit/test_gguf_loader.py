@@ -1,4 +1,4 @@
-"""hearth.loader.gguf_loader: synthetic GGUFs (mapping, types, errors, splits) + the bundled SmolLM2 Q4_1
+"""hearth.loader.gguf: synthetic GGUFs (mapping, types, errors, splits) + the bundled SmolLM2 Q4_1
 checked against transformers' own GGUF loader (config, every tensor, tokenizer)."""
 from __future__ import annotations
 

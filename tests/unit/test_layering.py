@@ -209,3 +209,10 @@ def test_the_checks_see_what_they_look_for() -> None:
     finally:
         GRAPH.clear()
         GRAPH.update(saved)
+
+
+def test_ctypes_signatures_are_declared_in_one_module() -> None:
+    """Every kernel export's argtypes live in kernels/_signatures.py (one row per export)."""
+    elsewhere = [str(path.relative_to(ROOT.parent)) for path in (ROOT / "kernels").rglob("*.py")
+                 if path.name != "_signatures.py" and re.search(r"\.(argtypes|restype)\s*=", path.read_text())]
+    assert elsewhere == []

@@ -19,6 +19,9 @@ DEFAULT_REFILL_WAIT_MS = 30.0
 
 def add_serve_args(p: argparse.ArgumentParser) -> None:
     from hearth.entrypoints.cli import add_engine_args
+    from hearth.entrypoints.openai.cli_ray import add_ray_args
+    from hearth.entrypoints.openai.gateway import add_gateway_args
+    from hearth.entrypoints.openai.reasoning import REASONING_PARSERS
     from hearth.entrypoints.openai.server import DEFAULT_MAX_BODY_BYTES
 
     add_engine_args(p, model_optional=True, max_prefills_per_step=1)
@@ -27,6 +30,8 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--port", type=int, default=8000, help="port to bind (default 8000)")
     g.add_argument("--api-key", default=None,
                    help="require 'Authorization: Bearer <key>' on /v1 (env HEARTH_API_KEY / VLLM_API_KEY)")
+    g.add_argument("--api-key-file", default=None,
+                   help="per-user keys with limits, a TOML file (see docs/web-and-keys.md); re-read on SIGHUP")
     g.add_argument("--max-waiting-requests", type=int, default=None,
                    help="refuse requests with 503 + Retry-After when this many are already waiting")
     g.add_argument("--refill-wait-ms", type=float, default=DEFAULT_REFILL_WAIT_MS,
@@ -36,8 +41,15 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
                    help="larger request bodies get 413")
     g.add_argument("--drain-timeout", type=float, default=30.0,
                    help="on SIGTERM, seconds to let in-flight requests finish")
+    g.add_argument("--reasoning-parser", default=None, choices=list(REASONING_PARSERS),
+                   help="split <think>...</think> into the message's reasoning_content (qwen3: the model opens it; "
+                        "deepseek_r1: the prompt does)")
+    g.add_argument("--reasoning-budget", type=int, default=None,
+                   help="with --reasoning-parser: end the thinking (force </think>) after this many tokens")
     g.add_argument("--uvicorn-log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug", "trace"])
+    add_gateway_args(p)
+    add_ray_args(p)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -97,26 +109,42 @@ def run_serve(ns: argparse.Namespace) -> int:
 
     from hearth import envs
     from hearth.engine.async_engine import AsyncEngine
+    from hearth.entrypoints.openai.gateway import Gateway, gateway_config_from
+    from hearth.entrypoints.openai.reasoning import get_parser
     from hearth.entrypoints.openai.server import ServerConfig, build_app
     from hearth.entrypoints.openai.serving_common import ServingContext
+    from hearth.entrypoints.openai.serving_keys import key_ring
     from hearth.metrics import ServerMetrics
 
+    if ns.ray:
+        from hearth.entrypoints.openai.cli_ray import run_ray_serve
+
+        return run_ray_serve(ns)
     if ns.max_waiting_requests is not None and ns.max_waiting_requests < 0:
         raise ValueError(f"--max-waiting-requests must be >= 0, got {ns.max_waiting_requests}")
     if ns.refill_wait_ms < 0:
         raise ValueError(f"--refill-wait-ms must be >= 0, got {ns.refill_wait_ms}")
+    if ns.reasoning_budget is not None and ns.reasoning_parser is None:  # (before the model loads)
+        raise ValueError("--reasoning-budget needs --reasoning-parser (qwen3 or deepseek_r1)")
     if not 0 <= ns.port < 65536:
         raise ValueError(f"--port must be in [0, 65535], got {ns.port}")
+    gateway_config = gateway_config_from(ns, envs.upstream_api_key())
+    if ns.api_key_file:  # a broken key file fails now, not after the model has loaded
+        key_ring(ns.api_key, ns.api_key_file, None)
     t0 = time.perf_counter()
     llm = _load_engine(ns)
     mc = llm.model_config
     metrics = ServerMetrics(mc.served_model_name)
     engine = AsyncEngine(llm, metrics, ns.max_waiting_requests, ns.refill_wait_ms / 1000)
-    ctx = ServingContext(engine, llm.tokenizer, mc.served_model_name, mc.model, mc.max_model_len)
-    api_key = ns.api_key or envs.api_key()
-    app = build_app(engine, ctx, ServerConfig(api_key, ns.max_request_body_bytes, ns.drain_timeout))
+    ctx = ServingContext(engine, llm.tokenizer, mc.served_model_name, mc.model, mc.max_model_len,
+                         reasoning_parser=get_parser(ns.reasoning_parser), reasoning_budget=ns.reasoning_budget)
+    ctx.check_reasoning()
+    api_key = ns.api_key or (envs.api_key() if not ns.api_key_file else None)
+    gateway = Gateway(gateway_config, ctx, metrics.registry) if gateway_config.enabled else None
+    app = build_app(engine, ctx, ServerConfig(api_key, ns.max_request_body_bytes, ns.drain_timeout,
+                                              ns.api_key_file), gateway)
     logger.info("serving %r on http://%s:%d/v1 (ready in %.1f s%s)", mc.served_model_name, ns.host, ns.port,
-                time.perf_counter() - t0, ", API key required" if api_key else "")
+                time.perf_counter() - t0, ", API key required" if api_key or ns.api_key_file else "")
     uvicorn.run(app, host=ns.host, port=ns.port, log_level=ns.uvicorn_log_level,
                 timeout_graceful_shutdown=ns.drain_timeout)
     return 0

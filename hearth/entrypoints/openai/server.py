@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import logging
 from collections.abc import Callable
@@ -14,13 +13,14 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ValidationError
-from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from hearth import __version__
 from hearth.engine.async_engine import AsyncEngine
-from hearth.entrypoints.openai import serving_tokenize
-from hearth.entrypoints.openai.errors import APIError, error_body, install_handlers
+from hearth.entrypoints.ollama import serving as ollama_serving
+from hearth.entrypoints.openai import serving_anthropic, serving_keys, serving_responses, serving_tokenize
+from hearth.entrypoints.openai.errors import APIError, install_handlers
+from hearth.entrypoints.openai.gateway import Gateway
+from hearth.entrypoints.openai.guard import Guard
 from hearth.entrypoints.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -29,11 +29,12 @@ from hearth.entrypoints.openai.protocol import (
 )
 from hearth.entrypoints.openai.serving_chat import create_chat_completion
 from hearth.entrypoints.openai.serving_common import ServingContext
+from hearth.entrypoints.openai.routes_pooling import register_pooling_routes
 from hearth.entrypoints.openai.serving_completion import create_completion
+from hearth.entrypoints.web import routes as web
 from hearth.metrics import CONTENT_TYPE
 
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
-_PROTECTED = ("/v1/", "/tokenize", "/detokenize")  # /health, /version, /metrics stay open (probes, scrapers)
 
 logger = logging.getLogger("hearth")
 
@@ -43,56 +44,7 @@ class ServerConfig:
     api_key: str | None = None
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     drain_timeout: float = 30.0
-
-
-class _BodyTooLarge(StarletteHTTPException):
-    def __init__(self, limit: int) -> None:
-        super().__init__(413, f"the request body is larger than the limit of {limit} bytes")
-
-
-class Guard:
-    """Pure ASGI middleware (so streaming and disconnects pass through untouched): API key, then body size."""
-
-    def __init__(self, app: ASGIApp, api_key: str | None, max_body_bytes: int) -> None:
-        self.app = app
-        self.expected = f"Bearer {api_key}".encode() if api_key else None
-        self.max_body_bytes = max_body_bytes
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        headers = dict(scope.get("headers") or [])
-        if self.expected is not None and scope["path"].startswith(_PROTECTED):
-            given = headers.get(b"authorization", b"")
-            # NOTE: constant-time compare, so timing does not leak how much of the key matched.
-            if not hmac.compare_digest(given, self.expected):
-                return await _reply(send, 401, error_body("invalid or missing API key: send "
-                                                          "'Authorization: Bearer <key>'", "invalid_request_error",
-                                                          None, "invalid_api_key"))
-        length = headers.get(b"content-length")
-        if length is not None and length.isdigit() and int(length) > self.max_body_bytes:
-            return await _reply(send, 413, error_body(f"the request body is larger than the limit of "
-                                                      f"{self.max_body_bytes} bytes", "invalid_request_error",
-                                                      None, "request_too_large"))
-        seen = 0
-
-        async def counted() -> Message:  # chunked bodies carry no content-length: count as they arrive
-            nonlocal seen
-            message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self.max_body_bytes:
-                    raise _BodyTooLarge(self.max_body_bytes)
-            return message
-
-        await self.app(scope, counted, send)
-
-
-async def _reply(send: Send, status: int, body: dict) -> None:
-    data = json.dumps(body).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]})
-    await send({"type": "http.response.body", "body": data})
+    api_key_file: str | None = None  # per-user keys with limits (TOML); replaces api_key when set
 
 
 M = TypeVar("M", bound=BaseModel)
@@ -129,19 +81,26 @@ async def warm_when_idle(engine: AsyncEngine, warm_up: Callable[[], object], idl
         logger.debug("chat template warm-up failed: %s", e)
 
 
-def build_app(engine: AsyncEngine, ctx: ServingContext, config: ServerConfig) -> FastAPI:
+def build_app(engine: AsyncEngine, ctx: ServingContext, config: ServerConfig,
+              gateway: Gateway | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(_: FastAPI):
         engine.start()
+        serving_keys.reload_on_sighup(keys)
         warm = asyncio.create_task(warm_when_idle(engine, ctx.tokenizer.warm_up))
         yield
         warm.cancel()
+        if gateway is not None:
+            await gateway.aclose()
         # uvicorn has already drained in-flight HTTP requests by now (graceful shutdown on SIGTERM).
         engine.shutdown(config.drain_timeout)
 
     app = FastAPI(title="hearth", version=__version__, lifespan=lifespan)
     install_handlers(app)
-    app.add_middleware(Guard, api_key=config.api_key, max_body_bytes=config.max_body_bytes)
+    keys = serving_keys.key_ring(config.api_key, config.api_key_file, engine.metrics)
+    app.add_middleware(Guard, keys=keys, max_body_bytes=config.max_body_bytes)
+    serving_keys.register(app, keys)
+    web.register(app, engine, ctx)
     app.state.engine, app.state.ctx = engine, ctx
 
     @app.get("/health")
@@ -163,19 +122,26 @@ def build_app(engine: AsyncEngine, ctx: ServingContext, config: ServerConfig) ->
 
     @app.get("/v1/models")
     async def models() -> dict:
+        upstream = await gateway.upstream_models() if gateway is not None else []
         return {"object": "list", "data": [{"id": ctx.model_name, "object": "model", "created": ctx.created,
                                             "owned_by": "hearth", "root": ctx.model_path, "parent": None,
-                                            "max_model_len": ctx.max_model_len}]}
+                                            "max_model_len": ctx.max_model_len}, *upstream]}
 
     @app.post("/v1/completions")
     async def completions(raw: Request):
         body = await parse_body(raw, CompletionRequest)
+        if gateway is not None:
+            return await gateway.handle(raw, body, create_completion)
         return await create_completion(ctx, body, raw)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(raw: Request):
         body = await parse_body(raw, ChatCompletionRequest)
+        if gateway is not None:
+            return await gateway.handle(raw, body, create_chat_completion)
         return await create_chat_completion(ctx, body, raw)
+
+    register_pooling_routes(app, ctx)
 
     @app.post("/tokenize")
     async def tokenize(raw: Request) -> dict:
@@ -185,4 +151,7 @@ def build_app(engine: AsyncEngine, ctx: ServingContext, config: ServerConfig) ->
     async def detokenize(raw: Request) -> dict:
         return serving_tokenize.detokenize(ctx, await parse_body(raw, DetokenizeRequest))
 
+    serving_responses.register(app, ctx, parse_body)  # POST /v1/responses, GET/DELETE /v1/responses/{id}
+    serving_anthropic.register(app, ctx, parse_body)  # POST /v1/messages, /v1/messages/count_tokens
+    ollama_serving.register(app, ctx, parse_body)  # Ollama's /api/*
     return app

@@ -1,12 +1,15 @@
-"""POST /v1/chat/completions: chat template -> token ids -> one engine request with n sequences."""
+"""POST /v1/chat/completions: chat template -> token ids -> one engine request with n sequences. start_chat and
+ChatRun are the path the other chat-shaped APIs (Responses, Anthropic Messages, Ollama) share."""
 from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from hearth.engine.async_engine import RequestStream
 from hearth.entrypoints.openai.errors import APIError, bad_request
 from hearth.entrypoints.openai.protocol import ChatCompletionRequest, ChatMessage, FieldError
 from hearth.entrypoints.openai.serving_common import (
@@ -18,8 +21,10 @@ from hearth.entrypoints.openai.serving_common import (
     sse_stream,
     usage,
 )
+from hearth.entrypoints.openai.reasoning import ReasoningParser, ReasoningStream
 from hearth.entrypoints.openai.serving_tools import ToolPlan, ToolStream, finish_message, plan_tools
 from hearth.layers.sampler import TokenLogprobs
+from hearth.sampling_params import SamplingParams
 
 
 def render_chat(ctx: ServingContext, messages: list[ChatMessage], add_generation_prompt: bool,
@@ -51,7 +56,64 @@ def _logprobs_content(ctx: ServingContext, entries: list[TokenLogprobs]) -> list
              "top_logprobs": [_logprob_entry(ctx, t, v) for t, v in lp.top]} for lp in entries]
 
 
-async def create_chat_completion(ctx: ServingContext, req: ChatCompletionRequest, raw: Request):
+@dataclass
+class ChatRun:
+    """A chat request submitted to the engine: what every chat-shaped API (chat completions, Responses, Anthropic
+    Messages, Ollama) formats its answer from."""
+
+    request_id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    plan: ToolPlan
+    stream: RequestStream
+    reasoning: ReasoningParser | None = None
+    starts_in_reasoning: bool = False
+
+    def choice_stream(self) -> ChoiceStream:
+        return ChoiceStream(self.plan, ReasoningStream(self.starts_in_reasoning) if self.reasoning else None)
+
+    def final_message(self, text: str, finish_reason: str | None) -> tuple[dict, str | None]:
+        """The whole assistant message (reasoning split off, tool calls parsed) and its finish_reason."""
+        reasoning = None
+        if self.reasoning is not None:
+            reasoning, text = self.reasoning.split(text, self.starts_in_reasoning)
+        message, reason = finish_message(self.plan, text, finish_reason)
+        if reasoning is not None:
+            message["reasoning_content"] = message["reasoning"] = reasoning
+        return message, reason
+
+
+@dataclass
+class ChoiceStream:
+    """One sequence of a streamed chat: text deltas -> chat deltas (reasoning_content, content, tool_calls)."""
+
+    plan: ToolPlan
+    reasoning: ReasoningStream | None
+    tools: ToolStream = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.tools = ToolStream(self.plan)
+
+    def delta(self, new_text: str, finished: bool) -> dict:
+        thought = ""
+        if self.reasoning is not None:
+            thought, new_text = self.reasoning.feed(new_text)
+            if finished:
+                more_r, more_c = self.reasoning.finish()
+                thought, new_text = thought + more_r, new_text + more_c
+        delta = self.tools.delta(new_text, finished)
+        if thought:
+            delta = {"reasoning_content": thought, "reasoning": thought, **delta}
+        return delta
+
+    def finish_reason(self, reason: str | None) -> str | None:
+        return self.tools.finish_reason(reason)
+
+
+async def start_chat(ctx: ServingContext, req: ChatCompletionRequest, id_prefix: str = "chatcmpl",
+                     reasoning_budget: int | None = None) -> ChatRun:
+    """Validate, render, tokenize and submit a chat request (user errors are APIError 4xx). reasoning_budget:
+    this request's thinking budget (Anthropic's thinking.budget_tokens), instead of --reasoning-budget."""
     ctx.check_model(req.model)
     if req.top_logprobs is not None and not req.logprobs:
         raise APIError(400, "top_logprobs requires logprobs to be true", param="top_logprobs")
@@ -79,35 +141,63 @@ async def create_chat_completion(ctx: ServingContext, req: ChatCompletionRequest
         if err.param == "max_tokens" and req.max_completion_tokens is not None:
             err.param = "max_completion_tokens"
         raise err from None
+    reasoning = ctx.reasoning_parser
+    state = "done"
+    if reasoning is not None:
+        opened = text
+        if req.add_generation_prompt and not req.continue_final_message:
+            # NOTE: only the generation prompt tells whether this turn's thinking is open: earlier assistant turns
+            # in the history may hold closed <think> blocks of their own.
+            head = render_chat(ctx, req.messages, False, False, req.chat_template, req.chat_template_kwargs, plan)
+            opened = text[len(head):] if text.startswith(head) else text
+        state = reasoning.initial_state(opened)
+    starts = state == "think"
+    if reasoning is not None:
+        params = ctx.reasoning_params(params, state, reasoning_budget)
     await ctx.compile_structured(spec, spec_param)
-    request_id = new_id("chatcmpl")
+    request_id = new_id(id_prefix)
     stream = await ctx.generate([(request_id, ids, params)])
-    n = params.n
+    return ChatRun(request_id, ids, params, plan, stream, reasoning, starts)
+
+
+async def create_chat_completion(ctx: ServingContext, req: ChatCompletionRequest, raw: Request):
+    run = await start_chat(ctx, req)
+    request_id, ids, stream = run.request_id, run.prompt_ids, run.stream
+    n = run.params.n
+    plan = run.plan
     head = {"id": request_id, "object": "chat.completion.chunk" if req.stream else "chat.completion",
             "created": int(time.time()), "model": ctx.model_name}
 
     if req.stream:
+        continuous = bool(req.stream_options and req.stream_options.continuous_usage_stats)
+
         async def chunks() -> AsyncIterator[str]:
             completion_tokens = 0
-            tool_streams = [ToolStream(plan) for _ in range(n)]
+            choice_streams = [run.choice_stream() for _ in range(n)]
             async with Guarded(raw, stream) as outputs:
                 for i in range(n):
-                    yield sse({**head, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
-                                                    "logprobs": None, "finish_reason": None}]})
+                    first = {**head, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
+                                                  "logprobs": None, "finish_reason": None}]}
+                    if continuous:
+                        first["usage"] = usage(len(ids), 0)
+                    yield sse(first)
                 async for out in outputs:
                     completion_tokens += len(out.new_token_ids)
                     lp = {"content": _logprobs_content(ctx, out.new_logprobs)} if req.logprobs else None
-                    ts = tool_streams[out.index]
-                    delta = ts.delta(out.new_text, out.finished)
+                    cs = choice_streams[out.index]
+                    delta = cs.delta(out.new_text, out.finished)
                     if not delta and plan.mode is None and not out.finished:
                         delta = {"content": ""}
                     if not delta and not out.finished and lp is None:
                         continue  # held back (a tool call in progress): nothing to send yet
                     choice = {"index": out.index, "delta": delta, "logprobs": lp,
-                              "finish_reason": ts.finish_reason(out.finish_reason) if out.finished else None}
+                              "finish_reason": cs.finish_reason(out.finish_reason) if out.finished else None}
                     if out.finished:
                         choice["stop_reason"] = out.stop_reason
-                    yield sse({**head, "choices": [choice]})
+                    chunk = {**head, "choices": [choice]}
+                    if continuous:
+                        chunk["usage"] = usage(len(ids), completion_tokens)
+                    yield sse(chunk)
             if req.include_usage and not stream.aborted:
                 yield sse({**head, "choices": [], "usage": usage(len(ids), completion_tokens)})
         return StreamingResponse(sse_stream(chunks()), media_type="text/event-stream")
@@ -129,7 +219,7 @@ async def create_chat_completion(ctx: ServingContext, req: ChatCompletionRequest
         return JSONResponse({}, status_code=499)  # the client is gone; nobody reads this
     choices = []
     for i in range(n):
-        message, reason = finish_message(plan, texts[i], finish[i][0])
+        message, reason = run.final_message(texts[i], finish[i][0])
         choices.append({"index": i, "message": message,
                         "logprobs": {"content": _logprobs_content(ctx, lps[i])} if req.logprobs else None,
                         "finish_reason": reason, "stop_reason": finish[i][1]})

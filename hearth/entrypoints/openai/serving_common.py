@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import functools
 import json
 import time
 import uuid
@@ -12,9 +14,13 @@ from fastapi import Request
 
 from hearth.engine.async_engine import AsyncEngine, EngineDeadError, QueueFullError, RequestStream
 from hearth.engine.outputs import StepOutput
+from hearth.entrypoints.openai.api_keys import meter
 from hearth.entrypoints.openai.errors import APIError, bad_request, error_body
+from hearth.entrypoints.openai.fim import FIMTokens, find_fim_tokens
+from hearth.entrypoints.openai.reasoning import THINK_CLOSE, THINK_OPEN, ReasoningParser
 from hearth.sampling_params import SamplingParams
 from hearth.structured.params import StructuredOutputsParams
+from hearth.structured.reasoning import ReasoningParams
 from hearth.tokenizer import Tokenizer
 
 # Parameter names a SamplingParams / engine message may start with (its first word names the field).
@@ -31,14 +37,43 @@ class ServingContext:
     model_path: str
     max_model_len: int
     chat_template: str | None = None
+    reasoning_parser: ReasoningParser | None = None  # --reasoning-parser
+    reasoning_budget: int | None = None  # --reasoning-budget
     created: int = field(default_factory=lambda: int(time.time()))
     _token_texts: dict[int, str] = field(default_factory=dict)  # bounded by the vocabulary
+
+    @functools.cached_property
+    def fim(self) -> FIMTokens | None:
+        """The model's fill-in-the-middle tokens (None: it has none), found on first use."""
+        return find_fim_tokens(self.tokenizer, self.engine.engine.model_config.hf_config)
 
     def check_model(self, name: str | None) -> None:
         # NOTE: an absent model is accepted (vLLM does the same); a wrong one is a 404.
         if name is not None and name != self.model_name:
             raise APIError(404, f"the model {name!r} does not exist; this server serves {self.model_name!r}",
                            param="model", code="model_not_found")
+
+    def check_reasoning(self) -> None:
+        """--reasoning-budget needs a parser and a single </think> token to force (a one-line CLI error)."""
+        if self.reasoning_budget is None:
+            return
+        if self.reasoning_parser is None:
+            raise ValueError("--reasoning-budget needs --reasoning-parser (qwen3 or deepseek_r1)")
+        if self.reasoning_budget < 0:
+            raise ValueError(f"--reasoning-budget must be >= 0, got {self.reasoning_budget}")
+        if self.tokenizer.backend.token_to_id(THINK_CLOSE) is None:
+            raise ValueError(f"--reasoning-budget: this model's vocabulary has no {THINK_CLOSE} token to end the "
+                             "thinking with; drop the flag")
+
+    def reasoning_params(self, params: SamplingParams, state: str, budget: int | None = None) -> SamplingParams:
+        """Thinking comes before the grammar; the budget (the request's, else --reasoning-budget) forces its end.
+        Plain requests without a budget need neither (their text is split after the fact)."""
+        budget = self.reasoning_budget if budget is None else budget
+        end = self.tokenizer.backend.token_to_id(THINK_CLOSE)
+        if end is None or (budget is None and params.structured_outputs is None):
+            return params
+        start = self.tokenizer.backend.token_to_id(THINK_OPEN) if state == "before" else None
+        return dataclasses.replace(params, reasoning=ReasoningParams(end, start, state == "think", budget))
 
     def token_text(self, token_id: int) -> str:
         text = self._token_texts.get(token_id)
@@ -59,7 +94,7 @@ class ServingContext:
     async def generate(self, subs: list[tuple[str, list[int], SamplingParams]]) -> RequestStream:
         """Submit; user errors become 400, a full queue 503 with Retry-After."""
         try:
-            return await self.engine.generate(subs)
+            return meter(await self.engine.generate(subs), subs)  # counts tokens for the request's API key
         except ValueError as e:
             err = bad_request(e, SAMPLING_PARAMS)
             if "context length" in err.message:

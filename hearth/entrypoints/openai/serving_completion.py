@@ -10,6 +10,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from hearth.engine.outputs import StepOutput
 from hearth.entrypoints.openai.errors import APIError, bad_request
+from hearth.entrypoints.openai.fim import fim_prompt_ids
 from hearth.entrypoints.openai.protocol import CompletionRequest, FieldError
 from hearth.entrypoints.openai.serving_common import (
     SAMPLING_PARAMS,
@@ -79,12 +80,14 @@ def _logprobs_block(ctx: ServingContext, entries: list[TokenLogprobs | None], to
 
 async def create_completion(ctx: ServingContext, req: CompletionRequest, raw: Request):
     ctx.check_model(req.model)
-    if req.suffix:
-        raise APIError(400, "suffix is not supported by this server", param="suffix")
     if req.best_of is not None and req.best_of != 1:
         raise APIError(400, "best_of is not supported by this server: use n to get several completions",
                        param="best_of")
     prompts = _prompts(ctx, req)
+    if req.suffix is not None:  # fill-in-the-middle: each prompt is the prefix
+        if any(not isinstance(p, str) for p in ([req.prompt] if isinstance(req.prompt, str) else req.prompt)):
+            raise APIError(400, "suffix needs the prompt as text, not token ids", param="suffix")
+        prompts = [(text, fim_prompt_ids(ctx.fim, ctx.tokenizer, text, req.suffix)) for text, _ in prompts]
     prompt_lp = req.prompt_logprobs
     if req.echo and req.logprobs is not None and prompt_lp is None:
         prompt_lp = req.logprobs  # echo with logprobs returns the prompt's logprobs too
@@ -131,6 +134,9 @@ async def create_completion(ctx: ServingContext, req: CompletionRequest, raw: Re
         return index, c
 
     if req.stream:
+        continuous = bool(req.stream_options and req.stream_options.continuous_usage_stats)
+        n_prompt = sum(len(ids) for _, ids in prompts)
+
         async def chunks() -> AsyncIterator[str]:
             async with Guarded(raw, stream) as outputs:
                 async for out in outputs:
@@ -146,9 +152,11 @@ async def create_completion(ctx: ServingContext, req: CompletionRequest, raw: Re
                     c.started = True
                     c.text_offset += len(text)
                     c.token_ids.extend(out.new_token_ids)
-                    yield sse({**head, "choices": [{"index": index, "text": text, "logprobs": lp,
-                                                    "finish_reason": c.finish_reason,
-                                                    "stop_reason": c.stop_reason}]})
+                    chunk = {**head, "choices": [{"index": index, "text": text, "logprobs": lp,
+                                                  "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}]}
+                    if continuous:
+                        chunk["usage"] = usage(n_prompt, sum(len(c.token_ids) for c in choices))
+                    yield sse(chunk)
                 if req.include_usage and not stream.aborted:
                     yield sse({**head, "choices": [], "usage": usage(sum(len(ids) for _, ids in prompts),
                                                                      sum(len(c.token_ids) for c in choices))})

@@ -121,6 +121,9 @@ def build_config(path: str, meta: dict[str, Any], arch_name: str, arch: Arch, na
     for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
         gkey = {"pad_token_id": "padding_token_id"}.get(key, key)
         cfg[key] = meta.get(f"tokenizer.ggml.{gkey}")
+    for key in ("fim_pre_token_id", "fim_suf_token_id", "fim_mid_token_id"):  # fill-in-the-middle (suffix)
+        if f"tokenizer.ggml.{key}" in meta:
+            cfg[key] = meta[f"tokenizer.ggml.{key}"]
     if arch.fixup is not None:
         arch.fixup(cfg, meta)
     return HFConfig(cfg)

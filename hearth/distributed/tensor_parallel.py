@@ -1,0 +1,184 @@
+"""Tensor parallelism over torch.distributed's gloo: rank 0 is the engine (scheduler, sampler, KV bookkeeping);
+ranks 1..N-1 are worker processes holding their shard (shard.py) and their slice of every layer's KV heads. Each
+model forward on rank 0 first sends its flat inputs and attention metadata to the workers over a pipe, then all
+ranks run the same forward, meeting at the row-parallel all-reduces. Only rank 0 computes logits and samples.
+
+A process group is built directly on a TCPStore (not torch.distributed's default group), so one process may hold
+several engines (tests, a draft model later) without global state.
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import logging
+import multiprocessing as mp
+import os
+import pickle
+import socket
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from hearth.distributed.shard import AllReduceStats, shard_model
+
+logger = logging.getLogger("hearth")
+
+# A collective waits this long for a peer; peers move in lockstep, so only a dead or stuck rank trips it.
+COLLECTIVE_TIMEOUT = datetime.timedelta(seconds=300)
+
+
+def rank_threads(threads: int | None, bind: str, rank: int, world: int) -> tuple[int, str]:
+    """This rank's thread count and binding: the physical cores split evenly between ranks (a given core list
+    split the same way); nobind stays unbound. NOTE: one NUMA node per rank is the better split on multi-socket
+    machines; hearth does not read the NUMA layout yet, so on those pass the core lists yourself."""
+    from hearth.platform import cpu_info, parse_core_list
+
+    bind = (bind or "auto").strip()
+    if bind not in ("auto", "nobind"):
+        cores = parse_core_list(bind)
+        per = len(cores) // world
+        if per < 1:
+            raise ValueError(f"--omp-threads-bind {bind!r} has fewer cores than --tensor-parallel-size {world}")
+        return per, ",".join(map(str, cores[rank * per:(rank + 1) * per]))
+    per = threads or max(1, cpu_info().physical_cores // world)
+    if bind == "nobind":
+        return per, "nobind"
+    allowed = sorted(os.sched_getaffinity(0))
+    cores = allowed[rank * per:(rank + 1) * per]
+    return per, ",".join(map(str, cores)) if len(cores) == per else "nobind"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _group(rank: int, world: int, port: int) -> dist.ProcessGroup:
+    store = dist.TCPStore("127.0.0.1", port, world, rank == 0, timeout=COLLECTIVE_TIMEOUT)
+    return dist.ProcessGroupGloo(store, rank, world, COLLECTIVE_TIMEOUT)
+
+
+def _portable_meta(meta: Any) -> Any:
+    """The attention metadata with compact tensor copies (views of preallocated buffers would pickle whole) and
+    without its per-step scratch (private fields start empty)."""
+    kwargs = {}
+    for f in dataclasses.fields(meta):
+        if f.name.startswith("_"):
+            continue
+        value = getattr(meta, f.name)
+        kwargs[f.name] = value.clone() if isinstance(value, torch.Tensor) else value
+    return type(meta)(**kwargs)
+
+
+class TensorParallel:
+    """Rank 0's side: starts the workers, shards rank 0's model, mirrors its forwards."""
+
+    def __init__(self, args: Any, bind: str) -> None:
+        self.world = args.tensor_parallel_size
+        if args.speculative_config:
+            raise ValueError("speculative decoding is not available with --tensor-parallel-size > 1 yet")
+        if args.quantization not in (None, "auto", "none"):  # (GGUF blocks kept by "auto" are refused by the shard)
+            raise ValueError(f"tensor parallelism needs dense weights, not --quantization {args.quantization}")
+        from hearth.platform import release_calling_thread
+
+        # The workers inherit this thread's core mask when spawned: the process's whole set, not an earlier pin.
+        release_calling_thread()
+        self.threads, self.bind = rank_threads(args.threads, bind, 0, self.world)
+        port = _free_port()
+        ctx = mp.get_context("spawn")  # (a forked copy of a process with OpenMP pools and threads is not safe)
+        self.conns, self.procs = [], []
+        for rank in range(1, self.world):
+            ours, theirs = ctx.Pipe()
+            p = ctx.Process(target=_worker_main, args=(args, bind, rank, self.world, port, theirs), daemon=True,
+                            name=f"hearth-tp{rank}")
+            p.start()
+            theirs.close()
+            self.conns.append(ours)
+            self.procs.append(p)
+        try:
+            self.group = _group(0, self.world, port)
+        except BaseException:
+            self.close()
+            raise
+        self.stats = AllReduceStats()
+        self.forwards = 0
+
+    def shard(self, model: nn.Module) -> None:
+        self.stats = shard_model(model, 0, self.world, self.group)
+
+    def attach(self, model: nn.Module, num_blocks: int, block_size: int, kv_dtype: torch.dtype) -> None:
+        """Give the workers the KV cache size rank 0 chose, wait for them, then mirror every forward."""
+        for c in self.conns:
+            c.send((num_blocks, block_size, kv_dtype))
+        for c, p in zip(self.conns, self.procs):
+            reply = c.recv() if c.poll(COLLECTIVE_TIMEOUT.total_seconds()) else "no answer"
+            if reply != "ready":
+                self.close()
+                raise RuntimeError(f"tensor-parallel worker {p.name} failed to start: {reply}")
+        forward: Callable[..., torch.Tensor] = model.forward
+
+        def mirrored(input_ids: torch.Tensor, positions: torch.Tensor, meta: Any) -> torch.Tensor:
+            data = pickle.dumps((input_ids.clone(), positions.clone(), _portable_meta(meta)),
+                                protocol=pickle.HIGHEST_PROTOCOL)
+            for c in self.conns:
+                c.send_bytes(data)
+            self.forwards += 1
+            return forward(input_ids, positions, meta)
+
+        model.forward = mirrored  # NOTE: nn.Module.__call__ dispatches to the instance attribute too
+
+    def all_reduce_per_forward(self) -> float:
+        """Seconds in all-reduce per model forward (a decode step is one forward), since the last reset."""
+        return self.stats.seconds / self.forwards if self.forwards else 0.0
+
+    def reset_stats(self) -> None:
+        self.stats.reset()
+        self.forwards = 0
+
+    def close(self) -> None:
+        for c in self.conns:
+            try:
+                c.send_bytes(b"")
+            except (OSError, ValueError):
+                pass
+        for p in self.procs:
+            p.join(10)
+            if p.is_alive():
+                p.kill()
+        for c in self.conns:
+            c.close()
+        self.conns, self.procs = [], []
+
+
+def _worker_main(args: Any, bind: str, rank: int, world: int, port: int, conn: Any) -> None:
+    """A worker rank: load and shard the model, allocate its KV heads, then run every forward rank 0 sends."""
+    from hearth.engine.model_runner import ModelRunner
+    from hearth.loader.model_loader import load_model
+    from hearth.platform import setup_threads
+
+    try:
+        setup_threads(*rank_threads(args.threads, bind, rank, world))
+        torch.manual_seed(args.seed)
+        group = _group(rank, world, port)
+        loaded = load_model(args, lambda m: shard_model(m, rank, world, group))
+        num_blocks, block_size, kv_dtype = conn.recv()
+        ModelRunner(loaded.model, num_blocks, block_size, kv_dtype, loaded.model_config.vocab_size, args.seed)
+    except BaseException as e:  # noqa: BLE001 (reported to rank 0, which raises it)
+        conn.send(f"{type(e).__name__}: {e}")
+        return
+    conn.send("ready")
+    model = loaded.model
+    with torch.inference_mode():
+        while True:
+            try:
+                data = conn.recv_bytes()
+            except EOFError:  # rank 0 is gone
+                return
+            if not data:
+                return
+            input_ids, positions, meta = pickle.loads(data)
+            model.forward(input_ids, positions, meta)

@@ -1,0 +1,25 @@
+"""The pooling routes on the app: /v1/embeddings, /v1/score, /v1/rerank (registered by build_app)."""
+from __future__ import annotations
+
+from fastapi import FastAPI, Request
+
+from hearth.entrypoints.openai.protocol_pooling import EmbeddingRequest, RerankRequest, ScoreRequest
+from hearth.entrypoints.openai.serving_common import ServingContext
+from hearth.entrypoints.openai.serving_embedding import create_embedding
+from hearth.entrypoints.openai.serving_score import create_rerank, create_score
+
+
+def register_pooling_routes(app: FastAPI, ctx: ServingContext) -> None:
+    from hearth.entrypoints.openai.server import parse_body  # (server imports this module)
+
+    @app.post("/v1/embeddings")
+    async def embeddings(raw: Request) -> dict:
+        return await create_embedding(ctx, await parse_body(raw, EmbeddingRequest), raw)
+
+    @app.post("/v1/score")
+    async def score(raw: Request) -> dict:
+        return await create_score(ctx, await parse_body(raw, ScoreRequest), raw)
+
+    @app.post("/v1/rerank")
+    async def rerank(raw: Request) -> dict:
+        return await create_rerank(ctx, await parse_body(raw, RerankRequest), raw)

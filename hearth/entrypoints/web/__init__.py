@@ -1,0 +1,1 @@
+"""The web chat page at / and the /status route it polls."""

@@ -1,0 +1,93 @@
+"""The ingress deployment: the HTTP face of a Ray Serve hearth. It checks the API key and body size (hearth's Guard),
+relays every route to a model replica through a Ray handle (Ray Serve picks the least-loaded), streams SSE through,
+and serves /metrics merged from what the replicas push."""
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from hearth import __version__
+from hearth.entrypoints.openai.errors import error_body, install_handlers
+from hearth.entrypoints.openai.serving_common import sse
+from hearth.metrics import CONTENT_TYPE
+from hearth.ray.metrics_board import BOARD_NAMESPACE, MetricsBoard, board_name, merge_expositions
+
+_HOP_HEADERS = {b"content-length", b"transfer-encoding", b"connection"}
+
+
+def _unavailable(e: BaseException) -> JSONResponse:
+    return JSONResponse(error_body(f"no model replica could answer ({type(e).__name__}: {e}); retry shortly",
+                                   "server_error", None, "replica_unavailable"), status_code=503)
+
+
+class HearthIngress:
+    """Ray Serve deployment class (wrapped by serve.ingress and serve.deployment in build_app)."""
+
+    async def __init__(self, model: Any, api_key: str | None, max_body_bytes: int) -> None:
+        self.model = model  # DeploymentHandle of HearthModel
+        self.api_key, self.max_body_bytes = api_key, max_body_bytes
+        from ray import serve
+
+        self.board = MetricsBoard.options(name=board_name(serve.get_replica_context().app_name),
+                                          namespace=BOARD_NAMESPACE, get_if_exists=True).remote()
+
+    def __serve_build_asgi_app__(self) -> FastAPI:
+        from hearth.entrypoints.openai.guard import Guard
+        from hearth.entrypoints.openai.serving_keys import key_ring
+
+        app = FastAPI(title="hearth (Ray Serve)", version=__version__)
+        install_handlers(app)
+        app.add_middleware(Guard, keys=key_ring(self.api_key, None, None), max_body_bytes=self.max_body_bytes)
+
+        @app.get("/metrics")
+        async def metrics() -> Response:
+            return Response(merge_expositions(await self.board.live.remote()), media_type=CONTENT_TYPE)
+
+        @app.get("/version")
+        async def version() -> dict:
+            return {"version": __version__}
+
+        @app.api_route("/{path:path}", methods=["GET", "POST"])
+        async def relay(raw: Request) -> Response:
+            return await self._relay(raw)
+
+        return app
+
+    async def _relay(self, raw: Request) -> Response:
+        body = await raw.body()
+        headers = [(k, v) for k, v in raw.headers.raw if k != b"authorization"]
+        gen = self.model.options(stream=True).remote(raw.method, raw.url.path, raw.url.query.encode(), headers,
+                                                     body)
+        try:
+            head = await gen.__anext__()
+        except Exception as e:  # noqa: BLE001 (a dead or overloaded replica, whatever Ray calls it)
+            gen.cancel()
+            return _unavailable(e)
+        out_headers = {k.decode(): v.decode() for k, v in head["headers"] if k not in _HOP_HEADERS}
+        if out_headers.get("content-type", "").startswith("text/event-stream"):
+            return StreamingResponse(self._stream(gen), status_code=head["status"], headers=out_headers)
+        try:
+            data = b"".join([chunk async for chunk in gen])
+        except Exception as e:  # noqa: BLE001
+            return _unavailable(e)
+        return Response(data, status_code=head["status"], headers=out_headers)
+
+    @staticmethod
+    async def _stream(gen: Any) -> AsyncIterator[bytes]:
+        """NOTE: a client that goes away closes this generator; cancelling the handle call then reaches the replica,
+        whose app sees a disconnect and aborts the request (freeing its KV blocks)."""
+        finished = False
+        try:
+            async for chunk in gen:
+                yield chunk
+            finished = True
+        except Exception as e:  # noqa: BLE001 (the replica died mid-stream)
+            finished = True
+            yield (sse(error_body(f"the model replica failed mid-stream ({type(e).__name__}: {e})",
+                                  "server_error", None, "replica_unavailable")) + "data: [DONE]\n\n").encode()
+        finally:
+            if not finished:
+                gen.cancel()

@@ -1,0 +1,105 @@
+"""The model deployment: one hearth engine per Ray Serve replica, behind hearth's own FastAPI app (called in-process,
+see asgi_bridge), so every answer is exactly what `hearth serve` would give. It pushes its metrics to the board."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from hearth.ray.asgi_bridge import call_asgi
+from hearth.ray.metrics_board import BOARD_NAMESPACE, board_name
+
+logger = logging.getLogger("hearth")
+
+REPLICA_HEADER = b"x-hearth-replica"
+METRICS_PUSH_S = 1.0
+
+
+@dataclass
+class ReplicaServerConfig:
+    max_waiting_requests: int | None = None
+    refill_wait_s: float = 0.03
+    max_body_bytes: int = 16 * 1024 * 1024
+    drain_timeout: float = 30.0
+
+
+def _load_on_own_thread(engine_args: Any) -> Any:
+    """Build the LLMEngine on a thread that then exits, taking its OpenMP pool with it (as cli_serve._load_engine
+    does, for the same reason: a second live pool makes libgomp stop spinning at the engine thread's barriers)."""
+    from hearth.engine.llm_engine import LLMEngine
+
+    result: list = []
+
+    def build() -> None:
+        try:
+            result.append(LLMEngine(engine_args))
+        except BaseException as e:  # re-raised on the caller's thread
+            result.append(e)
+
+    t = threading.Thread(target=build, name="hearth-load")
+    t.start()
+    t.join()
+    if isinstance(result[0], BaseException):
+        raise result[0]
+    return result[0]
+
+
+class HearthModel:
+    """Ray Serve deployment class (build_app wraps it with serve.deployment and its options)."""
+
+    async def __init__(self, engine_kwargs: dict[str, Any], server: ReplicaServerConfig) -> None:
+        from ray import serve
+
+        from hearth.config import EngineArgs
+        from hearth.engine.async_engine import AsyncEngine
+        from hearth.entrypoints.openai.server import ServerConfig, build_app
+        from hearth.entrypoints.openai.serving_common import ServingContext
+        from hearth.metrics import ServerMetrics
+
+        context = serve.get_replica_context()
+        self.name = context.replica_tag
+        llm = await asyncio.to_thread(_load_on_own_thread, EngineArgs(**engine_kwargs))
+        mc = llm.model_config
+        self.metrics = ServerMetrics(mc.served_model_name)
+        self.engine = AsyncEngine(llm, self.metrics, server.max_waiting_requests, server.refill_wait_s)
+        ctx = ServingContext(self.engine, llm.tokenizer, mc.served_model_name, mc.model, mc.max_model_len)
+        # NOTE: no API key here: the ingress checks it; a replica is reached only through a Ray handle.
+        self.app = build_app(self.engine, ctx, ServerConfig(None, server.max_body_bytes, server.drain_timeout))
+        self.drain_timeout = server.drain_timeout
+        self.engine.start()  # (the app's lifespan does not run under in-process calls)
+        self.board_name = board_name(context.app_name)
+        self._pusher = asyncio.create_task(self._push_metrics())
+        logger.info("replica %s serving %r", self.name, mc.served_model_name)
+
+    async def __call__(self, method: str, path: str, query: bytes, headers: list[tuple[bytes, bytes]],
+                       body: bytes) -> AsyncIterator[dict[str, Any] | bytes]:
+        async for item in call_asgi(self.app, method, path, query, headers, body,
+                                    [(REPLICA_HEADER, self.name.encode())]):
+            yield item
+
+    async def _push_metrics(self) -> None:
+        import ray
+
+        board = None
+        while True:
+            try:
+                if board is None:
+                    board = ray.get_actor(self.board_name, namespace=BOARD_NAMESPACE)
+                await board.report.remote(self.name, self.metrics.render().decode())
+            except Exception as e:  # noqa: BLE001 (no ingress yet, or a new one: look the board up again)
+                board = None
+                logger.debug("metrics push failed: %s", e)
+            await asyncio.sleep(METRICS_PUSH_S)
+
+    def check_health(self) -> None:
+        """Ray Serve replaces a replica whose health check raises: a dead engine loop is one."""
+        if self.engine.dead is not None:
+            raise RuntimeError(f"the engine loop stopped: {self.engine.dead}")
+
+    def __del__(self) -> None:
+        engine = getattr(self, "engine", None)
+        if engine is not None:
+            engine.shutdown(self.drain_timeout)

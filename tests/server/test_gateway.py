@@ -1,0 +1,140 @@
+"""Gateway mode: a second hearth server (serving the tiny checkpoint as "big") stands in for the GPU upstream."""
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from tests.server.conftest import TINY_ARGS, ServerProcess, start_server, wait_until
+
+GREEDY = {"temperature": 0.0, "ignore_eos": True}
+MIN_PROMPT_TOKENS = 48
+LONG = "the quick brown fox jumps over the lazy dog " * 12  # well past 48 tokens with the tiny tokenizer
+
+
+@pytest.fixture(scope="module")
+def upstream(tiny_model: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    srv = start_server([tiny_model, *TINY_ARGS, "--served-model-name", "big"],
+                       str(tmp_path_factory.mktemp("logs") / "upstream.log"))
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def gateway(tiny_model: str, upstream: ServerProcess,
+            tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    d = tmp_path_factory.mktemp("gateway")
+    blocklist = d / "blocklist.txt"
+    blocklist.write_text("# refused outright\nforbidden\\s+topic\n\n")
+    srv = start_server([tiny_model, *TINY_ARGS, "--upstream", upstream.url + "/v1", "--upstream-model", "big",
+                        "--upstream-min-prompt-tokens", str(MIN_PROMPT_TOKENS), "--blocklist", str(blocklist),
+                        "--answer-cache-size", "8", "--answer-cache-ttl", "300"], str(d / "gateway.log"))
+    yield srv
+    srv.stop()
+
+
+def _upstream_count(gw: ServerProcess, status: str = "200") -> float:
+    return gw.metric("hearth:upstream_requests_total", status=status)
+
+
+def _chat(http: httpx.Client, content: str, model: str | None = "tiny", **kw) -> httpx.Response:
+    body = {"messages": [{"role": "user", "content": content}], "max_tokens": 4, **GREEDY, **kw}
+    if model is not None:
+        body["model"] = model
+    return http.post("/v1/chat/completions", json=body)
+
+
+def test_routing_validation_and_streaming(gateway: ServerProcess, upstream: ServerProcess) -> None:
+    http = gateway.http
+    n_long = http.post("/tokenize", json={"prompt": LONG}).json()["count"]
+    assert n_long >= MIN_PROMPT_TOKENS
+    before = _upstream_count(gateway)
+    up_before = upstream.metric("vllm:request_success_total")
+
+    assert [m["id"] for m in http.get("/v1/models").json()["data"]] == ["tiny", "big"]  # the upstream's too
+    short = _chat(http, "hello there")
+    assert short.status_code == 200 and short.headers["x-hearth-route"] == "local"
+    assert short.json()["model"] == "tiny"
+    assert _upstream_count(gateway) == before
+
+    long = _chat(http, LONG)  # the local model's name, but past --upstream-min-prompt-tokens
+    assert long.status_code == 200, long.text
+    assert long.headers["x-hearth-route"] == "upstream" and long.json()["model"] == "big"
+    unknown = http.post("/v1/completions", json={"model": "big", "prompt": "hi", "max_tokens": 3, **GREEDY})
+    assert unknown.status_code == 200 and unknown.json()["model"] == "big"
+    assert unknown.json()["usage"]["completion_tokens"] == 3
+    assert _upstream_count(gateway) == before + 2
+    assert upstream.metric("vllm:request_success_total") == up_before + 2
+
+    # Validated here: the same 400s for upstream-bound requests, and the blocklist; none reaches the upstream.
+    bad = _chat(http, "hi", model="big", temperature=-1)
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "temperature"
+    blocked = _chat(http, "tell me about the Forbidden   Topic please", model="big")
+    assert blocked.status_code == 400 and blocked.json()["error"]["code"] == "content_blocked"
+    assert _chat(http, "hi", model=None, n=0).status_code == 400
+    assert _upstream_count(gateway) == before + 2
+
+    # Streaming passes through: the upstream's chunks, as the openai client reads them.
+    chunks = list(gateway.client().chat.completions.create(
+        model="big", messages=[{"role": "user", "content": "stream me"}], max_tokens=6, stream=True,
+        temperature=0.0, extra_body={"ignore_eos": True}))
+    assert all(c.model == "big" for c in chunks)
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    assert _upstream_count(gateway) == before + 3
+
+
+def test_client_gone_mid_stream_aborts_upstream(gateway: ServerProcess, upstream: ServerProcess) -> None:
+    body = {"model": "big", "prompt": "a long answer", "max_tokens": 200, "stream": True, "ignore_eos": True}
+    with httpx.Client(base_url=gateway.url, timeout=30) as http, http.stream("POST", "/v1/completions", json=body) as r:
+        assert r.status_code == 200 and r.headers["x-hearth-route"] == "upstream"
+        next(r.iter_lines())
+    # (closing the client's connection closes the gateway's upstream stream: the upstream aborts and frees KV)
+    assert wait_until(lambda: upstream.health()["num_requests_running"] == 0 and upstream.health()["kv_used_blocks"]
+                      == 0, timeout=20)
+    assert upstream.metric("vllm:request_success_total", finished_reason="abort") >= 1
+
+
+def test_answer_cache(gateway: ServerProcess) -> None:
+    http = gateway.http
+    hits0 = gateway.metric("hearth:answer_cache_hits_total")
+    queries0 = gateway.metric("hearth:answer_cache_queries_total")
+    for model, content in (("tiny", "cache me locally"), ("big", "cache me upstream")):
+        first = _chat(http, content, model=model, max_tokens=8)
+        assert first.status_code == 200 and first.headers["x-hearth-route"] in ("local", "upstream")
+        times = []
+        for _ in range(5):
+            t0 = time.perf_counter()
+            again = _chat(http, content, model=model, max_tokens=8)
+            times.append(time.perf_counter() - t0)
+            assert again.headers["x-hearth-route"] == "cache"
+            assert again.content == first.content
+        assert min(times) < 0.010, times  # (the best of 5: a shared, loaded CI box adds its own delays)
+    # Other parameters, or a sampled request, are not answered from the cache.
+    assert _chat(http, "cache me locally", max_tokens=7).headers["x-hearth-route"] == "local"
+    sampled = {"messages": [{"role": "user", "content": "cache me locally"}], "max_tokens": 8, "temperature": 1.0}
+    for _ in range(2):
+        assert http.post("/v1/chat/completions", json=sampled).headers["x-hearth-route"] == "local"
+    # A seeded stream is cached as the SSE body it was.
+    stream = {"model": "tiny", "prompt": "seeded", "max_tokens": 5, "seed": 7, "stream": True, "ignore_eos": True}
+    first = http.post("/v1/completions", json=stream)
+    again = http.post("/v1/completions", json=stream)
+    assert again.headers["x-hearth-route"] == "cache" and again.content == first.content
+    assert again.headers["content-type"].startswith("text/event-stream")
+    assert gateway.metric("hearth:answer_cache_hits_total") == hits0 + 11
+    assert gateway.metric("hearth:answer_cache_queries_total") == queries0 + 2 * 6 + 1 + 2
+
+
+def test_upstream_down_fails_only_upstream_requests(gateway: ServerProcess, upstream: ServerProcess) -> None:
+    upstream.stop()
+    http = gateway.http
+    # (new bodies: the same ones would still be answered from the cache, upstream or not)
+    for r in (_chat(http, LONG + "again"), _chat(http, "hi", model="big", max_tokens=3)):
+        assert r.status_code == 503, r.text
+        assert r.json()["error"]["code"] == "upstream_unavailable"
+    assert gateway.metric("hearth:upstream_requests_total", status="503") == 2
+    local = _chat(http, "still here?")
+    assert local.status_code == 200 and local.headers["x-hearth-route"] == "local"
+    assert gateway.health()["status"] == "ok"
+    assert [m["id"] for m in http.get("/v1/models").json()["data"]] == ["tiny"]
