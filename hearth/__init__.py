@@ -11,7 +11,11 @@ def __getattr__(name: str):
         from hearth.entrypoints.llm import LLM
 
         return LLM
+    if name == "EngineArgs":  # vLLM's `from vllm import LLM, EngineArgs, SamplingParams`
+        from hearth.config import EngineArgs
+
+        return EngineArgs
     raise AttributeError(name)
 
 
-__all__ = ["LLM", "PoolingParams", "SamplingParams", "__version__"]
+__all__ = ["LLM", "EngineArgs", "PoolingParams", "SamplingParams", "__version__"]

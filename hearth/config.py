@@ -102,10 +102,20 @@ class SchedulerConfig:
     # allows). 1 staggers a burst of arrivals, so later requests wait about one step for their first token
     # instead of a whole wave's prefill, at some cost in throughput (see the scheduler).
     max_prefills_per_decode_step: int = 0
+    # Sequence slots one request (all its n sequences) may hold at once; None: a quarter of max_num_seqs, so one
+    # request with a large n cannot take every slot while others wait.
+    max_num_seqs_per_request: int | None = None
+    scheduling_policy: str = "fcfs"  # fcfs | priority (vLLM's: lower `priority` values first, then arrival)
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
             raise ValueError(f"--max-num-seqs must be >= 1, got {self.max_num_seqs}")
+        if self.max_num_seqs_per_request is None:
+            self.max_num_seqs_per_request = max(1, self.max_num_seqs // 4)
+        if self.max_num_seqs_per_request < 1:
+            raise ValueError(f"--max-num-seqs-per-request must be >= 1, got {self.max_num_seqs_per_request}")
+        if self.scheduling_policy not in ("fcfs", "priority"):
+            raise ValueError(f"--scheduling-policy must be fcfs or priority, got {self.scheduling_policy!r}")
         if self.max_prefills_per_decode_step < 0:
             raise ValueError("--max-prefills-per-decode-step must be >= 0 (0: no limit), "
                              f"got {self.max_prefills_per_decode_step}")
@@ -124,6 +134,8 @@ class EngineArgs:
     max_num_seqs: int = 64
     max_num_batched_tokens: int | None = None
     max_prefills_per_decode_step: int = 0
+    max_num_seqs_per_request: int | None = None
+    scheduling_policy: str = "fcfs"
     block_size: int = 16
     kv_cache_space: float | None = None
     enable_prefix_caching: bool = True
@@ -139,9 +151,26 @@ class EngineArgs:
     quantization: str | None = None
     # Speculative decoding, vLLM's JSON (a dict or a JSON string): hearth/spec_decode/config.py. None: off.
     speculative_config: dict | str | None = None
+    # Sampling defaults for requests that leave fields unset: hearth/generation_defaults.py.
+    generation_config: str = "auto"  # auto | vllm | FOLDER
+    override_generation_config: dict | str | None = None
+    max_tokens_default: int | None = None
+    # vLLM's arguments with no (or a mapped) meaning on a CPU: hearth/vllm_compat.py accepts, maps or refuses them.
+    device: str = "auto"
+    pipeline_parallel_size: int = 1
+    enforce_eager: bool = False
+    gpu_memory_utilization: float | None = None
+    swap_space: float | None = None
+    disable_log_stats: bool = False
+    trust_remote_code: bool = False
     # vLLM's --runner: auto | generate | pooling (embeddings and scores; encoders always pool). hearth/engine/pooling.py
     runner: str = "auto"
     # vLLM's --pooler-config JSON, {"pooling_type": "MEAN"|"CLS"|"LAST", "normalize": bool}; None: the checkpoint's
     pooler_config: dict | str | None = None
     # Ranks of tensor parallelism (processes on this host, gloo all-reduce): hearth/distributed/. 1: off.
     tensor_parallel_size: int = 1
+
+    def __post_init__(self) -> None:
+        from hearth import vllm_compat
+
+        vllm_compat.normalize(self)

@@ -51,6 +51,20 @@ def omp_threads_bind() -> str:
     return _first("HEARTH_CPU_OMP_THREADS_BIND", "VLLM_CPU_OMP_THREADS_BIND") or "auto"
 
 
+def omp_num_threads() -> int | None:
+    """OMP_NUM_THREADS: the compute threads when --threads is not given (as vLLM's CPU backend and torch take it)."""
+    value = _first("OMP_NUM_THREADS")
+    if value is None:
+        return None
+    try:
+        n = int(value.split(",")[0])  # (OpenMP allows a per-level list: the first level is ours)
+    except ValueError:
+        raise ValueError(f"OMP_NUM_THREADS must be a positive integer, got {value!r}") from None
+    if n < 1:
+        raise ValueError(f"OMP_NUM_THREADS must be a positive integer, got {value!r}")
+    return n
+
+
 def keep_freed_memory() -> bool:
     """HEARTH_KEEP_FREED_MEMORY (default on): glibc keeps freed memory for reuse (platform.keep_freed_memory)."""
     return _flag("HEARTH_KEEP_FREED_MEMORY", True)

@@ -204,7 +204,9 @@ def setup_threads(threads: int | None, bind: str) -> tuple[int, list[int]]:
     info = cpu_info()
     allowed = sorted(_PROCESS_AFFINITY)
     if threads is None:
-        threads = info.physical_cores
+        from hearth import envs
+
+        threads = envs.omp_num_threads() or info.physical_cores  # --threads, else OMP_NUM_THREADS, else cores
     if threads < 1:
         raise ValueError(f"--threads must be >= 1, got {threads}")
     bind = (bind or "auto").strip()

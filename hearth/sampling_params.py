@@ -40,6 +40,8 @@ class SamplingParams:
     detokenize: bool = True
     # A grammar the output must follow (JSON schema, regex, choice, grammar): see hearth/structured/.
     structured_outputs: StructuredOutputsParams | None = None
+    # vLLM's request priority (an add_request argument there): lower runs first under --scheduling-policy priority.
+    priority: int = 0
     # A reasoning model's thinking: the grammar waits for its end, a budget forces it (hearth/structured/reasoning.py).
     reasoning: ReasoningParams | None = None
     # Filled by the engine, not the user: stop strings as a list, resolved max_tokens.
@@ -125,6 +127,8 @@ class SamplingParams:
 
     def check_vocab(self, vocab_size: int) -> None:
         """Token ids the user named must exist in the model's vocabulary."""
-        for tok in list(self.logit_bias or {}) + list(self.stop_token_ids or []):
-            if not 0 <= tok < vocab_size:
-                raise ValueError(f"token id {tok} is out of range for this model's vocabulary (size {vocab_size})")
+        for name, ids in (("logit_bias", list(self.logit_bias or {})), ("stop_token_ids", self.stop_token_ids or [])):
+            for tok in ids:
+                if not 0 <= tok < vocab_size:
+                    raise ValueError(f"{name}: token id {tok} is out of range for this model's vocabulary "
+                                     f"(size {vocab_size})")

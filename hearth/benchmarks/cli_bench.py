@@ -14,7 +14,7 @@ import sys
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from hearth.benchmarks import latency, serve, throughput
+    from hearth.benchmarks import latency, serve, soak, throughput
     from hearth.entrypoints.cli import add_engine_args
 
     p = sub.add_parser("bench", help="benchmark the engine (latency, throughput) or a running server (serve)",
@@ -23,7 +23,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     for name, module, helptext, engine in (
             ("latency", latency, "prefill (TTFT) and decode tok/s of one batch, via LLMEngine.step", True),
             ("throughput", throughput, "output and total tok/s with many requests queued at once", True),
-            ("serve", serve, "load-test an OpenAI-compatible server with streaming /v1/completions", False)):
+            ("serve", serve, "load-test an OpenAI-compatible server with streaming /v1/completions", False),
+            ("soak", soak, "varied load for a long time, the server's RSS sampled (leaks)", False)):
         mp = modes.add_parser(name, help=helptext, description=module.__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
         if engine:
@@ -42,7 +43,7 @@ def _exit_code(run):
         try:
             data = run(ns)
         except (RuntimeError, httpx.HTTPError) as e:
-            if ns.bench_mode != "serve":  # the engine's own errors keep their traceback
+            if ns.bench_mode not in ("serve", "soak"):  # the engine's own errors keep their traceback
                 raise
             print(f"hearth bench {ns.bench_mode}: error: {e}", file=sys.stderr)
             return 1

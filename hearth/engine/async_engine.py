@@ -11,6 +11,7 @@ import asyncio
 import logging
 import threading
 import time
+import weakref
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -36,6 +37,10 @@ class EngineDeadError(RuntimeError):
     """The engine loop crashed (a hearth bug, never a user error)."""
 
 
+class ShutdownError(RuntimeError):
+    """The server shut down before this request finished (its drain deadline passed)."""
+
+
 @dataclass
 class _StreamState:
     loop: asyncio.AbstractEventLoop
@@ -59,6 +64,7 @@ class _Track:
     n_left: int
     first_token: float | None = None
     last_token: dict[int, float] = field(default_factory=dict)
+    generated: int = 0  # tokens of all n sequences so far
 
 
 @dataclass
@@ -107,6 +113,13 @@ class RequestStream:
         if not self.finished:
             self.engine.abort(self.request_ids)
 
+    def fail(self, error: BaseException) -> None:
+        """Call on the event loop. Ends iteration with `error` raised to the consumer; frees the engine's blocks."""
+        if not self.finished:
+            self.finished = True
+            self.engine.abort(self.request_ids)
+            self._state.queue.put_nowait(error)
+
     def abort(self) -> None:
         """Call on the event loop. Ends iteration (a waiting consumer wakes up) and frees the engine's blocks."""
         if not self.finished:
@@ -129,11 +142,14 @@ class AsyncEngine:
         self._thread: threading.Thread | None = None
         self._stats: EngineStats = engine.stats()
         self.dead: BaseException | None = None
+        self.draining = False
+        self._streams: weakref.WeakSet[RequestStream] = weakref.WeakSet()  # event loop only
         if metrics is not None:
             from hearth.platform import cpu_info
 
             metrics.set_cpu(cpu_info().isa, engine.threads, engine.bound_cores,
                             engine.block_manager.num_usable_blocks)
+            metrics.set_cache_config(engine.cache_config_info())
             metrics.observe_stats(self._stats)
 
     # ---- lifecycle ----
@@ -157,6 +173,16 @@ class AsyncEngine:
             if self._thread.is_alive():
                 logger.warning("engine thread still busy after %.0f s; abandoning it", timeout)
 
+    def drain(self, timeout: float) -> None:
+        """Call on the event loop when the server starts shutting down: new requests are refused at once, and the
+        streams still open after `timeout` seconds end with a ShutdownError (their clients get an error event)."""
+        self.draining = True
+        asyncio.get_running_loop().call_later(max(0.0, timeout), self.end_open_streams)
+
+    def end_open_streams(self) -> None:
+        for stream in list(self._streams):
+            stream.fail(ShutdownError("the server is shutting down: this request was stopped before it finished"))
+
     @property
     def stats(self) -> EngineStats:
         """The snapshot taken after the engine thread's last step or command (never touches the engine)."""
@@ -171,7 +197,7 @@ class AsyncEngine:
         """
         if self.dead is not None:
             raise EngineDeadError("the engine loop has stopped after an internal error; restart the server")
-        if self._stop:
+        if self._stop or self.draining:
             raise QueueFullError("the server is shutting down")
         loop = asyncio.get_running_loop()
         state = _StreamState(loop, asyncio.Queue(), sum(p.n for _, _, p in subs))
@@ -183,7 +209,9 @@ class AsyncEngine:
         except asyncio.CancelledError:
             self.abort(ids)
             raise
-        return RequestStream(self, ids, state)
+        stream = RequestStream(self, ids, state)
+        self._streams.add(stream)
+        return stream
 
     def abort(self, request_ids: list[str]) -> None:
         """Abort requests (thread-safe): the engine frees their blocks before its next step."""
@@ -219,6 +247,8 @@ class AsyncEngine:
                 else:
                     self._dispatch(outputs)
                     finished = any(o.finished for o in outputs)
+                    if self.metrics is not None and engine.last_step_tokens:
+                        self.metrics.observe_iteration(engine.last_step_tokens)
             self._publish_stats()
             if finished:
                 self._wait_for_refill()
@@ -258,8 +288,11 @@ class AsyncEngine:
             free_slots = max(0, sched.config.max_num_seqs - len(sched.running))
             backlog = len(sched.waiting) + sum(p.n for _, _, p in cmd.subs) - free_slots
             if backlog > self.max_waiting_requests:
-                return QueueFullError(f"the server is busy: {len(sched.waiting)} requests are waiting "
-                                      f"(--max-waiting-requests {self.max_waiting_requests}); retry shortly")
+                need = sum(p.n for _, _, p in cmd.subs)
+                return QueueFullError(f"the server is busy: its waiting queue is full (limit "
+                                      f"{self.max_waiting_requests}, --max-waiting-requests; {len(sched.waiting)} "
+                                      f"waiting, {free_slots} free slots, this request needs {need}); retry after "
+                                      f"{QueueFullError.retry_after} s")
         added: list[str] = []
         for rid, ids, params in cmd.subs:
             try:
@@ -304,13 +337,20 @@ class AsyncEngine:
         last = track.last_token.get(out.index)
         if last is not None:
             m.itl.observe(now - last)
+            m.tpot.observe(now - last)
         track.last_token[out.index] = now
         m.generation_tokens.inc(len(out.new_token_ids))
+        track.generated += len(out.new_token_ids)
         if out.finished and track.n_left == 1:
             m.e2e.observe(now - track.arrival)
             scheduled = [r.first_scheduled_time for r in track.requests if r.first_scheduled_time is not None]
             if scheduled:
                 m.queue_time.observe(max(0.0, min(scheduled) - track.arrival))
+            first = track.requests[0] if track.requests else None
+            m.observe_request(prompt_tokens=out.num_prompt_tokens, generation_tokens=track.generated,
+                              n=len(track.requests) or 1, max_tokens=first.params.max_tokens if first else None,
+                              arrival=track.arrival, scheduled=min(scheduled) if scheduled else None,
+                              first_token=track.first_token, finished=now)
             reason = out.finish_reason if out.finish_reason in m.request_success else "stop"
             m.request_success[reason].inc()
 

@@ -3,7 +3,9 @@
 Prefix caching (vLLM v1's scheme): a full block's hash chains its parent's hash with its token ids, so equal
 hashes mean equal whole prefixes. A hit re-compares the tokens (hash collisions never corrupt output). A freed
 block keeps its hash and stays findable until it is reused: the free list is an LRU, and requests free their
-blocks tail first, so the ends of prefixes are evicted before their beginnings.
+blocks tail first, so the ends of prefixes are evicted before their beginnings. Blocks never used yet are handed
+out only when no freed block is left: the pool's pages are then faulted in as the working set grows, not as
+requests come and go, so the process's RSS follows its peak working set instead of creeping up to the whole pool.
 
 Sliding window (vLLM v1's sliding-window manager): when every layer attends only to the last `sliding_window`
 positions, a running request's blocks that lie wholly before its window are released as its computed tokens
@@ -12,7 +14,7 @@ the kernel; the torch path reads it only at masked positions). Released blocks k
 """
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
 from hearth.engine.request import Request
@@ -59,8 +61,10 @@ class BlockManager:
         first = 0 if self.null_block is None else 1
         if self.null_block is not None:
             self.blocks[0].ref_cnt = 1
-        # NOTE: free blocks in LRU order (oldest first); cached blocks with ref_cnt 0 live here too.
-        self.free_blocks: OrderedDict[int, None] = OrderedDict((i, None) for i in range(first, num_blocks))
+        # NOTE: freed blocks in LRU order (oldest first); cached blocks with ref_cnt 0 live here too. Blocks never
+        # used are in `fresh` (lowest id first), taken only when free_blocks is empty.
+        self.free_blocks: OrderedDict[int, None] = OrderedDict()
+        self.fresh: deque[int] = deque(range(first, num_blocks))
         self.cached: dict[int, int] = {}  # block hash -> block id
         self.req_blocks: dict[str, list[int]] = {}
         # request id -> how many of its leading table entries _cache_full_blocks has already looked at (each step
@@ -73,7 +77,11 @@ class BlockManager:
     # ---- queries ----
     @property
     def num_free_blocks(self) -> int:
-        return len(self.free_blocks)
+        return len(self.free_blocks) + len(self.fresh)
+
+    def free_block_ids(self) -> list[int]:
+        """Every free block, in the order they would be handed out."""
+        return [*self.free_blocks, *self.fresh]
 
     @property
     def num_usable_blocks(self) -> int:
@@ -81,7 +89,7 @@ class BlockManager:
 
     @property
     def num_used_blocks(self) -> int:
-        return self.num_usable_blocks - len(self.free_blocks)
+        return self.num_usable_blocks - self.num_free_blocks
 
     @property
     def usage(self) -> float:
@@ -137,6 +145,10 @@ class BlockManager:
         self.prefix_hits += num_hit
 
     def _take_free_block(self) -> int:
+        if not self.free_blocks:
+            block_id = self.fresh.popleft()
+            self.blocks[block_id].ref_cnt = 1
+            return block_id
         block_id, _ = self.free_blocks.popitem(last=False)
         block = self.blocks[block_id]
         if block.block_hash is not None:  # evict from the prefix cache

@@ -3,12 +3,13 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 
 import torch
 
-from hearth import envs
+from hearth import envs, generation_defaults
 from hearth.config import CacheConfig, EngineArgs, SchedulerConfig
 from hearth.detokenizer import IncrementalDetokenizer, find_stop, partial_stop_len
 from hearth.engine.block_manager import BlockManager, freeable_window
@@ -21,7 +22,7 @@ from hearth.engine.scheduler import Scheduler
 from hearth.distributed import start_tensor_parallel
 from hearth.layers.attention import Attention
 from hearth.layers.pooler import PoolerConfig
-from hearth.loader.model_loader import load_model
+from hearth.loader.model_loader import DEFAULT_MODEL_FILE, load_model
 from hearth.platform import cpu_info, keep_freed_memory, setup_threads
 from hearth.pooling_params import PoolingParams
 from hearth.sampling_params import SamplingParams
@@ -89,7 +90,8 @@ class LLMEngine:
             max_num_seqs=args.max_num_seqs,
             max_num_batched_tokens=args.max_num_batched_tokens or _default_budget(self.model, args.max_num_seqs),
             max_model_len=mc.max_model_len, max_waiting_requests=args.max_waiting_requests,
-            max_prefills_per_decode_step=args.max_prefills_per_decode_step)
+            max_prefills_per_decode_step=args.max_prefills_per_decode_step,
+            max_num_seqs_per_request=args.max_num_seqs_per_request, scheduling_policy=args.scheduling_policy)
         self.runner_type = resolve_runner(args.runner, self.model)
         per_block = ModelRunner.kv_bytes_per_block(self.model, args.block_size, kv_dtype)
         if draft_model is not None:  # the draft's KV cache has as many blocks as the target's
@@ -133,7 +135,23 @@ class LLMEngine:
         self.seqs: dict[str, _Sequence] = {}  # engine request id -> sequence
         self.parents: dict[str, list[str]] = {}  # user request id -> engine request ids
         self._ids = itertools.count()
+        self.last_step_tokens = 0
         logger.info("%s", self.startup_summary())
+        self.generation_defaults = generation_defaults.resolve(
+            args.generation_config, mc.model, os.path.basename(mc.model) == DEFAULT_MODEL_FILE,
+            args.override_generation_config, args.max_tokens_default)
+        logger.info("%s", generation_defaults.describe(self.generation_defaults, args.generation_config))
+
+    def cache_config_info(self) -> dict[str, object]:
+        """vllm:cache_config_info's labels: vLLM's CacheConfig fields that mean something here."""
+        cc = self.cache_config
+        return {"block_size": cc.block_size, "cache_dtype": cc.kv_cache_dtype,
+                "enable_prefix_caching": cc.enable_prefix_caching, "num_cpu_blocks": cc.num_blocks,
+                "num_gpu_blocks": 0, "cpu_kvcache_space_bytes": int((cc.kv_cache_space_gib or 0) * 2**30)}
+
+    def default_sampling_params(self) -> SamplingParams:
+        """What a request that sets nothing gets (vLLM's LLM.get_default_sampling_params)."""
+        return SamplingParams(**self.generation_defaults)
 
     @classmethod
     def from_engine_args(cls, args: EngineArgs) -> LLMEngine:
@@ -177,6 +195,9 @@ class LLMEngine:
             raise ValueError(f"model {mc.served_model_name!r} is served for pooling (--runner pooling): it answers "
                              "embeddings and scores, not text generation")
         params.check_vocab(vocab)
+        if params.priority != 0 and self.scheduler_config.scheduling_policy != "priority":
+            raise ValueError("priority is only used with --scheduling-policy priority (this server is fcfs): "
+                             "leave it at 0")
         max_tokens = params.max_tokens
         if n_prompt >= mc.max_model_len:
             raise ValueError(f"the prompt has {n_prompt} tokens, but this model's context is {mc.max_model_len} "
@@ -185,6 +206,9 @@ class LLMEngine:
             raise ValueError(f"this model's maximum context length is {mc.max_model_len} tokens, but the request "
                              f"asks for {n_prompt + max_tokens} ({n_prompt} in the prompt and {max_tokens} to "
                              "generate): shorten the prompt or lower max_tokens")
+        if params.min_tokens > mc.max_model_len - n_prompt:
+            raise ValueError(f"min_tokens ({params.min_tokens}) is more than this model's context leaves after the "
+                             f"prompt ({mc.max_model_len} - {n_prompt} = {mc.max_model_len - n_prompt} tokens)")
         # NOTE: compiled here, before anything is queued: an invalid schema is a ValueError (400), never a step error.
         grammar = self.structured.compile(params.structured_outputs) if params.structured_outputs else None
         children = []
@@ -194,6 +218,7 @@ class LLMEngine:
                 child_params = _child_params(params, i)
             rid = f"{request_id}#{i}" if params.n > 1 else request_id
             req = Request(rid, prompt_token_ids, child_params, mc.eos_token_ids, arrival_time)
+            req.group_id = request_id  # the scheduler caps the slots of one request's n sequences together
             if grammar is not None:
                 req.grammar = grammar.new_matcher()  # each of the n sequences walks the grammar on its own
             if params.reasoning is not None:  # thinking first, then the grammar (if any)
@@ -231,6 +256,7 @@ class LLMEngine:
 
     # ---- the loop ----
     def step(self) -> list[StepOutput]:
+        self.last_step_tokens = 0
         pooled = self.pooling.step() if self.pooling.num_waiting else []
         if not self.scheduler.has_unfinished():
             return pooled
@@ -240,6 +266,7 @@ class LLMEngine:
         if self.speculator is not None:
             self.speculator.plan(self.scheduler.running)
         sched = self.scheduler.schedule()
+        self.last_step_tokens = sched.num_tokens  # (vllm:iteration_tokens_total)
         if sched.is_empty:
             return []
         if self.speculator is not None:

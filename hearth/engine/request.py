@@ -30,6 +30,8 @@ class Request:
     def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                  eos_token_ids: list[int], arrival_time: float | None = None) -> None:
         self.request_id = request_id
+        self.group_id = request_id  # the user request this sequence is one of (its n siblings share it)
+        self.priority = getattr(params, "priority", 0)  # (pooling requests have none)
         self.prompt_token_ids = list(prompt_token_ids)
         self.output_token_ids: list[int] = []
         self.all_token_ids: list[int] = list(prompt_token_ids)

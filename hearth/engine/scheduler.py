@@ -53,7 +53,21 @@ class Scheduler:
 
     # ---- admission ----
     def add_request(self, req: Request) -> None:
-        self.waiting.append(req)
+        self._enqueue(req, front=False)
+
+    def _enqueue(self, req: Request, front: bool) -> None:
+        """fcfs: arrival order (a preempted request goes back to the front). priority: by (priority, arrival)."""
+        if self.config.scheduling_policy != "priority":
+            if front:
+                self.waiting.appendleft(req)
+            else:
+                self.waiting.append(req)
+            return
+        key = (req.priority, req.arrival_time)
+        i = len(self.waiting)
+        while i > 0 and (self.waiting[i - 1].priority, self.waiting[i - 1].arrival_time) > key:
+            i -= 1
+        self.waiting.insert(i, req)
 
     @property
     def num_unfinished(self) -> int:
@@ -112,13 +126,23 @@ class Scheduler:
         # staggered. (Capping only next to running requests let a burst that met an idle engine, or a wave that
         # all finished in one step, prefill together and finish together again: waves, and a TTFT several times
         # longer.) It trades a little output throughput for a much shorter TTFT under closed-loop load.
+        # A request's n sequences hold at most max_num_seqs_per_request slots together: its other sequences
+        # wait without blocking the queue, so a later short request is admitted past them.
         cap = self.config.max_prefills_per_decode_step
+        per_request = self.config.max_num_seqs_per_request or self.config.max_num_seqs
+        held: dict[str, int] = {}
+        for r in self.running:
+            held[r.group_id] = held.get(r.group_id, 0) + 1
         started = 0
-        while (self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs
+        pos = 0
+        while (pos < len(self.waiting) and budget > 0 and len(self.running) < self.config.max_num_seqs
                and not (cap and started >= cap)):
-            req = self.waiting[0]
+            req = self.waiting[pos]
             if out.preempted and req in out.preempted:
                 break  # don't re-admit what this step just preempted
+            if held.get(req.group_id, 0) >= per_request:
+                pos += 1
+                continue
             computed_blocks, num_cached = ([], 0)
             looked_up = req.num_computed_tokens == 0 and req.params.prompt_logprobs is None and bm.enable_prefix_caching
             if looked_up:
@@ -131,7 +155,8 @@ class Scheduler:
                 break
             if looked_up:
                 bm.record_prefix_lookup(req.num_tokens, num_cached)
-            self.waiting.popleft()
+            del self.waiting[pos]
+            held[req.group_id] = held.get(req.group_id, 0) + 1
             if req.first_scheduled_time is None:
                 req.first_scheduled_time = now
                 req.num_cached_tokens = num_cached
@@ -152,7 +177,7 @@ class Scheduler:
         req.num_draft_computed = 0
         req.num_preemptions += 1
         self.num_preemptions += 1
-        self.waiting.appendleft(req)
+        self._enqueue(req, front=True)
 
     def commit(self, out: SchedulerOutput, num_accepted: dict[str, int] | None = None) -> None:
         """After the model ran: the scheduled tokens now have KV in the cache.

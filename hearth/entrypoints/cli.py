@@ -16,13 +16,18 @@ def add_engine_args(p: argparse.ArgumentParser, model_optional: bool = False, ma
     staggers prompts; offline runs take a batch in as few steps as the budget allows)."""
     if model_optional:
         p.add_argument("model", nargs="?", default=None,
-                       help="HF model folder or .gguf file (default: the bundled SmolLM2-135M-Instruct)")
+                       help="HF model folder or .gguf file; None: the bundled SmolLM2-135M-Instruct")
     else:
         p.add_argument("model", help="HF model folder or .gguf file")
+    from hearth import vllm_compat
+
     g = p.add_argument_group("engine")
+    g.add_argument("--model", dest="model_flag", default=None, metavar="MODEL",
+                   help="the model, as vLLM's --model (instead of the positional MODEL)")
     g.add_argument("--tokenizer", default=None, help="tokenizer folder, if not the model's own")
-    g.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"],
-                   help="compute dtype; auto = bfloat16 where the CPU has AVX512-BF16/AMX, else float32")
+    g.add_argument("--dtype", default="auto", choices=vllm_compat.DTYPE_CHOICES,
+                   help="compute dtype; auto = bfloat16 where the CPU has AVX512-BF16/AMX (float32 for models too "
+                        "small to gain from it), else float32; float16/half computes in bfloat16")
     g.add_argument("--max-model-len", type=int, default=None, help="context length (default: the model's)")
     g.add_argument("--max-num-seqs", type=int, default=64, help="sequences in flight at once")
     g.add_argument("--max-num-batched-tokens", type=int, default=None, help="token budget of one engine step")
@@ -30,12 +35,18 @@ def add_engine_args(p: argparse.ArgumentParser, model_optional: bool = False, ma
                    help="start at most N new prompts per engine step (0: as many as the token budget allows; "
                         f"default {max_prefills_per_step}); 1 staggers bursts of requests, so each waits about one "
                         "step for its first token instead of a whole wave's prefill")
+    g.add_argument("--max-num-seqs-per-request", type=int, default=None,
+                   help="sequence slots one request's n sequences may hold at once (default: a quarter of "
+                        "--max-num-seqs), so a large n cannot starve other requests")
+    g.add_argument("--scheduling-policy", default="fcfs", choices=["fcfs", "priority"],
+                   help="fcfs: arrival order; priority: requests' `priority` field first (lower runs earlier), "
+                        "then arrival")
     g.add_argument("--block-size", type=int, default=16, help="tokens per KV-cache block")
     g.add_argument("--kv-cache-space", type=float, default=None,
                    help="KV-cache size in GiB (env HEARTH_KVCACHE_SPACE / VLLM_CPU_KVCACHE_SPACE; default: "
                         "from available memory)")
-    g.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "int8"],
-                   help="KV-cache storage: auto (the model dtype) or int8 with per-token scales")
+    g.add_argument("--kv-cache-dtype", default="auto", choices=vllm_compat.KV_CACHE_DTYPE_CHOICES,
+                   help="KV-cache storage: auto (the model dtype) or int8 with per-token scales (fp8*: int8)")
     g.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching", action="store_false",
                    help="turn automatic prefix caching off")
     g.add_argument("--threads", type=int, default=None, help="compute threads (default: physical cores)")
@@ -43,7 +54,8 @@ def add_engine_args(p: argparse.ArgumentParser, model_optional: bool = False, ma
                    help="auto | nobind | core list like 0-3 (env HEARTH_CPU_OMP_THREADS_BIND)")
     g.add_argument("--seed", type=int, default=0, help="seed for requests without their own")
     g.add_argument("--chat-template", default=None, help="chat template: a file or a Jinja string")
-    g.add_argument("--served-model-name", default=None, help="model name the API reports and accepts")
+    g.add_argument("--served-model-name", default=None, nargs="+",
+                   help="model name the API reports and accepts (vLLM's; the first of several)")
     g.add_argument("--quantization", default=None,
                    choices=["auto", "none", "int8", "int4", "int4-g32", "int4-g64", "int4-g128", "gguf", "gptq",
                             "awq", "compressed-tensors", "bitsandbytes"],
@@ -59,6 +71,16 @@ def add_engine_args(p: argparse.ArgumentParser, model_optional: bool = False, ma
                         '"prompt_lookup_max": 4, "prompt_lookup_min": 2} (prompt lookup) or {"model": "DRAFT", '
                         '"num_speculative_tokens": 4} (a small draft model of the same vocabulary)')
     add_pooling_args(g)
+    g = p.add_argument_group("sampling defaults", "for requests that leave a field unset")
+    g.add_argument("--generation-config", default="auto",
+                   help="auto: the checkpoint's generation_config.json (the bundled model: greedy, 1024 tokens); "
+                        "vllm: none (temperature 1.0); or a folder holding generation_config.json")
+    g.add_argument("--override-generation-config", default=None,
+                   help='JSON on top of --generation-config, e.g. \'{"temperature": 0.5, "max_new_tokens": 256}\'')
+    g.add_argument("--max-tokens-default", type=int, default=None,
+                   help="max_tokens of requests that name none (default: the generation config's max_new_tokens, "
+                        "else the context that is left)")
+    vllm_compat.add_vllm_args(p)
 
 
 def add_pooling_args(g: argparse._ArgumentGroup) -> None:
@@ -73,17 +95,25 @@ def add_pooling_args(g: argparse._ArgumentGroup) -> None:
 
 
 ENGINE_ARG_NAMES = ["model", "tokenizer", "dtype", "max_model_len", "max_num_seqs", "max_num_batched_tokens",
-                    "max_prefills_per_decode_step",
+                    "max_prefills_per_decode_step", "max_num_seqs_per_request", "scheduling_policy",
                     "block_size", "kv_cache_space", "kv_cache_dtype", "enable_prefix_caching", "threads",
                     "omp_threads_bind", "seed", "chat_template", "served_model_name", "quantization",
-                    "speculative_config", "runner", "pooler_config",
-                    "tensor_parallel_size"]
+                    "speculative_config", "generation_config", "override_generation_config", "max_tokens_default",
+                    "tensor_parallel_size", "pipeline_parallel_size", "enforce_eager", "gpu_memory_utilization",
+                    "swap_space", "disable_log_stats", "device", "trust_remote_code", "runner", "pooler_config"]
 
 
 def engine_args_from(ns: argparse.Namespace):
     from hearth.config import EngineArgs
 
     kwargs = {k: getattr(ns, k) for k in ENGINE_ARG_NAMES if hasattr(ns, k)}
+    flag = getattr(ns, "model_flag", None)
+    if flag is not None:
+        if kwargs.get("model") not in (None, flag):
+            raise ValueError(f"two models given: {kwargs['model']!r} and --model {flag!r}; give one")
+        kwargs["model"] = flag
+    if isinstance(kwargs.get("served_model_name"), list):
+        kwargs["served_model_name"] = kwargs["served_model_name"][0]
     task = getattr(ns, "task", None)
     if task not in (None, "auto"):
         kwargs["runner"] = "generate" if task == "generate" else "pooling"
@@ -112,6 +142,9 @@ def build_parser() -> argparse.ArgumentParser:
     from hearth.entrypoints import cli_doctor
 
     cli_doctor.register(sub)
+    from hearth.entrypoints import cli_ps
+
+    cli_ps.register(sub)
     from hearth.entrypoints import cli_keys
 
     cli_keys.register(sub)

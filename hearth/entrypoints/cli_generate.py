@@ -1,20 +1,23 @@
-"""`hearth generate MODEL "prompt"` and `hearth chat MODEL` (interactive, streams to the terminal)."""
+"""`hearth generate [MODEL] "prompt"` and `hearth chat MODEL` (interactive, streams to the terminal)."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     from hearth.entrypoints.cli import add_engine_args
 
-    g = sub.add_parser("generate", help="complete one prompt and print the text")
-    add_engine_args(g, model_optional=False)
+    g = sub.add_parser("generate", help="complete one prompt and print the text",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add_engine_args(g, model_optional=True)  # `hearth generate "prompt"`: the bundled model, as serve and chat
     g.add_argument("prompt", help="the prompt text")
     _add_sampling_args(g)
     g.set_defaults(func=run_generate)
 
-    c = sub.add_parser("chat", help="chat with a model in the terminal")
+    c = sub.add_parser("chat", help="chat with a model in the terminal",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_engine_args(c, model_optional=True)
     c.add_argument("--system", default=None, help="system message")
     _add_sampling_args(c, max_tokens=512)
@@ -38,7 +41,10 @@ def _params(ns: argparse.Namespace):
 
 
 def _stream(engine, request_id: str, ids: list[int], params) -> str:
-    """Run one request to completion, printing text as it arrives."""
+    """Run one request to completion, printing text as it arrives (at most the tokens the context has left)."""
+    room = engine.model_config.max_model_len - len(ids)
+    if params.max_tokens is not None and 0 < room < params.max_tokens:
+        params = dataclasses.replace(params, max_tokens=room)
     engine.add_request(request_id, ids, params)
     text = ""
     try:

@@ -1,6 +1,7 @@
 """The offline API: hearth.LLM(model=...).generate(prompts, SamplingParams(...)), and .chat(messages)."""
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Sequence
 
@@ -19,9 +20,23 @@ Prompt = str | list[int] | dict
 
 class LLM:
     def __init__(self, model: str | None = None, **engine_args) -> None:
-        self.engine = LLMEngine(EngineArgs(model=model, **engine_args))
+        self._start(EngineArgs(model=model, **engine_args))
+
+    def _start(self, args: EngineArgs) -> None:
+        self.engine = LLMEngine(args)
         self.tokenizer = self.engine.tokenizer
         self._ids = itertools.count()
+
+    @classmethod
+    def from_engine_args(cls, engine_args: EngineArgs) -> LLM:
+        """vLLM's LLM.from_engine_args(EngineArgs(model=..., ...))."""
+        llm = cls.__new__(cls)
+        llm._start(engine_args)
+        return llm
+
+    def get_default_sampling_params(self) -> SamplingParams:
+        """The checkpoint's generation_config defaults (--generation-config), as vLLM's LLM gives them."""
+        return self.engine.default_sampling_params()
 
     def generate(self, prompts: Prompt | Sequence[Prompt], sampling_params: SamplingParams | list | None = None,
                  use_tqdm: bool = False) -> list[RequestOutput]:
@@ -34,8 +49,12 @@ class LLM:
         results: dict[str, RequestOutput] = {}
         order: list[str] = []
         for prompt, params in zip(prompts, params_list):
-            params = params or SamplingParams()
             text, ids = self._tokenize(prompt)
+            if params is None:  # the checkpoint's defaults; their max_tokens no longer than the context leaves
+                params = self.engine.default_sampling_params()
+                room = self.engine.model_config.max_model_len - len(ids)
+                if params.max_tokens is not None and 0 < room < params.max_tokens:
+                    params = dataclasses.replace(params, max_tokens=room)
             rid = str(next(self._ids))
             self.engine.add_request(rid, ids, params)
             results[rid] = RequestOutput(rid, text, ids, [CompletionOutput(i) for i in range(params.n)])

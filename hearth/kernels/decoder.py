@@ -183,6 +183,9 @@ class DecodeProgram:
         # keep prompts on the layer path (torch's GEMM for long prompts, quantized prompt tiles).
         self.takes_prompts = takes_prompts
         self.max_rows = max_rows
+        # The per-model rounding activations.set_model_activations chose (None: the process-wide one), for
+        # prompt rows: set by the stack that builds the program.
+        self.activations: str | None = None
 
     @staticmethod
     def build(specs: list[LayerSpec | None], max_rows: int) -> DecodeProgram | None:

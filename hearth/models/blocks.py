@@ -145,7 +145,8 @@ class DecoderModel(nn.Module):
             x = x * torch.tensor(self.embed_scale, dtype=x.dtype)
         program = self._decode_program()
         if program is not None and program.takes(x, meta, sdpa_min_prompt() is None):  # every layer in one C call
-            int8_from = activations.int8_from(x.shape[0])  # (prompt rows' rounding: activations.prompt_rows)
+            # (prompt rows' rounding: activations.prompt_rows; the model's own choice first)
+            int8_from = activations.int8_from(x.shape[0], program.activations)
             final = _spec(self.norm)
             if final is not None:  # (x: this step's fresh embeddings, the program's to overwrite)
                 return program.run(x, positions, meta, int8_from, final_norm=final, owned=True)
@@ -166,7 +167,11 @@ class DecoderModel(nn.Module):
         caches = tuple(id(getattr(getattr(getattr(layer, "self_attn", None), "attn", None), "kv_cache", None))
                        for layer in (self.layers[0], self.layers[-1]))
         if cached is None or cached[0] != caches:
-            cached = (caches, DecodeProgram.build([_spec(layer) for layer in self.layers], dispatch.program_rows()))
+            program = DecodeProgram.build([_spec(layer) for layer in self.layers], dispatch.program_rows())
+            if program is not None:  # (the per-model rounding set_model_activations chose, if any)
+                program.activations = next((q.activations for layer in self.layers for m in layer.modules()
+                                            if (q := getattr(m, "qweight", None)) is not None), None)
+            cached = (caches, program)
             self.__dict__["_program"] = cached
         return cached[1]
 

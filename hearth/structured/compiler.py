@@ -20,12 +20,42 @@ from hearth.tokenizer import Tokenizer
 logger = logging.getLogger("hearth")
 
 _MAX_ERROR_CHARS = 600
+# A constraint's source text (schema JSON, regex, grammar, choices) beyond this is refused before compiling:
+# compile time and memory grow with it, and no real output format needs more.
+MAX_GRAMMAR_CHARS = 100_000
+
+
+def clean_error(message: str) -> str:
+    """llguidance's message without Rust internals (a panic's location and backtrace), cut to a readable size."""
+    message = str(message).strip()
+    for marker in ("\nstack backtrace", "\nnote: run with", "panicked at"):
+        if marker in message:
+            message = message.split(marker, 1)[0].strip() or "the grammar could not be compiled"
+    message = " ".join(line.strip() for line in message.splitlines() if line.strip())
+    message = message or "the grammar could not be compiled"
+    return message if len(message) <= _MAX_ERROR_CHARS else message[:_MAX_ERROR_CHARS] + " ..."
+
+
+def source_size(spec: StructuredOutputsParams) -> int:
+    kind = spec.kind
+    if kind == "json":
+        return len(spec.json if isinstance(spec.json, str) else json.dumps(spec.json))
+    if kind == "regex":
+        return len(spec.regex)
+    if kind == "choice":
+        return sum(len(c) + 3 for c in spec.choice)
+    if kind == "grammar":
+        return len(spec.grammar)
+    return 0
 
 
 def grammar_text(spec: StructuredOutputsParams) -> str:
     """The llguidance grammar for a constraint. Raises ValueError for a grammar that cannot be converted."""
     import llguidance as llg
 
+    size = source_size(spec)
+    if size > MAX_GRAMMAR_CHARS:
+        raise ValueError(f"the {spec.describe()} is {size} characters, more than the limit of {MAX_GRAMMAR_CHARS}")
     kind = spec.kind
     if kind in ("json", "json_object"):
         schema: Any = spec.json if kind == "json" else {"type": "object"}
@@ -35,7 +65,7 @@ def grammar_text(spec: StructuredOutputsParams) -> str:
         try:
             return llg.LLMatcher.grammar_from_json_schema(json.dumps(schema), defaults=options)
         except ValueError as e:
-            raise ValueError(f"invalid JSON schema: {e}") from None
+            raise ValueError(f"invalid JSON schema: {clean_error(str(e))}") from None
     if kind == "regex":
         return llg.LLMatcher.grammar_from_regex(spec.regex)
     if kind == "choice":
@@ -45,7 +75,7 @@ def grammar_text(spec: StructuredOutputsParams) -> str:
     try:
         lark = any_to_lark(spec.grammar)
     except Exception as e:  # noqa: BLE001 (the converter raises its own error types)
-        raise ValueError(f"invalid grammar: {e}") from None
+        raise ValueError(f"invalid grammar: {clean_error(str(e))}") from None
     return llg.LLMatcher.grammar_from_lark(lark)
 
 
@@ -131,9 +161,7 @@ class GrammarCompiler:
                 return hit
         template = llg.LLMatcher(lltok, text, log_level=0)
         if template.is_error():
-            message = template.get_error().strip()
-            if len(message) > _MAX_ERROR_CHARS:
-                message = message[:_MAX_ERROR_CHARS] + " ..."
+            message = clean_error(template.get_error())
             raise ValueError(f"invalid {spec.describe()}: {message}")
         compiled = CompiledGrammar(template, self.mask_words)
         with self._lock:

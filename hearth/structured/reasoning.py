@@ -8,9 +8,10 @@ know about thinking.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:  # (torch is imported where a gate is built: SamplingParams, and so `hearth --help`, must not)
+    import torch
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,8 @@ class ReasoningGate:
         self.params = params
         self.inner = inner
         self.vocab_size = vocab_size
+        import torch
+
         words = inner.bitmask.numel() if inner is not None else (vocab_size + 31) // 32
         self.bitmask = torch.full((words,), -1, dtype=torch.int32)  # [W]
         self.pending: Any = None  # set by the mask prefetcher, as on a GrammarMatcher

@@ -93,16 +93,32 @@ class Tokenizer:
         """The prompt text, rendered as transformers' apply_chat_template(..., tokenize=False) renders it."""
         from transformers.utils.chat_template_utils import render_jinja_template  # (slow to import: on first use)
 
+        rendered, _ = render_jinja_template(**self.chat_render_kwargs(
+            messages, add_generation_prompt, tools, chat_template, continue_final_message, **kwargs))
+        return rendered[0]
+
+    def chat_render_kwargs(self, messages: list[dict], add_generation_prompt: bool = True,
+                           tools: list[dict] | None = None, chat_template: str | None = None,
+                           continue_final_message: bool = False, **kwargs: Any) -> dict[str, Any]:
+        """The arguments of transformers' render_jinja_template for apply_chat_template (plain values, so a
+        worker process can render them)."""
         template = self._pick_template(chat_template, tools)
         if continue_final_message and add_generation_prompt:
             raise ValueError("continue_final_message and add_generation_prompt cannot both be set")
         # Keys whose value is None are dropped (transformers does the same): templates test for a missing key.
         messages = [{k: v for k, v in m.items() if v is not None} for m in messages]
-        rendered, _ = render_jinja_template(conversations=[messages], tools=tools, chat_template=template,
-                                            continue_final_message=continue_final_message,
-                                            add_generation_prompt=add_generation_prompt,
-                                            **{**self.info.special_tokens, **kwargs})
-        return rendered[0]
+        return {"conversations": [messages], "tools": tools, "chat_template": template,
+                "continue_final_message": continue_final_message, "add_generation_prompt": add_generation_prompt,
+                **{**self.info.special_tokens, **kwargs}}
+
+    def is_own_template(self, name_or_text: str | None) -> bool:
+        """True for None, a name of this tokenizer's templates, or the text of one (what --chat-template set)."""
+        t = self.templates
+        if name_or_text is None:
+            return True
+        if isinstance(t, dict):
+            return name_or_text in t or name_or_text in t.values()
+        return name_or_text == t
 
     def warm_up(self) -> None:
         """Import the renderer and compile the default template (what the first chat request would do)."""

@@ -61,18 +61,36 @@ def prompt_rows(generated: int = 0, total: int | None = None) -> Iterator[None]:
         _prompt.on, _prompt.generated, _prompt.total = prev
 
 
-def int8_from(m: int) -> int:
-    """Rows [0, result) of an m-row panel call in int8x2, the rest in single-term int8 (see prompt_rows)."""
-    if not (AUTO_ACTIVATIONS and ACTIVATIONS == "int8x2" and getattr(_prompt, "on", False)):
+def int8_from(m: int, activations: str | None = None) -> int:
+    """Rows [0, result) of an m-row panel call in int8x2, the rest in single-term int8 (see prompt_rows); weights
+    whose `activations` set_model_activations made "int8x2" (a model too small for one term) keep every row."""
+    if activations == "int8x2" or not (AUTO_ACTIVATIONS and ACTIVATIONS == "int8x2" and getattr(_prompt, "on", False)):
         return m
     total = _prompt.total
     return min(m, _prompt.generated) if total is None or total == m else m
 
 
+# One int8 term for a whole model only from this many quantized weights (outside the LM head): see one_term_pays.
+ONE_TERM_MIN_WEIGHTS = 200_000_000
+
+
+def one_term_pays(weights: int) -> bool:
+    """Whether a mostly-4-bit model of `weights` quantized weights takes one int8 term for every row (auto).
+
+    Decided by measurement, not by bit width alone: in a model this small a decode step is mostly per-layer overhead
+    (attention, norms, the head), so halving the integer dots buys little, while its logits are the least averaged
+    and near ties flip: SmolLM2-135M Q4_1 with one term leaves its fp32 reference's greedy answers on many chat
+    prompts (tests/e2e/test_default_answers.py), with int8x2 on none. Qwen2.5-0.5B keeps one term, where it is a
+    clear gain with many sequences in flight."""
+    return weights >= ONE_TERM_MIN_WEIGHTS
+
+
 def set_model_activations(qweights: Iterable[QWeight], head: QWeight | None = None) -> str | None:
     """HEARTH_QUANT_ACT=auto: a model whose quantized weights are mostly 4-bit (by count) rounds x to single-term int8
     for every row of every quantized linear (each QWeight.activations = "int8") but its LM head `head`; returns
-    "int8", or None where ACTIVATIONS stays (models mostly of 8-bit or 6-bit weights, or another setting).
+    "int8", or None where ACTIVATIONS stays (models mostly of 8-bit or 6-bit weights, or another setting). A model
+    too small for one term (one_term_pays) takes int8x2 for every row of every linear, prompt rows and head
+    included (each QWeight.activations = "int8x2"; returns "int8x2").
 
     Why: there int8's rounding of x is lost in the 4-bit rounding of the weights (about 1% of its KL), and it halves
     the integer work of decode steps of many rows. Per model, not per step: a sequence's tokens do not depend on
@@ -81,7 +99,13 @@ def set_model_activations(qweights: Iterable[QWeight], head: QWeight | None = No
     unique = [q for q in {id(q): q for q in qweights}.values() if q is not head]
     total = sum(q.shape[0] * q.shape[1] for q in unique)
     four = sum(q.shape[0] * q.shape[1] for q in unique if q.bits == 4)
-    if not (AUTO_ACTIVATIONS and ACTIVATIONS == "int8x2" and 2 * four > total):
+    if not (AUTO_ACTIVATIONS and ACTIVATIONS == "int8x2"):
+        return None
+    if not one_term_pays(total):  # two terms for every row, prompt rows and the head's included (see int8_from)
+        for q in unique + ([head] if head is not None else []):
+            q.activations = "int8x2"
+        return "int8x2"
+    if 2 * four <= total:
         return None
     for q in unique:
         q.activations = "int8"

@@ -52,7 +52,7 @@ def linear(x: torch.Tensor, qw: QWeight, bias: torch.Tensor | None = None) -> to
         if act == "float":  # (only if it changed after the load: the prepare pass keeps float weights in rows)
             raise RuntimeError("quantized weights were re-laid into VNNI panels at load, which take int8 / int8x2 "
                                "activations: set HEARTH_QUANT_ACT=float (or HEARTH_QUANT_PANELS=0) before loading")
-        split = activations.int8_from(m) if act == "int8x2" else 0
+        split = activations.int8_from(m, qw.activations) if act == "int8x2" else 0
         y = run_panels(x2, qw, b, split, x2.dtype == torch.bfloat16, layout.code)
     elif kernel is Kernel.DOT or kernel is Kernel.GEMM or kernel is Kernel.BCAST:
         y = run(x2, qw, b, call=None if kernel is Kernel.DOT else kernel.value, code=layout.code)

@@ -135,7 +135,9 @@ def prepare_model(model: nn.Module, source: str | None, dtype: torch.dtype) -> N
     caches raw weight pointers (the decode program is built later, by the model runner)."""
     act = activations.set_model_activations((q for q in hugepages.held(model) if isinstance(q, QWeight)),
                                             getattr(model, "lm_head_qweight", None))
-    if act:
+    if act == "int8x2":
+        logger.info("a small quantized model: activations in two int8 terms for every row (HEARTH_QUANT_ACT=auto)")
+    elif act:
         logger.info("mostly 4-bit weights: activations rounded to %s for every row but the LM head's "
                     "(HEARTH_QUANT_ACT=auto)", act)
     if hugepages.enabled():

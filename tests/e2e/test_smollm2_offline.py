@@ -39,8 +39,9 @@ def test_chat_capital_of_france(llm: LLM) -> None:
 
 
 def test_greedy_tokens_equal_transformers_on_same_gguf(monkeypatch) -> None:
-    # Exact with two-term int8 activations throughout (HEARTH_QUANT_ACT=int8x2); the default (auto) rounds this
-    # mostly-4-bit model's activations to one int8 term, held to a margin in tests/e2e/test_quant_smollm2.py.
+    # Exact with two-term int8 activations throughout (HEARTH_QUANT_ACT=int8x2, which the default, auto, also takes
+    # on a model this small: activations.one_term_pays); one int8 term is held to a margin in
+    # tests/e2e/test_quant_smollm2.py.
     monkeypatch.setattr(activations, "ACTIVATIONS", "int8x2")
     monkeypatch.setattr(activations, "AUTO_ACTIVATIONS", False)
     llm = LLM(smollm2_path(), dtype="float32", max_model_len=1024, kv_cache_space=0.5)

@@ -141,7 +141,7 @@ def test_disconnect_non_streaming_frees_blocks(server):
     # finishes this request in well under a second on the tiny model.
     url = httpx.URL(server.url)
     with socket.create_connection((url.host, url.port), timeout=10) as sock:
-        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                      b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
         assert wait_until(lambda: server.health()["num_requests_running"] > 0, 10, interval=0.005)
     assert wait_until(lambda: server.health()["kv_used_blocks"] == 0, 10), server.health()

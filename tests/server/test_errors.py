@@ -42,7 +42,9 @@ def assert_error(r: httpx.Response, status: int, param: str | None = "ANY") -> d
     ({"prompt": "x", "logit_bias": {"abc": 1}}, "logit_bias"),
     ({"prompt": "x", "seed": 2**64}, "seed"),
     ({"prompt": "x", "temperature": float("nan")}, "temperature"),
-    ({"prompt": "x", "logit_bias": {"99999": 1}}, None),
+    ({"prompt": "x", "logit_bias": {"99999": 1}}, "logit_bias"),
+    ({"prompt": "x", "stop_token_ids": [99999]}, "stop_token_ids"),
+    ({"prompt": "x", "min_tokens": 10**9, "max_tokens": None}, "min_tokens"),
     ({"prompt": [99999]}, "prompt"),
     ({"prompt": []}, "prompt"),
     ({"prompt": "x", "suffix": "tail"}, "suffix"),
@@ -178,5 +180,4 @@ def test_sigterm_drains_in_flight_then_exits(guarded):
     assert result["status"] == 200 and result["lines"][-1] == "data: [DONE]"
     chunks = [json.loads(line[6:]) for line in result["lines"][:-1]]
     assert chunks[-1]["choices"][0]["finish_reason"] == "length"
-    # NOTE: uvicorn re-raises the captured SIGTERM after its graceful shutdown, so -15 is a clean exit too.
-    assert guarded.proc.wait(30) in (0, -signal.SIGTERM)
+    assert guarded.proc.wait(30) == 0  # hearth's uvicorn Server does not re-raise the signal it handled

@@ -32,7 +32,7 @@ def decode(bm: BlockManager, r: Request, token: int) -> None:
 def assert_all_free(bm: BlockManager) -> None:
     assert [b.ref_cnt for b in bm.blocks] == [0] * bm.num_blocks
     assert bm.num_free_blocks == bm.num_blocks
-    assert sorted(bm.free_blocks) == list(range(bm.num_blocks))
+    assert sorted(bm.free_block_ids()) == list(range(bm.num_blocks))
     assert bm.req_blocks == {}
 
 
@@ -163,26 +163,35 @@ def test_free_is_tail_first_and_eviction_is_lru() -> None:
     prefill(bm, a)
     assert bm.block_table("a") == [0, 1, 2, 3, 4]
     bm.free("a")
-    # Never-used blocks first, then a's blocks tail first: the end of a prefix is evicted before its start.
-    assert list(bm.free_blocks) == [5, 6, 7, 4, 3, 2, 1, 0]
+    # a's blocks tail first (the end of a prefix is evicted before its start), then the never-used blocks.
+    assert bm.free_block_ids() == [4, 3, 2, 1, 0, 5, 6, 7]
     assert set(bm.cached.values()) == {0, 1, 2, 3}
 
-    b = req("b", list(range(200, 220)))  # 20 tokens -> 5 blocks
+    b = req("b", list(range(200, 204)))  # 4 tokens -> 1 block: a's uncached tail block, no cache entry lost
     prefill(bm, b)
-    assert bm.block_table("b") == [5, 6, 7, 4, 3]
-    # b took a's tail block 3 (evicting a's 4th block from the cache); all of b's blocks are full and cached.
-    assert len(bm.cached) == 8 and set(bm.cached.values()) == set(range(8))
+    assert bm.block_table("b") == [4] and set(bm.cached.values()) == {0, 1, 2, 3, 4}
     c = req("c", prompt)
-    assert bm.get_computed_blocks(c) == ([0, 1, 2], 12)
+    assert bm.get_computed_blocks(c) == ([0, 1, 2, 3], 16)
     bm.free("b")
-    assert list(bm.free_blocks) == [2, 1, 0, 3, 4, 7, 6, 5]
+    assert bm.free_block_ids() == [3, 2, 1, 0, 4, 5, 6, 7]
 
     # A hit takes blocks out of the free list; freeing them again makes them most recently used.
     prefill(bm, c)
     assert bm.block_table("c") == [0, 1, 2, 3, 4]
     bm.free("c")
-    assert list(bm.free_blocks) == [7, 6, 5, 4, 3, 2, 1, 0]
+    assert bm.free_block_ids() == [4, 3, 2, 1, 0, 5, 6, 7]
     assert_all_free(bm)
+
+
+def test_freed_blocks_are_reused_before_never_used_ones() -> None:
+    """RSS follows the working set: requests that come and go one at a time keep reusing the same blocks."""
+    bm = BlockManager(64, BS)
+    for i in range(50):
+        r = req(f"r{i}", [1000 + i] * 9)  # 3 blocks each, distinct prompts
+        prefill(bm, r)
+        bm.free(r.request_id)
+    assert list(bm.fresh) == list(range(3, 64))  # only blocks 0..2 were ever handed out
+    assert sorted(bm.free_blocks) == [0, 1, 2] and bm.num_free_blocks == 64
 
 
 def test_can_allocate_counts_hits_in_the_free_list() -> None:

@@ -35,7 +35,7 @@ def held(bm: BlockManager, rid: str) -> list[int]:
 def assert_all_free(bm: BlockManager) -> None:
     assert bm.blocks[0].ref_cnt == 1 and bm.blocks[0].block_hash is None  # the null block, forever
     assert [b.ref_cnt for b in bm.blocks[1:]] == [0] * (bm.num_blocks - 1)
-    assert sorted(bm.free_blocks) == list(range(1, bm.num_blocks))
+    assert sorted(bm.free_block_ids()) == list(range(1, bm.num_blocks))
     assert bm.req_blocks == {} and bm.num_used_blocks == 0
 
 
@@ -66,8 +66,8 @@ def test_decode_releases_blocks_behind_the_window() -> None:
     assert bm.block_table("a") == [0, 2, 3]
     assert bm.blocks[1].ref_cnt == 0 and 1 in bm.free_blocks and bm.blocks[1].block_hash is not None
     assert bm.num_used_blocks == 2 and bm.usage == 2 / 9
-    step(bm, r, 1)  # computed 12: a new block for position 12
-    assert bm.block_table("a") == [0, 2, 3, 4]
+    step(bm, r, 1)  # computed 12: a new block for position 12 (the released block 1: freed before never used)
+    assert bm.block_table("a") == [0, 2, 3, 1]
     for _ in range(30):  # a long decode holds at most window / block_size + 2 blocks
         step(bm, r, 1)
         assert bm.num_held_blocks("a") <= W // BS + 2
@@ -102,7 +102,7 @@ def test_chunked_prefill_keeps_the_window_before_the_chunk() -> None:
     assert bm.block_table("a") == [1, 2, 3, 4]
     r.num_computed_tokens = 16
     assert bm.allocate(r, 8)  # chunk 16-23 needs keys from 9 on: positions 0-7 released, 8-11 kept
-    assert bm.block_table("a") == [0, 0, 3, 4, 5, 6]
+    assert bm.block_table("a") == [0, 0, 3, 4, 2, 1]  # the released blocks, newest first
     bm.free("a")
     assert_all_free(bm)
 
@@ -123,12 +123,14 @@ def test_released_blocks_stay_prefix_cache_hits() -> None:
     b.num_computed_tokens = cached
     assert bm.allocate(b, 1, hits)
     # Hits already outside b's window (computed 20: keys from 13 on) are not taken: they stay free and cached.
-    assert bm.block_table("b") == [0, 0, 0, 4, 5, 7]
-    assert [bm.blocks[i].ref_cnt for i in (1, 2, 3, 4, 5)] == [0, 0, 0, 1, 1]
+    # b's new block is the least recently freed one (freed blocks go before never-used ones): a's released
+    # block 3, which leaves the prefix cache.
+    assert bm.block_table("b") == [0, 0, 0, 4, 5, 3]
+    assert [bm.blocks[i].ref_cnt for i in (1, 2, 3, 4, 5)] == [0, 0, 1, 1, 1]
     assert bm.num_used_blocks == 3
     bm.free("b")
     assert_all_free(bm)
-    assert bm.get_computed_blocks(req("c", prompt))[0] == [1, 2, 3, 4, 5]
+    assert bm.get_computed_blocks(req("c", prompt))[0] == [1, 2]
 
 
 def test_shared_prompt_blocks_keep_their_refs_until_every_sharer_moves_on() -> None:
@@ -165,9 +167,11 @@ def test_preempted_request_is_recomputed_from_scratch() -> None:
     assert bm.block_table("a")[:3] == [0, 0, 0]
     bm.free("a")  # preemption: free everything, recompute later
     r.num_computed_tokens = 0
-    hits = admit(bm, r)  # every full block is a hit; the first ones lie outside the window
-    assert len(hits) == (r.num_tokens - 1) // BS
-    assert bm.num_held_blocks("a") <= W // BS + 2 and bm.block_table("a")[0] == 0
+    # The decode reused its released blocks (freed before never-used ones), so the prompt's first blocks are no
+    # longer cached: what hits is a prefix of the request's full blocks, the rest is recomputed.
+    hits = admit(bm, r)
+    assert len(hits) <= (r.num_tokens - 1) // BS
+    assert bm.num_held_blocks("a") <= bm.blocks_needed(r.num_tokens)
     bm.free("a")
     assert_all_free(bm)
 

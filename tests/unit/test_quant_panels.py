@@ -81,7 +81,7 @@ def test_panel_gemm_equals_dequantized_reference(n: int, k: int, act: str) -> No
 def test_bf16_output_equals_rounded_fp32(split: int, monkeypatch) -> None:
     """bf16 x on panels gets its result rounded to bf16 in the kernel (the last K block; earlier ones' partial sums
     in fp32 scratch): bit-identical to the fp32 result's .to(bfloat16), int8x2 rows before `split`, int8 after."""
-    monkeypatch.setattr(activations, "int8_from", lambda m: split)
+    monkeypatch.setattr(activations, "int8_from", lambda m, activations=None: split)
     monkeypatch.setattr(activations, "ACTIVATIONS", "int8x2")
     g = torch.Generator().manual_seed(5)
     bias = torch.randn(130, generator=g)
@@ -180,6 +180,7 @@ def test_prompt_rows_take_int8_and_generated_rows_do_not_notice(tmp_path, monkey
 
     monkeypatch.setattr(activations, "ACTIVATIONS", "int8x2")
     monkeypatch.setattr(activations, "AUTO_ACTIVATIONS", True)
+    monkeypatch.setattr(activations, "ONE_TERM_MIN_WEIGHTS", 0)  # (a tiny model: one term only from this size)
     if layer_path:
         monkeypatch.setattr(DecoderModel, "_decode_program", lambda self: None)
     folder = build_checkpoint(str(tmp_path / "q"), tiny_config("llama", num_hidden_layers=2))
@@ -219,9 +220,17 @@ def test_auto_rounds_mostly_4bit_models_to_int8(monkeypatch) -> None:
     monkeypatch.setattr(activations, "ACTIVATIONS", "int8x2")
     monkeypatch.setattr(activations, "AUTO_ACTIVATIONS", True)
     body, other, head = [_q(4, 256, 512) for _ in range(2)], _q(8, 512, 256), _q(8, 1024, 256)
+    small = 2 * 256 * 512 + 512 * 256  # the body's weights, each counted once
+    # A model too small for one term takes int8x2 for every row of every linear, its head's included.
+    monkeypatch.setattr(activations, "ONE_TERM_MIN_WEIGHTS", small + 1)
+    tiny = [_q(4, 256, 512), _q(4, 256, 512), _q(8, 512, 256), _q(8, 1024, 256)]
+    assert activations.set_model_activations(tiny, tiny[-1]) == "int8x2"
+    assert all(q.activations == "int8x2" for q in tiny)
+    monkeypatch.setattr(activations, "ONE_TERM_MIN_WEIGHTS", small)
     assert activations.set_model_activations(body + [other, other, head], head) == "int8"  # (each counts once)
     assert all(q.activations == "int8" for q in body + [other]) and head.activations is None
     mostly_8 = [_q(4, 256, 512), _q(8, 512, 256), _q(8, 256, 256)]
+    monkeypatch.setattr(activations, "ONE_TERM_MIN_WEIGHTS", 0)
     assert activations.set_model_activations(mostly_8) is None and all(q.activations is None for q in mostly_8)
     monkeypatch.setattr(activations, "AUTO_ACTIVATIONS", False)  # HEARTH_QUANT_ACT=int8x2
     fresh = [_q(4, 256, 512)]
@@ -240,6 +249,8 @@ def test_auto_4bit_model_runs_int8_everywhere(tmp_path, monkeypatch, layer_path:
         monkeypatch.setattr(DecoderModel, "_decode_program", lambda self: None)
     folder = build_checkpoint(str(tmp_path / "q"), tiny_config("llama", num_hidden_layers=2))
     params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, logprobs=3, prompt_logprobs=3)
+
+    monkeypatch.setattr(activations, "ONE_TERM_MIN_WEIGHTS", 0)  # (a tiny model: one term only from this size)
 
     def run(act_name: str, auto: bool) -> tuple[list, list]:
         monkeypatch.setattr(activations, "ACTIVATIONS", act_name)

@@ -10,6 +10,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
+from hearth.entrypoints.openai.body import openapi_body
 from hearth.entrypoints.openai.errors import APIError
 from hearth.entrypoints.openai.protocol_pooling import OllamaEmbeddingsRequest, OllamaEmbedRequest
 from hearth.entrypoints.openai.serving_common import ServingContext
@@ -32,7 +33,7 @@ def register(app: FastAPI, ctx: ServingContext, parse_body: Callable[[Request, t
         if name and name.removesuffix(":latest") != ctx.model_name:
             raise APIError(404, f"model '{name}' not found; this server serves '{ctx.model_name}'")
 
-    @app.post("/api/embed")
+    @app.post("/api/embed", openapi_extra=openapi_body(OllamaEmbedRequest))
     async def embed(raw: Request):
         t0 = time.perf_counter_ns()
         try:
@@ -46,7 +47,7 @@ def register(app: FastAPI, ctx: ServingContext, parse_body: Callable[[Request, t
         return {"model": req.model or ctx.model_name, "embeddings": [v.tolist() for v in vectors],
                 "total_duration": time.perf_counter_ns() - t0, "load_duration": 0, "prompt_eval_count": tokens}
 
-    @app.post("/api/embeddings")
+    @app.post("/api/embeddings", openapi_extra=openapi_body(OllamaEmbeddingsRequest))
     async def embeddings(raw: Request):
         try:
             req = await parse_body(raw, OllamaEmbeddingsRequest)

@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import ValidationError
 
 from hearth import __version__
+from hearth.entrypoints.openai.body import openapi_body
 from hearth.engine.async_engine import EngineDeadError, RequestStream
 from hearth.entrypoints.ollama import embed
 from hearth.entrypoints.ollama.model_info import ModelInfo
@@ -270,19 +271,19 @@ def register(app: FastAPI, ctx: ServingContext, parse_body: Callable[[Request, t
     async def ps() -> dict:
         return api.ps()
 
-    @app.post("/api/show")
+    @app.post("/api/show", openapi_extra=openapi_body(ShowRequest))
     async def show(raw: Request):
         async def run() -> Any:
             return api.show(await parse_body(raw, ShowRequest))
         return await ollama_shaped(run())
 
-    @app.post("/api/chat")
+    @app.post("/api/chat", openapi_extra=openapi_body(ChatRequest))
     async def chat(raw: Request):
         async def run() -> Any:
             return await api.chat(await parse_body(raw, ChatRequest), raw)
         return await ollama_shaped(run())
 
-    @app.post("/api/generate")
+    @app.post("/api/generate", openapi_extra=openapi_body(GenerateRequest))
     async def generate(raw: Request):
         async def run() -> Any:
             return await api.generate(await parse_body(raw, GenerateRequest), raw)

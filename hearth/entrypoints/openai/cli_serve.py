@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import socket
 import sys
 import threading
 import time
@@ -15,16 +16,20 @@ logger = logging.getLogger("hearth")
 # Long enough for a local client's next request to arrive, so it joins the next step (a shorter TTFT under
 # closed-loop load); it costs at most this after a step that finished requests, a fraction of one decode step.
 DEFAULT_REFILL_WAIT_MS = 30.0
+# server.DEFAULT_MAX_BODY_BYTES, not imported from there: the server module pulls in torch, and `--help` must not.
+DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
 
 
 def add_serve_args(p: argparse.ArgumentParser) -> None:
     from hearth.entrypoints.cli import add_engine_args
     from hearth.entrypoints.openai.cli_ray import add_ray_args
-    from hearth.entrypoints.openai.gateway import add_gateway_args
+    from hearth.entrypoints.openai.gateway_args import add_gateway_args
     from hearth.entrypoints.openai.reasoning import REASONING_PARSERS
-    from hearth.entrypoints.openai.server import DEFAULT_MAX_BODY_BYTES
 
     add_engine_args(p, model_optional=True, max_prefills_per_step=1)
+    from hearth.entrypoints.openai.cli_models import add_models_args
+
+    add_models_args(p)
     g = p.add_argument_group("server")
     g.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     g.add_argument("--port", type=int, default=8000, help="port to bind (default 8000)")
@@ -41,6 +46,16 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
                    help="larger request bodies get 413")
     g.add_argument("--drain-timeout", type=float, default=30.0,
                    help="on SIGTERM, seconds to let in-flight requests finish")
+    g.add_argument("--allowed-hosts", type=_csv, default=None,
+                   help="comma list of Host header names to answer ('*': any; default: the bind address, plus "
+                        "localhost and 127.0.0.1 on loopback; any for 0.0.0.0); others get 400 (DNS rebinding)")
+    g.add_argument("--allowed-origins", type=_csv, default=[],
+                   help="comma list of origins allowed cross-origin requests (CORS), '*' for any; default none: "
+                        "requests with another site's Origin get 403")
+    g.add_argument("--header-timeout", type=float, default=10.0,
+                   help="close connections whose request headers are not complete after this many seconds")
+    g.add_argument("--body-timeout", type=float, default=30.0,
+                   help="answer 408 when a request body stalls for this many seconds")
     g.add_argument("--reasoning-parser", default=None, choices=list(REASONING_PARSERS),
                    help="split <think>...</think> into the message's reasoning_content (qwen3: the model opens it; "
                         "deepseek_r1: the prompt does)")
@@ -52,9 +67,14 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     add_ray_args(p)
 
 
+def _csv(value: str) -> list[str]:
+    return [v.strip() for v in value.split(",") if v.strip()]
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API",
-                       description="Serve a model over an OpenAI-compatible HTTP API (vLLM's flag names).")
+                       description="Serve a model over an OpenAI-compatible HTTP API (vLLM's flag names).",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_serve_args(p)
     p.set_defaults(func=run_serve)
 
@@ -132,29 +152,77 @@ def run_serve(ns: argparse.Namespace) -> int:
     if ns.api_key_file:  # a broken key file fails now, not after the model has loaded
         key_ring(ns.api_key, ns.api_key_file, None)
     t0 = time.perf_counter()
-    llm = _load_engine(ns)
+    for flag, value in (("--header-timeout", ns.header_timeout), ("--body-timeout", ns.body_timeout)):
+        if value <= 0:
+            raise ValueError(f"{flag} must be > 0, got {value}")
+    from hearth.entrypoints.openai.cli_models import build_router
+
+    router = build_router(ns)
+    if router is not None:  # several models and/or data parallel: engines in worker processes
+        if gateway_config.enabled:
+            raise ValueError("--upstream is for one model: drop it, or --models-dir / --data-parallel-size")
+        sock = bind_socket(ns.host, ns.port)
+        api_key = ns.api_key or (envs.api_key() if not ns.api_key_file else None)
+        from hearth.entrypoints.openai.site_guard import default_allowed_hosts
+
+        hosts = ns.allowed_hosts if ns.allowed_hosts is not None else default_allowed_hosts(ns.host)
+        app = build_app(router, None, ServerConfig(api_key, ns.max_request_body_bytes, ns.drain_timeout,
+                                                   ns.api_key_file, hosts, ns.allowed_origins, ns.body_timeout),
+                        router=router)
+        logger.info("serving %s on http://%s:%d/v1%s", ", ".join(repr(n) for n in router.names()), ns.host, ns.port,
+                    " (API key required)" if api_key or ns.api_key_file else "")
+        config = uvicorn.Config(app, host=ns.host, port=ns.port, log_level=ns.uvicorn_log_level,
+                                timeout_graceful_shutdown=ns.drain_timeout)
+        uvicorn.Server(config).run(sockets=[sock])
+        return 0
+    sock = bind_socket(ns.host, ns.port)  # before the (slow) load: a busy port fails in a second, not after it
+    try:
+        llm = _load_engine(ns)
+    except BaseException:
+        sock.close()
+        raise
     mc = llm.model_config
-    metrics = ServerMetrics(mc.served_model_name)
+    metrics = ServerMetrics(mc.served_model_name, max_model_len=mc.max_model_len)
     engine = AsyncEngine(llm, metrics, ns.max_waiting_requests, ns.refill_wait_ms / 1000)
     ctx = ServingContext(engine, llm.tokenizer, mc.served_model_name, mc.model, mc.max_model_len,
                          reasoning_parser=get_parser(ns.reasoning_parser), reasoning_budget=ns.reasoning_budget)
     ctx.check_reasoning()
     api_key = ns.api_key or (envs.api_key() if not ns.api_key_file else None)
+    from hearth.entrypoints.openai.http_server import Server, header_timeout_protocol
+    from hearth.entrypoints.openai.site_guard import default_allowed_hosts
+
+    hosts = ns.allowed_hosts if ns.allowed_hosts is not None else default_allowed_hosts(ns.host)
     gateway = Gateway(gateway_config, ctx, metrics.registry) if gateway_config.enabled else None
     app = build_app(engine, ctx, ServerConfig(api_key, ns.max_request_body_bytes, ns.drain_timeout,
-                                              ns.api_key_file), gateway)
+                                              ns.api_key_file, hosts, ns.allowed_origins, ns.body_timeout), gateway)
     logger.info("serving %r on http://%s:%d/v1 (ready in %.1f s%s)", mc.served_model_name, ns.host, ns.port,
                 time.perf_counter() - t0, ", API key required" if api_key or ns.api_key_file else "")
-    uvicorn.run(app, host=ns.host, port=ns.port, log_level=ns.uvicorn_log_level,
-                timeout_graceful_shutdown=ns.drain_timeout)
+    # uvicorn waits a little past the drain deadline, so the streams ended at it can send their last events.
+    config = uvicorn.Config(app, host=ns.host, port=ns.port, log_level=ns.uvicorn_log_level,
+                            http=header_timeout_protocol(ns.header_timeout),
+                            timeout_graceful_shutdown=int(ns.drain_timeout) + 3)
+    Server(config, on_exit=lambda: engine.drain(ns.drain_timeout)).run(sockets=[sock])
     return 0
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """The server's listening socket, bound now (uvicorn listens on it once the engine is up)."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise ValueError(f"cannot listen on {host}:{port} ({e.strerror}): another process holds it; stop that "
+                         "process or pass --port N") from None
+    return sock
 
 
 def main(argv: list[str] | None = None) -> int:
     from hearth.loader.errors import LoadError
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(asctime)s %(message)s", datefmt="%H:%M:%S")
-    p = argparse.ArgumentParser(prog="hearth serve")
+    p = argparse.ArgumentParser(prog="hearth serve", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_serve_args(p)
     ns = p.parse_args(argv)
     try:

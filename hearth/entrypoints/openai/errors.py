@@ -31,7 +31,7 @@ def error_response(err: APIError) -> JSONResponse:
                         headers=err.headers)
 
 
-_PARAM_RE = re.compile(r"^([a-z_]+) ")
+_PARAM_RE = re.compile(r"^([a-z_]+)[: ]")
 
 
 def bad_request(e: ValueError, known_params: set[str] | None = None) -> APIError:
@@ -56,6 +56,10 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     return f"{where}{first.get('msg')}{more}", param
 
 
+# Codes for errors raised below the routes (the guard's body checks while a route reads a chunked body).
+_HTTP_CODES = {408: "request_timeout", 413: "request_too_large"}
+
+
 def install_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
     async def _api_error(_: Request, exc: APIError) -> JSONResponse:
@@ -69,8 +73,17 @@ def install_handlers(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        return JSONResponse(error_body(str(exc.detail), kind), status_code=exc.status_code,
+        code = _HTTP_CODES.get(exc.status_code)
+        return JSONResponse(error_body(str(exc.detail), kind, None, code), status_code=exc.status_code,
                             headers=getattr(exc, "headers", None))
+
+    from hearth.engine.async_engine import EngineDeadError
+
+    @app.exception_handler(EngineDeadError)
+    async def _engine_dead(_: Request, exc: EngineDeadError) -> JSONResponse:
+        # An engine that failed mid-request (a non-streaming one): a worker process that died is a 503.
+        status = getattr(exc, "status_code", 500)
+        return JSONResponse(error_body(str(exc), "server_error", None, "engine_dead"), status_code=status)
 
     @app.exception_handler(Exception)
     async def _internal(_: Request, exc: Exception) -> JSONResponse:

@@ -18,6 +18,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CollectorRegistry, Counter
 
+from hearth.entrypoints.openai.gateway_args import add_gateway_args  # noqa: F401 (its flags)
 from hearth.entrypoints.openai.answer_cache import AnswerCache, cache_key, repeatable
 from hearth.entrypoints.openai.errors import APIError, bad_request, error_body
 from hearth.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
@@ -43,31 +44,6 @@ class GatewayConfig:
     @property
     def enabled(self) -> bool:
         return self.upstream is not None or bool(self.blocklist) or self.answer_cache_size > 0
-
-
-def add_gateway_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("gateway")
-    g.add_argument("--upstream", default=None, metavar="URL",
-                   help="an OpenAI-compatible server (e.g. vLLM on GPUs, http://gpu:8000/v1) that gets requests "
-                        "for models this server does not serve, and long prompts (--upstream-min-prompt-tokens)")
-    g.add_argument("--upstream-api-key", default=None,
-                   help="sent to the upstream as 'Authorization: Bearer <key>' (env HEARTH_UPSTREAM_API_KEY)")
-    g.add_argument("--upstream-model", default=None,
-                   help="model name to ask the upstream for when a request for the local model goes there for its "
-                        "length (default: the same name)")
-    g.add_argument("--upstream-min-prompt-tokens", type=int, default=None,
-                   help="forward requests for the local model whose prompt has at least this many tokens "
-                        "(default: serve them all locally)")
-    g.add_argument("--upstream-timeout", type=float, default=600.0,
-                   help="seconds to wait for the upstream's next bytes (default %(default)s)")
-    g.add_argument("--blocklist", default=None, metavar="FILE",
-                   help="file of regular expressions, one a line (case-insensitive; # comments): prompts that "
-                        "match one are refused with a 400")
-    g.add_argument("--answer-cache-size", type=int, default=0,
-                   help="keep the answers of this many repeatable requests (temperature 0 or a seed), LRU "
-                        "(default 0: off)")
-    g.add_argument("--answer-cache-ttl", type=float, default=600.0,
-                   help="seconds an answer stays in the answer cache (default %(default)s)")
 
 
 def read_blocklist(path: str) -> list[re.Pattern[str]]:
@@ -165,7 +141,7 @@ class Gateway:
             hit = self.cache.get(key)
             if hit is not None:
                 return Response(hit.body, media_type=hit.media_type, headers={ROUTE_HEADER: "cache"})
-        target = self._upstream_model(req)
+        target = await self._upstream_model(req)
         if target is not None:
             resp = await self._forward(raw.url.path, {**obj, "model": target}, bool(req.stream))
         else:
@@ -178,7 +154,7 @@ class Gateway:
                 self.cache.put(key, bytes(resp.body), resp.media_type or "application/json")
         return resp
 
-    def _upstream_model(self, req: ChatCompletionRequest | CompletionRequest) -> str | None:
+    async def _upstream_model(self, req: ChatCompletionRequest | CompletionRequest) -> str | None:
         """The model to ask the upstream for, or None to serve locally. Upstream-bound requests get the same
         sampling-parameter 400s as local ones; local ones are validated by the local path."""
         c, ctx = self.config, self.ctx
@@ -187,19 +163,19 @@ class Gateway:
         if req.model is not None and req.model != ctx.model_name:
             self._check_params(req)
             return req.model
-        if c.upstream_min_prompt_tokens is None or self._prompt_tokens(req) < c.upstream_min_prompt_tokens:
+        if c.upstream_min_prompt_tokens is None or await self._prompt_tokens(req) < c.upstream_min_prompt_tokens:
             return None
         self._check_params(req)
         return c.upstream_model or ctx.model_name
 
-    def _prompt_tokens(self, req: ChatCompletionRequest | CompletionRequest) -> int:
+    async def _prompt_tokens(self, req: ChatCompletionRequest | CompletionRequest) -> int:
         """The longest prompt's token count, by this server's tokenizer and chat template."""
         from hearth.entrypoints.openai.serving_chat import render_chat
         from hearth.entrypoints.openai.serving_completion import _prompts as prompt_token_ids
 
         if isinstance(req, CompletionRequest):
             return max(len(ids) for _, ids in prompt_token_ids(self.ctx, req))
-        text = render_chat(self.ctx, req.messages, req.add_generation_prompt, req.continue_final_message,
+        text = await render_chat(self.ctx, req.messages, req.add_generation_prompt, req.continue_final_message,
                            req.chat_template, req.chat_template_kwargs)
         return len(self.ctx.tokenizer.encode(text, add_special_tokens=req.add_special_tokens))
 

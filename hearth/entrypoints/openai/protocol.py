@@ -79,6 +79,7 @@ class _SamplingFields(OpenAIModel):
     stream: StrictBool | None = False
     stream_options: StreamOptions | None = None
     user: str | None = None
+    priority: StrictInt = Field(default=0, ge=-(2**31), le=2**31 - 1)  # vLLM's: with --scheduling-policy priority
     # Structured output: OpenAI's response_format, vLLM's guided_* fields and structured_outputs object.
     response_format: ResponseFormat | None = None
     guided_json: str | dict[str, Any] | None = None
@@ -125,8 +126,16 @@ class _SamplingFields(OpenAIModel):
 
     def sampling_params(self, max_tokens: int | None, logprobs: int | None,
                         prompt_logprobs: int | None = None,
-                        structured_outputs: StructuredOutputsParams | None = None) -> SamplingParams:
-        """Raises ValueError (a 400) for out-of-range values."""
+                        structured_outputs: StructuredOutputsParams | None = None,
+                        defaults: dict[str, Any] | None = None, room: int | None = None) -> SamplingParams:
+        """Raises ValueError (a 400) for out-of-range values. defaults: the engine's generation_defaults, for the
+        fields the request leaves unset; a default max_tokens is cut to `room` (the context the prompt leaves)."""
+        d = dict(defaults or {})
+        if room is not None and d.get("max_tokens") is not None:
+            d["max_tokens"] = max(1, min(d["max_tokens"], room))
+
+        def pick(value: Any, name: str, fallback: Any) -> Any:
+            return value if value is not None else d.get(name, fallback)
         bias = None
         if self.logit_bias:
             try:
@@ -134,15 +143,17 @@ class _SamplingFields(OpenAIModel):
             except ValueError:
                 raise ValueError("logit_bias keys must be token ids (integers as strings)") from None
         return SamplingParams(
-            n=self.n, temperature=1.0 if self.temperature is None else self.temperature,
-            top_p=1.0 if self.top_p is None else self.top_p, top_k=self.top_k or 0,
-            min_p=self.min_p or 0.0, seed=self.seed, presence_penalty=self.presence_penalty or 0.0,
+            n=self.n, temperature=pick(self.temperature, "temperature", 1.0),
+            top_p=pick(self.top_p, "top_p", 1.0), top_k=pick(self.top_k, "top_k", 0) or 0,
+            min_p=pick(self.min_p, "min_p", 0.0), seed=self.seed, presence_penalty=self.presence_penalty or 0.0,
             frequency_penalty=self.frequency_penalty or 0.0,
-            repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
+            repetition_penalty=pick(self.repetition_penalty, "repetition_penalty", 1.0),
             logit_bias=bias, stop=self.stop, stop_token_ids=self.stop_token_ids,
             include_stop_str_in_output=self.include_stop_str_in_output, ignore_eos=self.ignore_eos,
-            max_tokens=max_tokens, min_tokens=self.min_tokens, logprobs=logprobs, prompt_logprobs=prompt_logprobs,
-            skip_special_tokens=self.skip_special_tokens, structured_outputs=structured_outputs)
+            max_tokens=pick(max_tokens, "max_tokens", None), min_tokens=self.min_tokens, logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
+            skip_special_tokens=self.skip_special_tokens, structured_outputs=structured_outputs,
+            priority=self.priority)
 
     @property
     def include_usage(self) -> bool:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from fastapi import FastAPI, Request
 
+from hearth.entrypoints.openai.body import openapi_body
 from hearth.entrypoints.openai.protocol_pooling import EmbeddingRequest, RerankRequest, ScoreRequest
 from hearth.entrypoints.openai.serving_common import ServingContext
 from hearth.entrypoints.openai.serving_embedding import create_embedding
@@ -12,14 +13,14 @@ from hearth.entrypoints.openai.serving_score import create_rerank, create_score
 def register_pooling_routes(app: FastAPI, ctx: ServingContext) -> None:
     from hearth.entrypoints.openai.server import parse_body  # (server imports this module)
 
-    @app.post("/v1/embeddings")
+    @app.post("/v1/embeddings", openapi_extra=openapi_body(EmbeddingRequest))
     async def embeddings(raw: Request) -> dict:
         return await create_embedding(ctx, await parse_body(raw, EmbeddingRequest), raw)
 
-    @app.post("/v1/score")
+    @app.post("/v1/score", openapi_extra=openapi_body(ScoreRequest))
     async def score(raw: Request) -> dict:
         return await create_score(ctx, await parse_body(raw, ScoreRequest), raw)
 
-    @app.post("/v1/rerank")
+    @app.post("/v1/rerank", openapi_extra=openapi_body(RerankRequest))
     async def rerank(raw: Request) -> dict:
         return await create_rerank(ctx, await parse_body(raw, RerankRequest), raw)

@@ -2,25 +2,25 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
-from typing import TypeVar
+from dataclasses import dataclass, field
 
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ValidationError
 
 from hearth import __version__
-from hearth.engine.async_engine import AsyncEngine
+from hearth.engine.async_engine import AsyncEngine, ShutdownError
 from hearth.entrypoints.ollama import serving as ollama_serving
-from hearth.entrypoints.openai import serving_anthropic, serving_keys, serving_responses, serving_tokenize
-from hearth.entrypoints.openai.errors import APIError, install_handlers
+from hearth.entrypoints.openai import admin_routes, serving_anthropic, serving_keys, serving_responses, serving_tokenize
+from hearth.entrypoints.openai.body import install_openapi, openapi_body, parse_body  # noqa: F401 (re-export)
+from hearth.entrypoints.openai.errors import error_body, install_handlers
 from hearth.entrypoints.openai.gateway import Gateway
 from hearth.entrypoints.openai.guard import Guard
+from hearth.entrypoints.openai.model_router import ModelRouter
+from hearth.entrypoints.openai.site_guard import SiteConfig, SiteGuard
 from hearth.entrypoints.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -45,22 +45,9 @@ class ServerConfig:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     drain_timeout: float = 30.0
     api_key_file: str | None = None  # per-user keys with limits (TOML); replaces api_key when set
-
-
-M = TypeVar("M", bound=BaseModel)
-
-
-async def parse_body(raw: Request, model: type[M]) -> M:
-    """JSON whatever the content-type says (curl users forget it); bad JSON and bad fields are 400s."""
-    data = await raw.body()
-    try:
-        obj = json.loads(data)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise APIError(400, f"the request body is not valid JSON: {e}") from None
-    try:
-        return model.model_validate(obj)
-    except ValidationError as e:
-        raise RequestValidationError(e.errors()) from None
+    allowed_hosts: list[str] | None = None  # None: any Host (see site_guard.default_allowed_hosts)
+    allowed_origins: list[str] = field(default_factory=list)
+    body_timeout: float = 30.0
 
 
 async def warm_when_idle(engine: AsyncEngine, warm_up: Callable[[], object], idle_s: float = 5.0,
@@ -81,10 +68,17 @@ async def warm_when_idle(engine: AsyncEngine, warm_up: Callable[[], object], idl
         logger.debug("chat template warm-up failed: %s", e)
 
 
-def build_app(engine: AsyncEngine, ctx: ServingContext, config: ServerConfig,
-              gateway: Gateway | None = None) -> FastAPI:
+def build_app(engine: AsyncEngine, ctx: ServingContext | None, config: ServerConfig,
+              gateway: Gateway | None = None, router: ModelRouter | None = None) -> FastAPI:
+    """One model in-process (engine, ctx), or a ModelRouter (then engine is the router, ctx None)."""
     @asynccontextmanager
     async def lifespan(_: FastAPI):
+        if router is not None:  # worker processes: loaded (pinned) before serving, stopped after
+            serving_keys.reload_on_sighup(keys)
+            await router.start()
+            yield
+            await router.shutdown()
+            return
         engine.start()
         serving_keys.reload_on_sighup(keys)
         warm = asyncio.create_task(warm_when_idle(engine, ctx.tokenizer.warm_up))
@@ -94,14 +88,32 @@ def build_app(engine: AsyncEngine, ctx: ServingContext, config: ServerConfig,
             await gateway.aclose()
         # uvicorn has already drained in-flight HTTP requests by now (graceful shutdown on SIGTERM).
         engine.shutdown(config.drain_timeout)
+        ctx.sandbox.shutdown()
 
     app = FastAPI(title="hearth", version=__version__, lifespan=lifespan)
     install_handlers(app)
-    keys = serving_keys.key_ring(config.api_key, config.api_key_file, engine.metrics)
+    keys = serving_keys.key_ring(config.api_key, config.api_key_file,
+                                 engine.metrics if router is None else router.front)
     app.add_middleware(Guard, keys=keys, max_body_bytes=config.max_body_bytes)
+    if config.allowed_origins:  # outside the key guard: preflight requests carry no key
+        app.add_middleware(CORSMiddleware, allow_origins=config.allowed_origins, allow_methods=["*"],
+                           allow_headers=["*"])
+    # NOTE: added last, so it is the outermost layer: refused hosts and origins never reach CORS or a route.
+    app.add_middleware(SiteGuard, config=SiteConfig(config.allowed_hosts, config.allowed_origins,
+                                                    config.body_timeout))
+    install_openapi(app)
     serving_keys.register(app, keys)
+    if router is not None:  # NOTE: before web.register: the router's /status answers for every model
+        admin_routes.register(app, router)
     web.register(app, engine, ctx)
     app.state.engine, app.state.ctx = engine, ctx
+
+    async def context(model: str | None) -> ServingContext:
+        return ctx if router is None else await router.context(model)
+
+    @app.exception_handler(ShutdownError)
+    async def shutting_down(_: Request, exc: ShutdownError) -> JSONResponse:
+        return JSONResponse(error_body(str(exc), "server_error", None, "server_shutting_down"), status_code=503)
 
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -116,42 +128,50 @@ def build_app(engine: AsyncEngine, ctx: ServingContext, config: ServerConfig,
 
     @app.get("/metrics")
     async def metrics() -> Response:
+        if router is not None:
+            return Response(await router.render_metrics(), media_type=CONTENT_TYPE)
         if engine.metrics is None:
             return Response(b"", media_type=CONTENT_TYPE)
         return Response(engine.metrics.render(), media_type=CONTENT_TYPE)
 
     @app.get("/v1/models")
     async def models() -> dict:
+        if router is not None:
+            return router.openai_list()
         upstream = await gateway.upstream_models() if gateway is not None else []
         return {"object": "list", "data": [{"id": ctx.model_name, "object": "model", "created": ctx.created,
-                                            "owned_by": "hearth", "root": ctx.model_path, "parent": None,
+                                            "owned_by": "hearth", "root": ctx.model_name, "parent": None,
                                             "max_model_len": ctx.max_model_len}, *upstream]}
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", openapi_extra=openapi_body(CompletionRequest))
     async def completions(raw: Request):
         body = await parse_body(raw, CompletionRequest)
         if gateway is not None:
             return await gateway.handle(raw, body, create_completion)
-        return await create_completion(ctx, body, raw)
+        return await create_completion(await context(body.model), body, raw)
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", openapi_extra=openapi_body(ChatCompletionRequest))
     async def chat_completions(raw: Request):
         body = await parse_body(raw, ChatCompletionRequest)
         if gateway is not None:
             return await gateway.handle(raw, body, create_chat_completion)
-        return await create_chat_completion(ctx, body, raw)
+        return await create_chat_completion(await context(body.model), body, raw)
 
-    register_pooling_routes(app, ctx)
+    if router is None:  # TODO(multi-model): pooling, responses, anthropic and ollama routes take one ctx
+        register_pooling_routes(app, ctx)
 
-    @app.post("/tokenize")
+    @app.post("/tokenize", openapi_extra=openapi_body(TokenizeRequest))
     async def tokenize(raw: Request) -> dict:
-        return serving_tokenize.tokenize(ctx, await parse_body(raw, TokenizeRequest))
+        body = await parse_body(raw, TokenizeRequest)
+        return await serving_tokenize.tokenize(await context(body.model), body)
 
-    @app.post("/detokenize")
+    @app.post("/detokenize", openapi_extra=openapi_body(DetokenizeRequest))
     async def detokenize(raw: Request) -> dict:
-        return serving_tokenize.detokenize(ctx, await parse_body(raw, DetokenizeRequest))
+        body = await parse_body(raw, DetokenizeRequest)
+        return serving_tokenize.detokenize(await context(body.model), body)
 
-    serving_responses.register(app, ctx, parse_body)  # POST /v1/responses, GET/DELETE /v1/responses/{id}
-    serving_anthropic.register(app, ctx, parse_body)  # POST /v1/messages, /v1/messages/count_tokens
-    ollama_serving.register(app, ctx, parse_body)  # Ollama's /api/*
+    if router is None:
+        serving_responses.register(app, ctx, parse_body)  # POST /v1/responses, GET/DELETE /v1/responses/{id}
+        serving_anthropic.register(app, ctx, parse_body)  # POST /v1/messages, /v1/messages/count_tokens
+        ollama_serving.register(app, ctx, parse_body)  # Ollama's /api/*
     return app

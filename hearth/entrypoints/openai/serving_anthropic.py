@@ -11,6 +11,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from hearth.entrypoints.openai.body import openapi_body
 from hearth.engine.async_engine import EngineDeadError
 from hearth.entrypoints.openai.anthropic_protocol import CountTokensRequest, MessagesRequest, chat_request
 from hearth.entrypoints.openai.errors import APIError, _validation_message
@@ -165,11 +166,11 @@ class MessagesAPI:
                               "cache_read_input_tokens": cached}})
         yield _sse({"type": "message_stop"})
 
-    def count_tokens(self, req: CountTokensRequest) -> dict[str, int]:
+    async def count_tokens(self, req: CountTokensRequest) -> dict[str, int]:
         self.ctx.check_model(req.model)
         chat = chat_request(req)
         plan = plan_tools(chat)
-        text = render_chat(self.ctx, chat.messages, True, kwargs=chat.chat_template_kwargs, tools=plan)
+        text = await render_chat(self.ctx, chat.messages, True, kwargs=chat.chat_template_kwargs, tools=plan)
         return {"input_tokens": len(self.ctx.tokenizer.encode(text, add_special_tokens=False))}
 
 
@@ -184,15 +185,15 @@ def register(app: FastAPI, ctx: ServingContext, parse_body: Callable[[Request, t
         except RequestValidationError as e:
             return anthropic_error(400, _validation_message(e)[0])
 
-    @app.post("/v1/messages")
+    @app.post("/v1/messages", openapi_extra=openapi_body(MessagesRequest))
     async def messages(raw: Request):
         async def run() -> Any:
             return await api.create(await parse_body(raw, MessagesRequest), raw)
         return await anthropic_shaped(run())
 
-    @app.post("/v1/messages/count_tokens")
+    @app.post("/v1/messages/count_tokens", openapi_extra=openapi_body(CountTokensRequest))
     async def count_tokens(raw: Request):
         async def run() -> Any:
-            return api.count_tokens(await parse_body(raw, CountTokensRequest))
+            return await api.count_tokens(await parse_body(raw, CountTokensRequest))
         return await anthropic_shaped(run())
 

@@ -2,6 +2,7 @@
 ChatRun are the path the other chat-shaped APIs (Responses, Anthropic Messages, Ollama) share."""
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -20,17 +21,21 @@ from hearth.entrypoints.openai.serving_common import (
     sse,
     sse_stream,
     usage,
+    wait_disconnect,
 )
 from hearth.entrypoints.openai.reasoning import ReasoningParser, ReasoningStream
+from hearth.entrypoints.openai.template_sandbox import TemplateLimitError, run_watched
 from hearth.entrypoints.openai.serving_tools import ToolPlan, ToolStream, finish_message, plan_tools
 from hearth.layers.sampler import TokenLogprobs
 from hearth.sampling_params import SamplingParams
 
 
-def render_chat(ctx: ServingContext, messages: list[ChatMessage], add_generation_prompt: bool,
-                continue_final_message: bool = False, chat_template: str | None = None,
-                kwargs: dict | None = None, tools: ToolPlan | None = None) -> str:
-    """Apply the chat template; a bad message list or template is the user's error (400), not ours."""
+async def render_chat(ctx: ServingContext, messages: list[ChatMessage], add_generation_prompt: bool,
+                      continue_final_message: bool = False, chat_template: str | None = None,
+                      kwargs: dict | None = None, tools: ToolPlan | None = None,
+                      raw: Request | None = None) -> str:
+    """Apply the chat template off the event loop (a request's own template in the sandbox worker, see
+    template_sandbox); a bad message list or template, or one over a limit, is the user's error (400)."""
     from jinja2 import TemplateError
 
     try:
@@ -38,12 +43,31 @@ def render_chat(ctx: ServingContext, messages: list[ChatMessage], add_generation
         template = chat_template or ctx.chat_template
         if tools is not None and tools.tools:
             dicts = tools.add_to_messages(dicts, template or ctx.tokenizer.chat_template)
-        return ctx.tokenizer.apply_chat_template(dicts, add_generation_prompt=add_generation_prompt,
-                                                 tools=tools.tools if tools is not None and tools.tools else None,
-                                                 chat_template=template,
-                                                 continue_final_message=continue_final_message, **(kwargs or {}))
+        render_kw = ctx.tokenizer.chat_render_kwargs(
+            dicts, add_generation_prompt=add_generation_prompt,
+            tools=tools.tools if tools is not None and tools.tools else None, chat_template=template,
+            continue_final_message=continue_final_message, **(kwargs or {}))
+        max_chars = ctx.max_prompt_chars
+        if chat_template is None or ctx.tokenizer.is_own_template(chat_template):
+            def work(_: object) -> str:
+                return render_local(render_kw, max_chars)
+        else:
+            def work(cancelled: object) -> str:
+                return ctx.sandbox.render(render_kw, max_chars, cancelled)
+        return await run_watched(work, None if raw is None else lambda: wait_disconnect(raw))
+    except TemplateLimitError as e:
+        raise APIError(400, f"chat_template: {e}", param="chat_template", code="chat_template_limit") from None
     except (ValueError, TemplateError, TypeError) as e:
         raise APIError(400, f"cannot apply the chat template: {e}", param="messages") from None
+
+
+def render_local(render_kw: dict, max_chars: int) -> str:
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    text = render_jinja_template(**render_kw)[0][0]
+    if len(text) > max_chars:
+        raise TemplateLimitError(f"the rendered chat template is longer than the limit of {max_chars} characters")
+    return text
 
 
 def _logprob_entry(ctx: ServingContext, token_id: int, logprob: float) -> dict:
@@ -111,7 +135,7 @@ class ChoiceStream:
 
 
 async def start_chat(ctx: ServingContext, req: ChatCompletionRequest, id_prefix: str = "chatcmpl",
-                     reasoning_budget: int | None = None) -> ChatRun:
+                     reasoning_budget: int | None = None, raw: Request | None = None) -> ChatRun:
     """Validate, render, tokenize and submit a chat request (user errors are APIError 4xx). reasoning_budget:
     this request's thinking budget (Anthropic's thinking.budget_tokens), instead of --reasoning-budget."""
     ctx.check_model(req.model)
@@ -129,13 +153,14 @@ async def start_chat(ctx: ServingContext, req: ChatCompletionRequest, id_prefix:
             raise APIError(400, f"tool_choice {plan.mode!r} cannot be combined with {spec_param}",
                            param="tool_choice")
         spec, spec_param = plan.constraint, "tools"  # NOTE: the grammar comes from the functions' schemas
-    text = render_chat(ctx, req.messages, req.add_generation_prompt, req.continue_final_message,
-                       req.chat_template, req.chat_template_kwargs, plan)
-    ids = ctx.tokenizer.encode(text, add_special_tokens=req.add_special_tokens)
+    text = await render_chat(ctx, req.messages, req.add_generation_prompt, req.continue_final_message,
+                             req.chat_template, req.chat_template_kwargs, plan, raw)
+    ids = await asyncio.to_thread(ctx.tokenizer.encode, text, req.add_special_tokens)
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     try:
-        params = req.sampling_params(max_tokens, logprobs, structured_outputs=spec)
+        params = req.sampling_params(max_tokens, logprobs, structured_outputs=spec, defaults=ctx.sampling_defaults,
+                                     room=ctx.max_model_len - len(ids))
     except ValueError as e:
         err = bad_request(e, SAMPLING_PARAMS)
         if err.param == "max_tokens" and req.max_completion_tokens is not None:
@@ -148,7 +173,8 @@ async def start_chat(ctx: ServingContext, req: ChatCompletionRequest, id_prefix:
         if req.add_generation_prompt and not req.continue_final_message:
             # NOTE: only the generation prompt tells whether this turn's thinking is open: earlier assistant turns
             # in the history may hold closed <think> blocks of their own.
-            head = render_chat(ctx, req.messages, False, False, req.chat_template, req.chat_template_kwargs, plan)
+            head = await render_chat(ctx, req.messages, False, False, req.chat_template, req.chat_template_kwargs,
+                                     plan, raw)
             opened = text[len(head):] if text.startswith(head) else text
         state = reasoning.initial_state(opened)
     starts = state == "think"
@@ -156,12 +182,12 @@ async def start_chat(ctx: ServingContext, req: ChatCompletionRequest, id_prefix:
         params = ctx.reasoning_params(params, state, reasoning_budget)
     await ctx.compile_structured(spec, spec_param)
     request_id = new_id(id_prefix)
-    stream = await ctx.generate([(request_id, ids, params)])
+    stream = await ctx.generate([(request_id, ids, params)], prompt_param="messages")
     return ChatRun(request_id, ids, params, plan, stream, reasoning, starts)
 
 
 async def create_chat_completion(ctx: ServingContext, req: ChatCompletionRequest, raw: Request):
-    run = await start_chat(ctx, req)
+    run = await start_chat(ctx, req, raw=raw)
     request_id, ids, stream = run.request_id, run.prompt_ids, run.stream
     n = run.params.n
     plan = run.plan

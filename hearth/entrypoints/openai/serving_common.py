@@ -5,6 +5,7 @@ import asyncio
 import dataclasses
 import functools
 import json
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -12,10 +13,11 @@ from dataclasses import dataclass, field
 
 from fastapi import Request
 
-from hearth.engine.async_engine import AsyncEngine, EngineDeadError, QueueFullError, RequestStream
+from hearth.engine.async_engine import AsyncEngine, EngineDeadError, QueueFullError, RequestStream, ShutdownError
 from hearth.engine.outputs import StepOutput
 from hearth.entrypoints.openai.api_keys import meter
 from hearth.entrypoints.openai.errors import APIError, bad_request, error_body
+from hearth.entrypoints.openai.template_sandbox import SandboxRenderer
 from hearth.entrypoints.openai.fim import FIMTokens, find_fim_tokens
 from hearth.entrypoints.openai.reasoning import THINK_CLOSE, THINK_OPEN, ReasoningParser
 from hearth.sampling_params import SamplingParams
@@ -26,7 +28,11 @@ from hearth.tokenizer import Tokenizer
 # Parameter names a SamplingParams / engine message may start with (its first word names the field).
 SAMPLING_PARAMS = {"n", "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
                    "repetition_penalty", "max_tokens", "min_tokens", "logprobs", "prompt_logprobs", "seed", "stop",
-                   "logit_bias", "top_logprobs", "max_completion_tokens", "messages", "prompt"}
+                   "logit_bias", "top_logprobs", "max_completion_tokens", "messages", "prompt",
+                   "stop_token_ids", "priority"}
+
+
+GRAMMAR_TIMEOUT_S = 5.0
 
 
 @dataclass
@@ -37,19 +43,35 @@ class ServingContext:
     model_path: str
     max_model_len: int
     chat_template: str | None = None
+    aliases: tuple[str, ...] = ()  # other names a request may use (--models-config)
     reasoning_parser: ReasoningParser | None = None  # --reasoning-parser
     reasoning_budget: int | None = None  # --reasoning-budget
     created: int = field(default_factory=lambda: int(time.time()))
     _token_texts: dict[int, str] = field(default_factory=dict)  # bounded by the vocabulary
+    sandbox: SandboxRenderer = field(default_factory=SandboxRenderer)  # request-supplied chat templates
+
+    @property
+    def max_prompt_chars(self) -> int:
+        """The limit on a rendered chat prompt: far more text than the context can hold in tokens."""
+        return max(1_000_000, 32 * self.max_model_len)
+
+    @property
+    def sampling_defaults(self) -> dict:
+        """The engine's generation_config defaults for fields a request leaves unset (generation_defaults.py)."""
+        local = getattr(self.engine, "engine", None)  # None: the engine is in a worker process (its WorkerInfo)
+        source = local if local is not None else self.engine.info
+        return getattr(source, "generation_defaults", None) or {}
 
     @functools.cached_property
     def fim(self) -> FIMTokens | None:
         """The model's fill-in-the-middle tokens (None: it has none), found on first use."""
-        return find_fim_tokens(self.tokenizer, self.engine.engine.model_config.hf_config)
+        local = getattr(self.engine, "engine", None)  # None: the engine is in a worker process (its WorkerInfo)
+        hf_config = local.model_config.hf_config if local is not None else self.engine.info.hf_config
+        return find_fim_tokens(self.tokenizer, hf_config)
 
     def check_model(self, name: str | None) -> None:
         # NOTE: an absent model is accepted (vLLM does the same); a wrong one is a 404.
-        if name is not None and name != self.model_name:
+        if name is not None and name != self.model_name and name not in self.aliases:
             raise APIError(404, f"the model {name!r} does not exist; this server serves {self.model_name!r}",
                            param="model", code="model_not_found")
 
@@ -84,27 +106,38 @@ class ServingContext:
     async def compile_structured(self, spec: StructuredOutputsParams | None, param: str | None) -> None:
         """Compile (and cache) a constraint off the event loop and off the engine thread: a bad one is a 400
         naming the field that asked for it. The engine's own compile in add_request is then a cache hit."""
-        if spec is None:
+        local = getattr(self.engine, "engine", None)  # None: the engine is in a worker process, which compiles it
+        if spec is None or local is None:
             return
         try:
-            await asyncio.to_thread(self.engine.engine.structured.compile, spec)
+            # NOTE: a compile past the limit goes on in its thread (it cannot be stopped), bounded by the
+            # compiler's size limit; the request is refused at once, so it never reaches the engine.
+            await asyncio.wait_for(asyncio.to_thread(local.structured.compile, spec),
+                                   GRAMMAR_TIMEOUT_S)
+        except TimeoutError:
+            raise APIError(400, f"{param}: the constraint took longer than the limit of {GRAMMAR_TIMEOUT_S:g} s "
+                                "to compile", param=param) from None
         except ValueError as e:
             raise APIError(400, f"{param}: {e}" if param else str(e), param=param) from None
 
-    async def generate(self, subs: list[tuple[str, list[int], SamplingParams]]) -> RequestStream:
-        """Submit; user errors become 400, a full queue 503 with Retry-After."""
+    async def generate(self, subs: list[tuple[str, list[int], SamplingParams]],
+                       prompt_param: str = "prompt") -> RequestStream:
+        """Submit; user errors become 400 (param: the field at fault; prompt_param names the prompt's field), a
+        full queue 503 with Retry-After."""
         try:
             return meter(await self.engine.generate(subs), subs)  # counts tokens for the request's API key
         except ValueError as e:
             err = bad_request(e, SAMPLING_PARAMS)
             if "context length" in err.message:
-                err.param = "max_tokens" if "max_tokens" in err.message else "prompt"
+                err.param = "max_tokens" if "max_tokens" in err.message else prompt_param
+            elif err.param == "prompt" or (err.param is None and re.search(r"\bprompt\b", err.message)):
+                err.param = prompt_param
             raise err from None
         except QueueFullError as e:
             raise APIError(503, str(e), "server_overloaded", code="queue_full",
                            headers={"Retry-After": str(e.retry_after)}) from None
-        except EngineDeadError as e:
-            raise APIError(500, str(e), "server_error") from None
+        except EngineDeadError as e:  # a worker process that died is a 503 (WorkerDiedError.status_code)
+            raise APIError(getattr(e, "status_code", 500), str(e), "server_error") from None
 
 
 def new_id(prefix: str) -> str:
@@ -114,6 +147,12 @@ def new_id(prefix: str) -> str:
 def sse(obj: dict | str) -> str:
     data = obj if isinstance(obj, str) else json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
     return f"data: {data}\n\n"
+
+
+async def wait_disconnect(raw: Request) -> None:
+    """Return when the client has gone away (call after the body was read)."""
+    while (await raw.receive()).get("type") != "http.disconnect":
+        pass
 
 
 async def _watch_disconnect(raw: Request, stream: RequestStream) -> None:
@@ -158,6 +197,8 @@ async def sse_stream(chunks: AsyncIterator[str]) -> AsyncIterator[str]:
         yield sse(error_body(e.message, e.type, e.param, e.code))
     except EngineDeadError as e:
         yield sse(error_body(str(e), "server_error"))
+    except ShutdownError as e:
+        yield sse(error_body(str(e), "server_error", None, "server_shutting_down"))
     yield "data: [DONE]\n\n"
 
 

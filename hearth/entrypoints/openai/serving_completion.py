@@ -96,7 +96,9 @@ async def create_completion(ctx: ServingContext, req: CompletionRequest, raw: Re
     except FieldError as e:
         raise APIError(400, str(e), param=e.param) from None
     try:
-        params = req.sampling_params(req.max_tokens, req.logprobs, prompt_lp, structured_outputs=spec)
+        params = req.sampling_params(req.max_tokens, req.logprobs, prompt_lp, structured_outputs=spec,
+                                     defaults=ctx.sampling_defaults,
+                                     room=ctx.max_model_len - max(len(ids) for _, ids in prompts))
     except ValueError as e:
         raise bad_request(e, SAMPLING_PARAMS) from None
     await ctx.compile_structured(spec, spec_param)

@@ -11,6 +11,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from hearth.entrypoints.openai.body import openapi_body
 from hearth.engine.async_engine import EngineDeadError
 from hearth.entrypoints.openai.errors import APIError
 from hearth.entrypoints.openai.responses_events import (
@@ -141,7 +142,7 @@ class ResponsesAPI:
 def register(app: FastAPI, ctx: ServingContext, parse_body: Callable[[Request, type], Awaitable[Any]]) -> None:
     api = ResponsesAPI(ctx)
 
-    @app.post("/v1/responses")
+    @app.post("/v1/responses", openapi_extra=openapi_body(ResponsesRequest))
     async def responses(raw: Request):
         return await api.create(await parse_body(raw, ResponsesRequest), raw)
 

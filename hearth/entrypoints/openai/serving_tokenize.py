@@ -1,21 +1,23 @@
 """POST /tokenize and /detokenize (vLLM's shapes)."""
 from __future__ import annotations
 
+import asyncio
+
 from hearth.entrypoints.openai.errors import APIError
 from hearth.entrypoints.openai.protocol import DetokenizeRequest, TokenizeRequest
 from hearth.entrypoints.openai.serving_chat import render_chat
 from hearth.entrypoints.openai.serving_common import ServingContext
 
 
-def tokenize(ctx: ServingContext, req: TokenizeRequest) -> dict:
+async def tokenize(ctx: ServingContext, req: TokenizeRequest) -> dict:
     ctx.check_model(req.model)
     if (req.prompt is None) == (req.messages is None):
         raise APIError(400, "give exactly one of prompt or messages", param="prompt")
     if req.messages is not None:
-        text = render_chat(ctx, req.messages, req.add_generation_prompt)
-        ids = ctx.tokenizer.encode(text, add_special_tokens=False)
+        text = await render_chat(ctx, req.messages, req.add_generation_prompt)
+        ids = await asyncio.to_thread(ctx.tokenizer.encode, text, False)
     else:
-        ids = ctx.tokenizer.encode(req.prompt, add_special_tokens=req.add_special_tokens)
+        ids = await asyncio.to_thread(ctx.tokenizer.encode, req.prompt, req.add_special_tokens)
     out: dict = {"count": len(ids), "max_model_len": ctx.max_model_len, "tokens": ids}
     if req.return_token_strs:
         out["token_strs"] = ctx.tokenizer.convert_ids_to_tokens(ids)

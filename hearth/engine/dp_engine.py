@@ -1,0 +1,184 @@
+"""DataParallelEngine: N ProcessEngines of one model behind one engine interface (vLLM's --data-parallel-size).
+
+Each request goes to the live engine with the least running + waiting work (the sequences this front has in
+flight on it: exact and current, where the workers' stats lag by a push period). A rank that dies fails only its
+own in-flight requests (503) and is restarted in the background; the others keep serving. With size 1 this is
+also how the model router runs each model: one worker process, restarted on a crash.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import threading
+
+from hearth.config import EngineArgs
+from hearth.engine.async_engine import RequestStream
+from hearth.engine.engine_worker import WorkerInfo, WorkerOptions
+from hearth.engine.llm_engine import EngineStats
+from hearth.engine.process_engine import LoadFailedError, ProcessEngine, WorkerDiedError
+from hearth.metrics_merge import merge_expositions
+from hearth.sampling_params import SamplingParams
+
+logger = logging.getLogger("hearth")
+
+MAX_RESTARTS = 3  # consecutive failed restarts of one rank before it stays down
+
+
+class DataParallelEngine:
+    def __init__(self, args: EngineArgs, opts: WorkerOptions, binds: list[str | None], load_timeout: float,
+                 restart: bool = True) -> None:
+        self.args, self.opts, self.binds = args, opts, binds
+        self.load_timeout = load_timeout
+        self.restart = restart
+        self.metrics = None  # no registry in this process: render_metrics() asks the workers
+        self.ranks: list[ProcessEngine] = [self._new_rank(i) for i in range(len(binds))]
+        self.restarts = [0] * len(binds)  # per rank, since the start (what `hearth ps` / GET /models show)
+        self._failures = [0] * len(binds)  # consecutive failed restarts
+        self._watchers: list[asyncio.Task] = []
+        self._restarting: dict[int, asyncio.Task] = {}
+        self._closing = False
+        self._rank_ready = asyncio.Event()  # set while at least one rank is loaded and alive
+
+    @property
+    def size(self) -> int:
+        return len(self.ranks)
+
+    def _new_rank(self, i: int) -> ProcessEngine:
+        args = self.args
+        if self.binds[i] is not None:
+            args = dataclasses.replace(args, omp_threads_bind=self.binds[i],
+                                       threads=args.threads if self.binds[i] == "nobind" else None)
+        return ProcessEngine(args, dataclasses.replace(self.opts, engine_label=str(i)))
+
+    # ---- lifecycle ----
+    def start(self) -> None:
+        """Nothing: load() starts the workers."""
+
+    async def load(self) -> WorkerInfo:
+        """Start every rank and wait for all of them (bounded). On failure none is left running."""
+        try:
+            infos = await asyncio.gather(*(r.load(self.load_timeout) for r in self.ranks))
+        except BaseException:
+            await asyncio.to_thread(self._kill_all)
+            raise
+        self._rank_ready.set()
+        self._watchers = [asyncio.create_task(self._watch(i)) for i in range(self.size)]
+        return infos[0]
+
+    @property
+    def info(self) -> WorkerInfo | None:
+        return next((r.info for r in self.ranks if r.info is not None), None)
+
+    @property
+    def pids(self) -> list[int]:
+        return [r.pid for r in self.ranks if r.pid is not None and r.dead is None]
+
+    @property
+    def loading(self) -> bool:
+        return bool(self._restarting)
+
+    @property
+    def dead(self) -> BaseException | None:
+        live = [r for r in self.ranks if r.dead is None]
+        if live or self._restarting:
+            return None
+        return self.ranks[0].dead
+
+    @property
+    def in_flight(self) -> int:
+        return sum(r.in_flight for r in self.ranks)
+
+    @property
+    def stats(self) -> EngineStats:
+        stats = [r.stats for r in self.ranks]
+        total = EngineStats(0, 0, 0.0, 0, 0, 0, 0)
+        for s in stats:
+            total.num_running += s.num_running
+            total.num_waiting += s.num_waiting
+            total.num_used_blocks += s.num_used_blocks
+            total.num_preemptions += s.num_preemptions
+            total.prefix_queries += s.prefix_queries
+            total.prefix_hits += s.prefix_hits
+        total.kv_usage = sum(s.kv_usage for s in stats) / max(1, len(stats))
+        return total
+
+    async def _watch(self, i: int) -> None:
+        """Restart rank i whenever its process exits while the engine is open."""
+        while True:
+            rank = self.ranks[i]
+            await rank.exited.wait()
+            if self._closing or not self.restart:
+                return
+            if not any(r.dead is None for r in self.ranks):
+                self._rank_ready.clear()
+            logger.warning("restarting engine %d of model %r (its worker exited with %s)", i, self.opts.name,
+                           rank.exitcode)
+            task = asyncio.current_task()
+            self._restarting[i] = task
+            try:
+                while True:
+                    fresh = self._new_rank(i)
+                    self.ranks[i] = fresh
+                    self.restarts[i] += 1
+                    try:
+                        await fresh.load(self.load_timeout)
+                        self._failures[i] = 0
+                        break
+                    except (LoadFailedError, TimeoutError) as e:
+                        fresh.kill()
+                        self._failures[i] += 1
+                        if self._failures[i] >= MAX_RESTARTS or self._closing:
+                            logger.error("engine %d of model %r stays down: %s", i, self.opts.name, e)
+                            return
+                        await asyncio.sleep(1.0)
+            finally:
+                self._restarting.pop(i, None)
+            self._rank_ready.set()
+
+    def kill(self) -> None:
+        self._closing = True
+        self._kill_all()
+
+    def _kill_all(self) -> None:
+        for r in self.ranks:
+            r.kill()
+
+    def shutdown(self, timeout: float = 30.0) -> None:
+        """Drain every rank (in parallel, up to timeout), then their processes exit."""
+        self._closing = True
+        for w in self._watchers:
+            w.get_loop().call_soon_threadsafe(w.cancel)
+        threads = [threading.Thread(target=r.shutdown, args=(timeout,)) for r in self.ranks]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+
+    # ---- requests ----
+    def _pick(self) -> ProcessEngine | None:
+        live = [r for r in self.ranks if r.dead is None and r.info is not None]
+        return min(live, key=lambda r: r.in_flight, default=None)
+
+    async def generate(self, subs: list[tuple[str, list[int], SamplingParams]]) -> RequestStream:
+        rank = self._pick()
+        if rank is None and self._restarting:
+            # Every rank is down and coming back: wait for one (bounded), as for a model that must load.
+            try:
+                await asyncio.wait_for(self._rank_ready.wait(), self.load_timeout)
+            except TimeoutError:
+                pass
+            rank = self._pick()
+        if rank is None:
+            raise WorkerDiedError(f"no engine of model {self.opts.name!r} is running "
+                                  f"({self.ranks[0].dead or 'not loaded'})")
+        return await rank.generate(subs)
+
+    def abort(self, request_ids: list[str]) -> None:
+        # NOTE: streams abort through the rank that runs them; this serves callers that only know the ids.
+        for r in self.ranks:
+            r.abort(request_ids)
+
+    async def render_metrics(self) -> bytes:
+        texts = await asyncio.gather(*(r.render_metrics() for r in self.ranks))
+        return merge_expositions(list(texts))

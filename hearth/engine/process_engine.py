@@ -1,0 +1,292 @@
+"""ProcessEngine: an engine in its own spawned process, behind the interface the HTTP layer already talks to
+(AsyncEngine's generate / abort / stats / dead / start / shutdown), plus async load() and render_metrics().
+
+Why a process: a crash or OOM in one model takes only its process down (its requests fail with WorkerDiedError,
+a 503), and unloading a model really returns its memory to the OS (the process exits). The front never imports
+model code. NOTE: one reader thread per worker turns pipe messages into event-loop callbacks; all state below is
+touched on the event loop only, except _send (locked) which RequestStream.__del__ may call from anywhere.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import multiprocessing as mp
+import os
+import threading
+from dataclasses import dataclass, field
+
+from hearth.config import EngineArgs
+from hearth.engine.async_engine import _END, EngineDeadError, RequestStream, _StreamState
+from hearth.engine.engine_worker import WorkerInfo, WorkerOptions, worker_main
+from hearth.engine.llm_engine import EngineStats
+from hearth.sampling_params import SamplingParams
+
+logger = logging.getLogger("hearth")
+
+_EMPTY_STATS = EngineStats(0, 0, 0.0, 0, 0, 0, 0)
+
+
+class WorkerDiedError(EngineDeadError):
+    """The engine's worker process exited (crash, OOM kill, unload) with this request in flight: a 503."""
+
+    status_code = 503
+
+
+class LoadFailedError(RuntimeError):
+    """The worker could not load its model (bad path, not enough memory for the KV cache, ...)."""
+
+
+@dataclass
+class _Pending:
+    state: _StreamState
+    request_ids: list[str]
+    accepted: asyncio.Future
+    num_seqs: int
+
+
+@dataclass
+class _Metrics:
+    """What a model's /metrics needs from the front side: the last rendering (a fresh one is asked per scrape)."""
+    text: bytes = b""
+    waiters: dict[int, asyncio.Future] = field(default_factory=dict)
+
+
+class ProcessEngine:
+    def __init__(self, args: EngineArgs, opts: WorkerOptions, env: dict[str, str] | None = None) -> None:
+        self.args, self.opts, self.env = args, opts, env or {}
+        self.info: WorkerInfo | None = None
+        self.metrics = None  # NOTE: None tells server.py's in-process paths there is no local registry
+        self.dead: BaseException | None = None
+        self.exitcode: int | None = None
+        self._stats = _EMPTY_STATS
+        self._proc: mp.process.BaseProcess | None = None
+        self._conn = None
+        self._send_lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._ready: asyncio.Future | None = None
+        self._streams: dict[int, _Pending] = {}
+        self._rid_sid: dict[str, int] = {}
+        self._sids = itertools.count()
+        self._metrics = _Metrics()
+        self.in_flight = 0  # sequences submitted and not finished: the data-parallel router's load measure
+        self.exited = asyncio.Event()
+
+    # ---- lifecycle ----
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    def start(self) -> None:
+        """AsyncEngine's start(): the process is started by load(); nothing to do here."""
+
+    async def load(self, timeout: float) -> WorkerInfo:
+        """Spawn the worker and wait (bounded) until its model is loaded. Raises LoadFailedError / TimeoutError."""
+        if self._ready is None:
+            self._loop = asyncio.get_running_loop()
+            self._ready = self._loop.create_future()
+            ctx = mp.get_context("spawn")
+            parent, child = ctx.Pipe()
+            self._conn = parent
+            saved = {k: os.environ.get(k) for k in self.env}
+            os.environ.update(self.env)  # NOTE: a spawned child copies os.environ at start; restored just below
+            try:
+                self._proc = ctx.Process(target=worker_main, args=(child, self.args, self.opts),
+                                         name=f"hearth-worker-{self.opts.name}-{self.opts.engine_label}",
+                                         daemon=True)
+                self._proc.start()
+            finally:
+                for k, v in saved.items():
+                    if v is None:
+                        os.environ.pop(k, None)
+                    else:
+                        os.environ[k] = v
+            child.close()
+            threading.Thread(target=self._read, name="hearth-front-recv", daemon=True).start()
+        try:
+            return await asyncio.wait_for(asyncio.shield(self._ready), timeout)
+        except TimeoutError:
+            raise TimeoutError(f"model {self.opts.name!r} did not load within {timeout:.0f} s") from None
+
+    def _read(self) -> None:
+        conn, loop = self._conn, self._loop
+        while True:
+            try:
+                msg = conn.recv()
+            except (EOFError, OSError):
+                break
+            loop.call_soon_threadsafe(self._on_message, msg)
+        self._proc.join()
+        try:
+            loop.call_soon_threadsafe(self._on_exit, self._proc.exitcode)
+        except RuntimeError:  # the loop has closed (server shut down)
+            pass
+
+    def kill(self) -> None:
+        """Stop the worker now (unload, or a stuck shutdown): its in-flight requests fail with a 503."""
+        if self._proc is not None and self._proc.is_alive():
+            self._proc.kill()
+
+    def shutdown(self, timeout: float = 30.0) -> None:
+        """Let the worker's in-flight requests finish (up to timeout), then it exits. Blocking, like AsyncEngine's."""
+        if self._proc is None:
+            return
+        if self._proc.is_alive():
+            try:
+                self._send(("shutdown", timeout))
+            except OSError:
+                pass
+            self._proc.join(timeout + 5)
+            if self._proc.is_alive():
+                self._proc.kill()
+                self._proc.join(5)
+
+    async def aclose(self, timeout: float = 30.0) -> None:
+        await asyncio.to_thread(self.shutdown, timeout)
+
+    @property
+    def stats(self) -> EngineStats:
+        return self._stats
+
+    # ---- requests ----
+    async def generate(self, subs: list[tuple[str, list[int], SamplingParams]]) -> RequestStream:
+        if self.dead is not None:
+            raise WorkerDiedError(str(self.dead))
+        if self.info is None:
+            raise EngineDeadError(f"model {self.opts.name!r} is not loaded")
+        loop = asyncio.get_running_loop()
+        n = sum(p.n for _, _, p in subs)
+        state = _StreamState(loop, asyncio.Queue(), n)
+        sid = next(self._sids)
+        ids = [rid for rid, _, _ in subs]
+        pending = _Pending(state, ids, loop.create_future(), n)
+        self._streams[sid] = pending
+        for rid in ids:
+            self._rid_sid[rid] = sid
+        self.in_flight += n
+        try:
+            self._send(("add", sid, subs))
+            await pending.accepted
+        except BaseException:
+            self._forget(sid)
+            if not pending.accepted.done() or pending.accepted.cancelled():
+                self._send_quiet(("abort", ids))
+            raise
+        return RequestStream(self, ids, state)
+
+    def abort(self, request_ids: list[str]) -> None:
+        self._send_quiet(("abort", list(request_ids)))
+        if self._loop is not None:
+            try:
+                self._loop.call_soon_threadsafe(self._forget_rids, list(request_ids))
+            except RuntimeError:
+                pass
+
+    async def render_metrics(self, timeout: float = 5.0) -> bytes:
+        """The worker's exposition (its registry carries model_name and engine labels)."""
+        if self.info is None or self.dead is not None:
+            return self._metrics.text
+        qid = next(self._sids)
+        fut = asyncio.get_running_loop().create_future()
+        self._metrics.waiters[qid] = fut
+        self._send_quiet(("metrics", qid))
+        try:
+            self._metrics.text = await asyncio.wait_for(fut, timeout)
+        except TimeoutError:
+            pass
+        finally:
+            self._metrics.waiters.pop(qid, None)
+        return self._metrics.text
+
+    # ---- plumbing ----
+    def _send(self, msg: tuple) -> None:
+        with self._send_lock:
+            self._conn.send(msg)
+
+    def _send_quiet(self, msg: tuple) -> None:
+        try:
+            if self._conn is not None and self.dead is None:
+                self._send(msg)
+        except (OSError, ValueError):  # the worker is gone; _on_exit fails what was in flight
+            pass
+
+    def _forget(self, sid: int) -> None:
+        p = self._streams.pop(sid, None)
+        if p is not None:
+            self.in_flight -= p.state.remaining if p.accepted.done() else p.num_seqs
+            for rid in p.request_ids:
+                self._rid_sid.pop(rid, None)
+
+    def _forget_rids(self, request_ids: list[str]) -> None:
+        for rid in request_ids:
+            sid = self._rid_sid.get(rid)
+            if sid is not None:
+                self._forget(sid)
+
+    def _on_message(self, msg: tuple) -> None:
+        kind = msg[0]
+        if kind == "out":
+            for sid, item in msg[1]:
+                p = self._streams.get(sid)
+                if p is None:
+                    continue  # aborted meanwhile
+                if item == "end":
+                    p.state.queue.put_nowait(_END)
+                    self._forget(sid)
+                elif isinstance(item, BaseException):
+                    p.state.queue.put_nowait(item)
+                    self._forget(sid)
+                else:
+                    done = sum(1 for o in item if o.finished)
+                    p.state.remaining -= done
+                    self.in_flight -= done
+                    p.state.queue.put_nowait(item)
+        elif kind == "accepted":
+            _, sid, error = msg
+            p = self._streams.get(sid)
+            if p is not None and not p.accepted.done():
+                if error is None:
+                    p.accepted.set_result(None)
+                else:
+                    p.accepted.set_exception(error)
+        elif kind == "stats":
+            self._stats = msg[1]
+        elif kind == "metrics":
+            fut = self._metrics.waiters.get(msg[1])
+            if fut is not None and not fut.done():
+                fut.set_result(msg[2])
+        elif kind == "ready":
+            self.info = msg[1]
+            if not self._ready.done():
+                self._ready.set_result(self.info)
+        elif kind == "load_failed":
+            self.dead = LoadFailedError(msg[1])
+            if not self._ready.done():
+                self._ready.set_exception(LoadFailedError(msg[1]))
+
+    def _on_exit(self, exitcode: int | None) -> None:
+        self.exitcode = exitcode
+        how = f"was killed by signal {-exitcode}" if exitcode is not None and exitcode < 0 else \
+            f"exited with code {exitcode}"
+        reason = f"the worker process of model {self.opts.name!r} (engine {self.opts.engine_label}) {how}"
+        if self.dead is None:
+            self.dead = WorkerDiedError(reason)
+        if self._ready is not None and not self._ready.done():
+            self._ready.set_exception(LoadFailedError(f"{reason} while loading"))
+        for p in list(self._streams.values()):
+            err = WorkerDiedError(f"{reason}; this request was in flight: retry it")
+            if not p.accepted.done():
+                p.accepted.set_exception(err)
+            else:
+                p.state.queue.put_nowait(err)
+        self._streams.clear()
+        self._rid_sid.clear()
+        self.in_flight = 0
+        self._stats = _EMPTY_STATS
+        for fut in self._metrics.waiters.values():
+            if not fut.done():
+                fut.set_result(self._metrics.text)
+        self.exited.set()
+        if exitcode not in (0, None):
+            logger.warning("%s", reason)
+

@@ -1,0 +1,135 @@
+"""Reading a JSON request body: content type, depth limit, text sanitizing, then the pydantic model.
+
+Every failure is a 4xx naming the fix; nothing here raises past the error handlers.
+"""
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, TypeVar
+
+from fastapi import Request
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel, ValidationError
+
+from hearth.entrypoints.openai.errors import APIError
+
+MAX_JSON_DEPTH = 64
+# The content types a browser may send cross-site without a CORS preflight: a JSON route that parsed them would
+# serve a form on any web page the user visits.
+_REFUSED_TYPES = ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def check_content_type(raw: Request) -> None:
+    ctype = raw.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    if ctype in _REFUSED_TYPES:
+        raise APIError(415, f"this route takes a JSON body, not {ctype}: send 'Content-Type: application/json'",
+                       param="content-type", code="unsupported_media_type")
+
+
+def sanitize(obj: Any, max_depth: int = MAX_JSON_DEPTH) -> Any:
+    """Replace lone UTF-16 surrogates (JSON's "\\ud800" escapes; no tokenizer or encoder takes them) with U+FFFD,
+    and refuse nesting deeper than max_depth. Iterative, so a deep body cannot exhaust the stack here."""
+    def clean(s: str) -> str:
+        return _SURROGATE.sub("\ufffd", s) if _SURROGATE.search(s) else s
+
+    if isinstance(obj, str):
+        return clean(obj)
+    stack: list[tuple[Any, int, str | None]] = [(obj, 1, None)]
+    while stack:
+        node, depth, key = stack.pop()
+        if depth > max_depth:
+            raise APIError(400, f"the request body is nested more than {max_depth} levels deep", param=key)
+        if isinstance(node, dict):
+            items = list(node.items())
+            if any(isinstance(k, str) and _SURROGATE.search(k) for k, _ in items):
+                node.clear()
+                node.update((clean(k), v) for k, v in items)
+            for k, v in node.items():
+                if isinstance(v, str):
+                    node[k] = clean(v)
+                elif isinstance(v, (dict, list)):
+                    stack.append((v, depth + 1, key if key is not None else k))
+        elif isinstance(node, list):
+            for i, v in enumerate(node):
+                if isinstance(v, str):
+                    node[i] = clean(v)
+                elif isinstance(v, (dict, list)):
+                    stack.append((v, depth + 1, key))
+    return obj
+
+
+def loads(data: bytes) -> Any:
+    try:
+        obj = json.loads(data)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise APIError(400, f"the request body is not valid JSON: {e}") from None
+    except RecursionError:
+        raise APIError(400, f"the request body is nested more than {MAX_JSON_DEPTH} levels deep",
+                       param=_deep_key(data)) from None
+    return sanitize(obj)
+
+
+def _deep_key(data: bytes, max_depth: int = MAX_JSON_DEPTH) -> str | None:
+    """The top-level key under which the JSON text nests deeper than max_depth (for the error's param)."""
+    depth, in_string, escaped, start, last, key = 0, False, False, 0, "", None
+    text = data.decode("utf-8", "replace")
+    for i, ch in enumerate(text):
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+                last = text[start:i] if depth == 1 else last
+        elif ch == '"':
+            in_string, start = True, i + 1
+        elif ch == ":" and depth == 1:
+            key = last
+        elif ch in "[{":
+            depth += 1
+            if depth > max_depth:
+                return key
+        elif ch in "]}":
+            depth -= 1
+    return None
+
+
+async def parse_body(raw: Request, model: type[M]) -> M:
+    """A JSON body as `model`: bad JSON, bad fields, too deep or a form content type are 4xx errors.
+    A missing content type is taken as JSON (curl users forget it)."""
+    check_content_type(raw)
+    obj = loads(await raw.body())
+    try:
+        return model.model_validate(obj)
+    except ValidationError as e:
+        raise RequestValidationError(e.errors()) from None
+
+
+_SCHEMAS: dict[str, dict] = {}  # the models behind openapi_body, for the spec's components
+
+
+def openapi_body(model: type[BaseModel]) -> dict:
+    """openapi_extra for a route that parses `model` by hand (parse_body): its request body in the spec."""
+    schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+    _SCHEMAS.update(schema.pop("$defs", {}))
+    _SCHEMAS[model.__name__] = schema
+    return {"requestBody": {"required": True, "content": {
+        "application/json": {"schema": {"$ref": f"#/components/schemas/{model.__name__}"}}}}}
+
+
+def install_openapi(app: Any) -> None:
+    """Add openapi_body's schemas to the app's OpenAPI components."""
+    build = app.openapi
+
+    def openapi() -> dict:
+        if app.openapi_schema is None:
+            spec = build()
+            spec.setdefault("components", {}).setdefault("schemas", {}).update(_SCHEMAS)
+        return app.openapi_schema
+
+    app.openapi = openapi

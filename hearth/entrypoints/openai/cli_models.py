@@ -1,0 +1,79 @@
+"""`hearth serve` flags for several models (--models-dir, --models-config and the budget) and data parallelism
+(--data-parallel-size): both run engines in worker processes behind a ModelRouter. `hearth serve MODEL` without
+them keeps its in-process engine (no process hop on the token path)."""
+from __future__ import annotations
+
+import argparse
+
+from hearth.entrypoints.openai.model_router import ModelRouter
+
+
+def add_models_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("several models / data parallel (engines in worker processes)")
+    g.add_argument("--models-dir", default=None,
+                   help="serve every .gguf file and HF folder in DIR, named by file or folder name (no extension)")
+    g.add_argument("--models-config", default=None,
+                   help="TOML file of [[models]] entries: name, path, aliases, pinned, engine flags")
+    g.add_argument("--max-loaded-models", type=int, default=None,
+                   help="at most N models resident; the least recently used idle unpinned one is unloaded first")
+    g.add_argument("--models-memory", type=float, default=None,
+                   help="GiB budget for resident models (weights + KV cache)")
+    g.add_argument("--idle-unload-seconds", type=float, default=None,
+                   help="unload an unpinned model idle this long (its worker process exits)")
+    g.add_argument("--model-load-timeout", type=float, default=300.0,
+                   help="how long a request waits for its model to load before a 503 (default %(default)s s)")
+    g.add_argument("--data-parallel-size", "-dp", type=int, default=1,
+                   help="N engine processes per model, each on its own cores (default: one per NUMA node when "
+                        "there are several, else the physical cores split evenly); requests go to the least busy")
+
+
+def build_router(ns: argparse.Namespace) -> ModelRouter | None:
+    """The router the flags ask for, or None for the plain in-process `hearth serve MODEL`."""
+    from hearth import envs
+    from hearth.engine.dp_cores import dp_core_sets
+    from hearth.entrypoints.cli import engine_args_from
+    from hearth.entrypoints.openai.model_router import RouterConfig
+    from hearth.entrypoints.openai.model_specs import ModelSpec, check_names, specs_from_dir, specs_from_toml
+
+    multi = ns.models_dir is not None or ns.models_config is not None
+    if ns.data_parallel_size < 1:
+        raise ValueError(f"--data-parallel-size must be >= 1, got {ns.data_parallel_size}")
+    if not multi and ns.data_parallel_size == 1:
+        for flag in ("max_loaded_models", "models_memory", "idle_unload_seconds"):
+            if getattr(ns, flag) is not None:
+                raise ValueError(f"--{flag.replace('_', '-')} needs --models-dir or --models-config")
+        return None
+    if multi and ns.model is not None:
+        raise ValueError("pass either MODEL or --models-dir / --models-config, not both")
+    for flag in ("max_loaded_models", "models_memory", "idle_unload_seconds", "model_load_timeout"):
+        value = getattr(ns, flag)
+        if value is not None and value <= 0:
+            raise ValueError(f"--{flag.replace('_', '-')} must be > 0, got {value}")
+    if multi:
+        specs = []
+        if ns.models_dir is not None:
+            specs += specs_from_dir(ns.models_dir)
+        if ns.models_config is not None:
+            config_specs = specs_from_toml(ns.models_config)
+            names = {s.name for s in config_specs}
+            specs = [s for s in specs if s.name not in names] + config_specs  # the config's entry wins
+        check_names(specs)
+    else:
+        from hearth.loader.model_loader import default_model_path
+
+        import os
+
+        path = ns.model or default_model_path()
+        # NOTE: the loader's own default name (model_loader), so the API name is the same as without -dp
+        name = ns.served_model_name or os.path.basename(os.path.normpath(path)).removesuffix(".gguf")
+        specs = [ModelSpec(name, path, pinned=True)]
+    if ns.data_parallel_size > 1:
+        binds: list[str | None] = list(dp_core_sets(ns.data_parallel_size,
+                                                    ns.omp_threads_bind or envs.omp_threads_bind(), ns.threads))
+    else:
+        binds = [None]
+    base = engine_args_from(ns)
+    config = RouterConfig(ns.max_loaded_models, ns.models_memory, ns.idle_unload_seconds, ns.model_load_timeout,
+                          ns.data_parallel_size, binds, ns.max_waiting_requests, ns.refill_wait_ms / 1000,
+                          ns.drain_timeout)
+    return ModelRouter(specs, base, config)
