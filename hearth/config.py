@@ -146,7 +146,9 @@ class EngineArgs:
     chat_template: str | None = None
     max_waiting_requests: int | None = None
     kv_cache_dtype: str = "auto"  # auto (the model dtype) | int8 (per-token, per-kv-head scales)
-    quantization: str | None = None  # auto (None) | none | int8 | int4[-g32|-g64|-g128] | gguf: layers/quant_linear.py
+    # auto (None) | none | int8 | int4[-g32|-g64|-g128] | gguf (layers/quant_linear.py) | gptq | awq |
+    # compressed-tensors | bitsandbytes (loader/hf_quant.py)
+    quantization: str | None = None
     # Speculative decoding, vLLM's JSON (a dict or a JSON string): hearth/spec_decode/config.py. None: off.
     speculative_config: dict | str | None = None
     # Sampling defaults for requests that leave fields unset: hearth/generation_defaults.py.

@@ -18,13 +18,9 @@ DTYPE_CHOICES = ["auto", "bfloat16", "float16", "half", "float32", "float"]
 # vLLM's fp8 KV caches: hearth's closest is int8 (per-token, per-kv-head scales; the same bytes per element).
 _FP8_KV = ("fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla")
 KV_CACHE_DTYPE_CHOICES = ["auto", "int8", *_FP8_KV]
-# vLLM quantization methods for which hearth has a CPU counterpart. NOTE: the one hook for bitsandbytes; loading
-# real bitsandbytes checkpoints goes here when it lands (see the quantized-checkpoints issue).
-_QUANT_EQUIVALENTS = {
-    "bitsandbytes": "quantization='bitsandbytes' (4-bit NF4 on CUDA) has no CPU kernels; hearth's CPU equivalent is "
-                    "quantization='int4' (weight-only 4-bit, group 128, computed at load; --quantization int4), or a "
-                    "Q4_0 / Q4_K GGUF file",
-}
+# vLLM quantization methods hearth refuses with a pointer to its own counterpart. Empty: bitsandbytes now loads
+# (pre-quantized checkpoints, or --quantization bitsandbytes at load: hearth/loader/hf_quant.py).
+_QUANT_EQUIVALENTS: dict[str, str] = {}
 
 
 def quantization_equivalent(name: str | None) -> str | None:

@@ -57,10 +57,12 @@ def add_engine_args(p: argparse.ArgumentParser, model_optional: bool = False, ma
     g.add_argument("--served-model-name", default=None, nargs="+",
                    help="model name the API reports and accepts (vLLM's; the first of several)")
     g.add_argument("--quantization", default=None,
-                   choices=["auto", "none", "int8", "int4", "int4-g32", "int4-g64", "int4-g128", "gguf"],
+                   choices=["auto", "none", "int8", "int4", "int4-g32", "int4-g64", "int4-g128", "gguf", "gptq",
+                            "awq", "compressed-tensors", "bitsandbytes"],
                    help="weight-only quantization: int8 (per channel) / int4[-gN] (group-wise, default group 128) "
-                        "computed at load; auto (default) keeps GGUF Q8_0/Q4_0/Q4_1/Q4_K weights quantized; "
-                        "none dequantizes them")
+                        "computed at load; auto (default) keeps GGUF Q8_0/Q4_0/Q4_1/Q4_K weights and a checkpoint's "
+                        "own GPTQ / AWQ / compressed-tensors / bitsandbytes quantization; bitsandbytes on a float "
+                        "checkpoint: 4-bit at load (int4 group 64); none dequantizes GGUF weights")
     g.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
                    help="split every layer over N processes on this host (torch.distributed gloo all-reduce); "
                         "dense weights only (--quantization none for GGUF files); default 1")

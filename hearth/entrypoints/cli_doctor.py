@@ -7,6 +7,8 @@ import os
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("doctor", help="print detected CPU facts and the settings hearth would use")
+    p.add_argument("model", nargs="?", default=None,
+                   help="an HF folder or .gguf: also print its memory cost per precision and what fits")
     p.set_defaults(func=run)
 
 
@@ -43,6 +45,11 @@ def run(ns: argparse.Namespace) -> int:
     for k, v in rows:
         print(f"{k:<{width}}  {v}")
     _print_layouts()
+    if ns.model:
+        from hearth.entrypoints.doctor_model import model_rows
+
+        print()
+        print("\n".join(model_rows(ns.model)))
     if not info.has_avx2:
         print("warning: this CPU lacks AVX2/FMA; hearth runs on PyTorch's generic kernels only (slow)")
     return 0

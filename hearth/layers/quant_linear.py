@@ -4,6 +4,8 @@ Schemes (EngineArgs.quantization):
   int8          symmetric per-output-channel int8, computed at load from float checkpoint weights
   int4          asymmetric group-wise int4 (scale + min per group), group 128 (int4-g32 / -g64 / -g128 to choose);
                 a layer whose K is not a multiple of the group takes the largest of 128/64/32 that divides it
+  prequant      (a checkpoint with a quantization_config: GPTQ, AWQ, compressed-tensors) the layers' packed
+                tensors repacked exactly into int4 / int8 (hearth.weights.formats); layers it left in float stay dense
   gguf          (GGUF files by default, or `auto`) keep Q8_0 / Q4_0 / Q4_1 / Q4_K weights quantized, repacked into
                 hearth's int8 / int4 layout without going through floats. A layer whose shards arrive in other
                 formats (F16, Q6_K, ... or a mix of int8 and int4 types) is stored dense, exactly like Linear.
@@ -23,6 +25,7 @@ from torch import nn
 from hearth.kernels.decoder import LinearSpec
 from hearth.layers.linear import Linear
 from hearth.weights import apply, prepare
+from hearth.weights.formats.source import PackedSource
 from hearth.weights.gguf import GGUFBlocks
 from hearth.weights.packed import QWeight, supports
 
@@ -60,8 +63,10 @@ class QuantLinear(Linear):
         self.qweight: QWeight | None = None  # set once every shard is in; None while dense
         self.register_buffer("scales", None, persistent=False)
         self.register_buffer("mins", None, persistent=False)
+        # GPTQ act-order: the packed weight's columns are in this order, so x is gathered by it (None: as is)
+        self.register_buffer("in_perm", None, persistent=False)
         # Shards received so far (gguf: kept until all are in, then packed together).
-        self._pending: dict[str | None, torch.Tensor | GGUFBlocks] = {}
+        self._pending: dict[str | None, torch.Tensor | GGUFBlocks | PackedSource] = {}
         # The float weight is allocated lazily (dense fallback only): quantized layers never hold it.
         self.weight = nn.Parameter(torch.empty(0, dtype=self.weight.dtype), requires_grad=False)
 
@@ -70,7 +75,7 @@ class QuantLinear(Linear):
         sizes = {name: size for name, (_, size) in lin.shards.items()} or None
         return cls(lin.in_features, lin.out_features, lin.bias is not None, sizes, scheme)
 
-    def load_shard(self, param: str, shard: str | None, tensor: torch.Tensor | GGUFBlocks) -> None:
+    def load_shard(self, param: str, shard: str | None, tensor: torch.Tensor | GGUFBlocks | PackedSource) -> None:
         if param != "weight":
             return super().load_shard(param, shard, tensor)
         rows = self.shards[shard][1] if shard is not None else self.out_features
@@ -90,17 +95,20 @@ class QuantLinear(Linear):
         qw = prepare.pack_parts(parts, self.scheme, k, None if self.scheme in ("gguf", "int8")
                                 else _int4_group(self.scheme, k))
         if qw is None:  # dense: exactly what Linear would hold
-            dense = torch.cat([p.dequantize() if isinstance(p, GGUFBlocks) else p for p in parts])
+            dense = torch.cat([p.dequantize() if isinstance(p, (GGUFBlocks, PackedSource)) else p for p in parts])
             self.weight = nn.Parameter(torch.empty(dense.shape, dtype=self.weight.dtype), requires_grad=False)
             Linear.load_shard(self, "weight", None, dense)
             return
         self.qweight = qw
+        self.in_perm = prepare.input_perm(parts)
         self.weight = nn.Parameter(qw.data, requires_grad=False)
         self.scales, self.mins = qw.scales, qw.mins
 
     def program_spec(self) -> LinearSpec | None:
         if self.qweight is None:
             return super().program_spec()
+        if self.in_perm is not None:
+            return None  # (the decode program has no input gather: such a model runs layer by layer)
         bias = self.bias.detach().float().contiguous() if self.bias is not None else None
         return apply.program_spec(self.qweight, bias)
 
@@ -110,6 +118,8 @@ class QuantLinear(Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.qweight is None:
             return apply.dense_linear(x, self.weight, self.bias)
+        if self.in_perm is not None:
+            x = x.index_select(-1, self.in_perm)
         return apply.linear(x, self.qweight, self.bias)
 
     def extra_repr(self) -> str:

@@ -84,7 +84,7 @@ def safetensors_files(folder: str) -> list[str]:
     raise LoadError(f"{folder} has no *.safetensors weights")
 
 
-def _check_safetensors(path: str) -> None:
+def check_safetensors(path: str) -> None:
     """Catch truncated or corrupt files with a clear message before safetensors mmaps them."""
     size = os.path.getsize(path)
     with open(path, "rb") as f:
@@ -107,7 +107,7 @@ def iter_safetensors(files: list[str], dtype: torch.dtype) -> Iterator[tuple[str
     """Yield (name, tensor) from mmapped files. 16-bit and float32 tensors come as stored (the layer that receives
     one decides its format and converts while copying, so no second full copy is made); others go to dtype."""
     for path in files:
-        _check_safetensors(path)
+        check_safetensors(path)
         with safe_open(path, framework="pt") as f:
             for name in f.keys():
                 t = f.get_tensor(name)

@@ -16,7 +16,7 @@ from tqdm import tqdm
 
 from hearth.config import EngineArgs, HFConfig, ModelConfig, resolve_dtype
 from hearth.kernels import quant as qkernels
-from hearth.loader import checks
+from hearth.loader import checks, hf_quant, memory_fit
 from hearth.loader.errors import LoadError
 from hearth.layers.pooler import PoolerConfig, read_sentence_transformers_config, sentence_transformers_max_len
 from hearth.loader.hf_folder import iter_safetensors, read_generation_config, read_hf_config, safetensors_files
@@ -154,15 +154,28 @@ def _load_hf_folder(folder: str, args: EngineArgs) -> LoadedModel:
     st_len = sentence_transformers_max_len(folder)  # sentence-transformers never encodes more than this
     if args.max_model_len is None and st_len is not None:
         max_len = min(max_len, st_len)
-    scheme = _quantization(args.quantization, False)
+    spec = hf_quant.read_spec(folder, hf_cfg)
+    hf_quant.check_requested(spec, args.quantization, folder)
+    weights = iter_safetensors(files, dtype)
+    if spec is not None:  # pre-quantized layers arrive packed and stay so
+        scheme, weights = "prequant", hf_quant.assemble(weights, spec)
+    elif args.quantization == "bitsandbytes":
+        # NF4's 16-value codebook has no hearth kernel: the nearest layout at the same bits a weight (4 + a 16-bit
+        # scale per 64, as bitsandbytes' default blocks) is int4 with a scale and min per 64
+        logger.info("--quantization bitsandbytes: weights quantized at load to hearth's int4, group 64")
+        scheme = "int4-g64"
+    else:
+        scheme = _quantization(args.quantization, False)
     if scheme == "gguf":
         raise ValueError("--quantization gguf needs a .gguf file; use int8 or int4 for an HF folder")
+    elem = torch.empty((), dtype=dtype).element_size()
+    memory_fit.check_fits(folder, memory_fit.footprint(folder, hf_cfg, elem), memory_fit.option_of(scheme), elem)
     # The tokenizer (mostly transformers' imports, slow) loads beside the weights (copies that release the GIL).
     with ThreadPoolExecutor(1, thread_name_prefix="hearth-tokenizer", initializer=release_calling_thread) as pool:
         tokenizer_job = pool.submit(Tokenizer.from_folder, args.tokenizer or folder,
                                     resolve_chat_template(args.chat_template))
         try:
-            model = _build(arch, hf_cfg, max_len, dtype, iter_safetensors(files, dtype), scheme)
+            model = _build(arch, hf_cfg, max_len, dtype, weights, scheme)
         except BaseException:
             tokenizer_job.cancel()
             raise
@@ -212,8 +225,9 @@ def _load_gguf(path: str, args: EngineArgs) -> LoadedModel:
 
     if not path.endswith(".gguf"):
         raise LoadError(f"{path} is a file but not a .gguf: pass a .gguf file or an HF model folder")
-    ckpt = load_gguf(path)
+    ckpt = load_gguf(path)  # (maps the file: nothing is read into memory yet)
     hf_cfg = ckpt.hf_config
+    memory_fit.check_fits(path, memory_fit.footprint(path, hf_cfg), "stored", 2)
     arch = _arch_of(hf_cfg, path)
     if args.tokenizer:
         tokenizer = Tokenizer.from_folder(args.tokenizer, resolve_chat_template(args.chat_template))

@@ -14,6 +14,7 @@ import torch
 
 from hearth.kernels import panels as dense_panels
 from hearth.weights import gguf, quantize, relayout, reference
+from hearth.weights.formats import awq, bitsandbytes, compressed_tensors, gptq
 from hearth.weights.packed import QWeight
 
 
@@ -46,13 +47,16 @@ def _panels_back(p: torch.Tensor) -> torch.Tensor:
 
 
 ROWS_INT8 = Layout("int8", 0, True, "int8 rows, one fp32/fp16 scale per group of >= 32 (or per row)",
-                   {"float": quantize.quantize_int8, "Q8_0": gguf.repack, "panels": relayout.from_panels},
+                   {"float": quantize.quantize_int8, "Q8_0": gguf.repack, "panels": relayout.from_panels,
+                    "gptq": gptq.pack, "compressed-tensors": compressed_tensors.pack,
+                    "bitsandbytes": bitsandbytes.pack_int8},
                    reference.dequantize, "dot", gemm=True, gemm_from=4)
 ROWS_INT8_G16 = Layout("int8-g16", 0, True, "int8 rows, a scale per 16 weights (GGUF Q6_K decoded to int8)",
                        {"Q6_K": gguf.repack, "q6-tiles": relayout.untile_rows4}, reference.dequantize, "dot")
 ROWS_INT4 = Layout("int4", 1, True, "int4 rows, 32 weights per 16 bytes, scale (+ min) per group",
                    {"float": quantize.quantize_int4, "Q4_0": gguf.repack, "Q4_1": gguf.repack, "Q4_K": gguf.repack,
-                    "tiles": relayout.untile_rows4, "panels": relayout.from_panels},
+                    "tiles": relayout.untile_rows4, "panels": relayout.from_panels,
+                    "gptq": gptq.pack, "awq": awq.pack, "compressed-tensors": compressed_tensors.pack},
                    reference.dequantize, "dot", gemm=True, gemm_from=8)
 TILES_INT4 = Layout("int4-tiles", 2, True, "int4 group 32 in 4-row tiles, scales inline, symmetric (Q4_0)",
                     {"int4": relayout.tile_rows4}, reference.dequantize, "dot", gemm=True, gemm_from=8)

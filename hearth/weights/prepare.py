@@ -16,6 +16,7 @@ from torch import nn
 from hearth import envs
 from hearth.kernels import quant as qkernels
 from hearth.weights import activations, dispatch, gguf, hugepages, panel_pack
+from hearth.weights.formats.source import PackedSource
 from hearth.weights.layouts import BY_NAME, TILES_Q6
 from hearth.weights.packed import QWeight, supports
 from hearth.weights.reference import implied_mins
@@ -51,7 +52,12 @@ def relayout(qw: QWeight) -> QWeight:
 
 def pack_parts(parts: list, scheme: str, k: int, int4_group: int | None) -> QWeight | None:
     """One layer's shards (rows in order) -> its QWeight in its final layout; None: keep the layer dense.
-    scheme "gguf": the parts are GGUFBlocks of one kept type (else None); "int8" / "int4*": float tensors."""
+    scheme "gguf": the parts are GGUFBlocks of one kept type (else None); "prequant": PackedSources of a
+    pre-quantized checkpoint (else None), each through its format's pack; "int8" / "int4*": float tensors."""
+    if scheme == "prequant":
+        if not all(isinstance(p, PackedSource) for p in parts) or not supports(k, parts[0].group):
+            return None
+        return relayout(cat([pack(p.method, p.layout, p) for p in parts]))
     if scheme == "gguf":
         if not all(isinstance(p, gguf.GGUFBlocks) for p in parts):
             return None
@@ -68,6 +74,18 @@ def pack_parts(parts: list, scheme: str, k: int, int4_group: int | None) -> QWei
     if scheme == "int8":
         return relayout(pack("float", "int8", whole)) if k % 32 == 0 else None
     return None if int4_group is None else relayout(pack("float", "int4", whole, int4_group))
+
+
+def input_perm(parts: list) -> torch.Tensor | None:
+    """The column order of a pre-quantized layer's packed weight (GPTQ act-order), which x is gathered by; None:
+    the checkpoint's order. One gather serves the whole layer, so its shards must share the order."""
+    perms = [p.input_perm() if isinstance(p, PackedSource) else None for p in parts]
+    if all(p is None for p in perms):
+        return None
+    if any(p is None or not torch.equal(p, perms[0]) for p in perms):
+        raise ValueError("the shards of one merged layer (e.g. q/k/v) have different GPTQ act-order (g_idx) "
+                         "permutations: hearth needs one per layer input")
+    return perms[0]
 
 
 def cat(parts: list[QWeight]) -> QWeight:

@@ -75,11 +75,7 @@ def test_engine_args_take_vllm_kwargs(caplog) -> None:
                           dtype="fp16", block_size=16)
     assert (args.dtype, args.max_model_len, args.block_size) == ("bfloat16", 1024, 16)
     assert callable(LLM.from_engine_args)
-    with pytest.raises(ValueError) as e:
-        EngineArgs(model="/m", quantization="bitsandbytes")
-    assert str(e.value) == ("quantization='bitsandbytes' (4-bit NF4 on CUDA) has no CPU kernels; hearth's CPU "
-                            "equivalent is quantization='int4' (weight-only 4-bit, group 128, computed at load; "
-                            "--quantization int4), or a Q4_0 / Q4_K GGUF file")
+    assert EngineArgs(model="/m", quantization="bitsandbytes").quantization == "bitsandbytes"  # loads now
     with pytest.raises(ValueError, match="hearth runs on the CPU only"):
         EngineArgs(device="cuda")
 
@@ -134,7 +130,8 @@ def test_omp_num_threads_sets_the_thread_count(monkeypatch) -> None:
 
 
 def test_quantization_hook_is_one_place() -> None:
-    assert vllm_compat.quantization_equivalent("bitsandbytes").startswith("quantization='bitsandbytes'")
+    # bitsandbytes loads now (tests/models/test_bitsandbytes.py), so nothing is refused with a pointer.
+    assert vllm_compat.quantization_equivalent("bitsandbytes") is None
     assert vllm_compat.quantization_equivalent("int4") is None and vllm_compat.quantization_equivalent(None) is None
 
 

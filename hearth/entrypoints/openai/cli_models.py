@@ -4,8 +4,10 @@ them keeps its in-process engine (no process hop on the token path)."""
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
-from hearth.entrypoints.openai.model_router import ModelRouter
+if TYPE_CHECKING:  # the router imports torch, which `hearth serve --help` must not
+    from hearth.entrypoints.openai.model_router import ModelRouter
 
 
 def add_models_args(p: argparse.ArgumentParser) -> None:
@@ -32,7 +34,7 @@ def build_router(ns: argparse.Namespace) -> ModelRouter | None:
     from hearth import envs
     from hearth.engine.dp_cores import dp_core_sets
     from hearth.entrypoints.cli import engine_args_from
-    from hearth.entrypoints.openai.model_router import RouterConfig
+    from hearth.entrypoints.openai.model_router import ModelRouter, RouterConfig
     from hearth.entrypoints.openai.model_specs import ModelSpec, check_names, specs_from_dir, specs_from_toml
 
     multi = ns.models_dir is not None or ns.models_config is not None

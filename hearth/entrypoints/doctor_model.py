@@ -1,0 +1,46 @@
+"""`hearth doctor MODEL`: what a checkpoint will cost before it is loaded, per precision option."""
+from __future__ import annotations
+
+import os
+
+from hearth.engine.kv_sizing import AUTO_FRACTION, GiB, HEADROOM_BYTES
+from hearth.loader import memory_fit
+
+CONTEXTS = (2048, 8192, 32768)
+
+
+def model_rows(path: str) -> list[str]:
+    """The report's lines: weights per option, KV bytes per token, what fits the available memory."""
+    from hearth.loader.hf_folder import read_hf_config
+
+    if os.path.isfile(path):
+        from hearth.loader.gguf import load_gguf
+
+        cfg = load_gguf(path).hf_config
+    else:
+        cfg = read_hf_config(path)
+    fp = memory_fit.footprint(path, cfg)
+    avail = memory_fit.available_bytes()
+    if fp.prequantized:
+        options = [("as stored", fp.weight_bytes("stored"))]
+    else:
+        options = [("float32", fp.weight_bytes("dense", 4)), ("bf16 / fp16", fp.weight_bytes("dense", 2)),
+                   ("int8", fp.weight_bytes("int8")), ("int4 (group 128)", fp.weight_bytes("int4"))]
+    lines = [f"model {path}: {(cfg.get('architectures') or ['?'])[0]}, max_position_embeddings {fp.max_len}",
+             f"KV cache per token: {fp.kv_per_token / 1024:.1f} KiB (bf16), {fp.kv_per_token_int8 / 1024:.1f} KiB "
+             "(--kv-cache-dtype int8)",
+             f"available memory {avail / GiB:.1f} GiB, of which {HEADROOM_BYTES / GiB:.0f} GiB is left for the "
+             f"runtime; automatic KV sizing takes {AUTO_FRACTION:.0%} of the rest (--kv-cache-space sets it)", ""]
+    head = f"{'weights':<18}{'GiB':>8}{'KV tokens (bf16)':>18}{'max context':>13}" + "".join(
+        f"{f'seqs @ {c}':>14}" for c in CONTEXTS)
+    lines.append(head)
+    for name, nbytes in options:
+        free = avail - HEADROOM_BYTES - nbytes
+        if free <= 0:
+            lines.append(f"{name:<18}{nbytes / GiB:>8.2f}  does not fit ({(nbytes + HEADROOM_BYTES) / GiB:.1f} GiB "
+                         "needed)")
+            continue
+        tokens = free // fp.kv_per_token
+        lines.append(f"{name:<18}{nbytes / GiB:>8.2f}{tokens:>18,}{min(tokens, fp.max_len):>13,}" + "".join(
+            f"{tokens // c:>14,}" for c in CONTEXTS))
+    return lines
