@@ -31,7 +31,7 @@ def _add_sampling_args(p: argparse.ArgumentParser, max_tokens: int = 128) -> Non
     s.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling: keep the tokens of this much mass")
     s.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens; 0 = all")
     s.add_argument("--sampling-seed", type=int, default=None,
-                   help="this request's sampling seed (default: the engine's, from --seed)")
+                   help="this request's sampling seed; unset: the engine's, from --seed")
 
 
 def _params(ns: argparse.Namespace):
