@@ -130,32 +130,6 @@ def from_panels(qw: QWeight) -> QWeight:
     return QWeight(qw.bits, qw.group, data.contiguous(), per_row(qw.scales), per_row(qw.mins))
 
 
-def _gather_panels(qw: QWeight, ids: torch.Tensor) -> torch.Tensor:
-    """dequantize(qw)[ids] read from the panels (a tied head's table: token lookups), without unpacking the table."""
-    n, k = qw.shape
-    ids = ids.to(torch.int64).reshape(-1)
-    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= n):
-        raise IndexError(f"token id out of range for an embedding table of {n} rows")
-    p, c = ids // PANEL_COLS, ids % PANEL_COLS
-    panels = qw.data.shape[0]
-    if qw.bits == 8:
-        q = qw.data.view(panels, k // 4, PANEL_COLS, 4)[p, :, c, :].reshape(-1, k).to(torch.int16) - 128
-    else:  # byte (v, i) of a quad: column 32v + i low nibble, 32v + 16 + i high
-        b = qw.data.view(panels, k // 4, 2, 16, 4)[p, :, c // 32, c % 16, :].reshape(-1, k)
-        q = (b >> (4 * ((c % 32) // 16)).to(torch.uint8)[:, None]) & 0x0F
-    g = qw.group
-    ng = k // g
-
-    def pick(t: torch.Tensor) -> torch.Tensor:
-        return t.view(panels, ng, PANEL_COLS)[p, :, c].float()[..., None]
-
-    s = pick(qw.scales)
-    if qw.bits == 8:
-        return (q.float().reshape(-1, ng, g) * s).reshape(-1, k)
-    mins = pick(qw.mins) if qw.mins is not None else -8.0 * s
-    return torch.addcmul(mins, q.float().reshape(-1, ng, g), s).reshape(-1, k)
-
-
 def gather_panels(qw: QWeight, ids: torch.Tensor) -> torch.Tensor:
     """dequantize(qw)[ids] read from the panels (a tied head's table: token lookups), without unpacking the table."""
     n, k = qw.shape
