@@ -83,23 +83,10 @@ class _SidQueue:
 
 
 def _build_engine(args: EngineArgs):
-    """On a thread that then exits, as cli_serve._load_engine does (its OpenMP pool leaves with it)."""
-    from hearth.engine.llm_engine import LLMEngine
+    """On a thread that then exits, as `hearth serve` does (hearth.engine.build)."""
+    from hearth.engine.build import build_engine
 
-    result: list = []
-
-    def build() -> None:
-        try:
-            result.append(LLMEngine(args))
-        except BaseException as e:  # re-raised on the caller's thread
-            result.append(e)
-
-    t = threading.Thread(target=build, name="hearth-load")
-    t.start()
-    t.join()
-    if isinstance(result[0], BaseException):
-        raise result[0]
-    return result[0]
+    return build_engine(args)
 
 
 def _weights_bytes(path: str) -> int:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -27,24 +26,10 @@ class ReplicaServerConfig:
 
 
 def _load_on_own_thread(engine_args: Any) -> Any:
-    """Build the LLMEngine on a thread that then exits, taking its OpenMP pool with it (as cli_serve._load_engine
-    does, for the same reason: a second live pool makes libgomp stop spinning at the engine thread's barriers)."""
-    from hearth.engine.llm_engine import LLMEngine
+    """The LLMEngine, built as `hearth serve` builds it (hearth.engine.build: on a thread that then exits)."""
+    from hearth.engine.build import build_engine
 
-    result: list = []
-
-    def build() -> None:
-        try:
-            result.append(LLMEngine(engine_args))
-        except BaseException as e:  # re-raised on the caller's thread
-            result.append(e)
-
-    t = threading.Thread(target=build, name="hearth-load")
-    t.start()
-    t.join()
-    if isinstance(result[0], BaseException):
-        raise result[0]
-    return result[0]
+    return build_engine(engine_args)
 
 
 class HearthModel:

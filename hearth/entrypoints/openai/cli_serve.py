@@ -83,7 +83,7 @@ def _load_engine(ns: argparse.Namespace):
     """Build the LLMEngine behind a progress bar (elapsed time; the loader reports no finer progress)."""
     from tqdm import tqdm
 
-    from hearth.engine.llm_engine import LLMEngine
+    from hearth.engine.build import build_engine
     from hearth.entrypoints.cli import engine_args_from
 
     args = engine_args_from(ns)
@@ -99,25 +99,8 @@ def _load_engine(ns: argparse.Namespace):
 
     ticker = threading.Thread(target=tick, daemon=True)
     ticker.start()
-    # Built on a thread that then exits, taking its OpenMP worker pool with it: libgomp counts every pool's threads,
-    # and with more of them than CPUs it stops spinning at barriers (GOMP_SPINCOUNT's throttled value, 100 spins),
-    # so the engine thread's pool would sleep and wake on a futex at each of the ~300 parallel regions of a step.
-    # (The event loop's thread, this one, then never runs a parallel region.)
-    result: list = []
-
-    def build() -> None:
-        try:
-            result.append(LLMEngine(args))
-        except BaseException as e:  # re-raised on this thread
-            result.append(e)
-
     try:
-        loader = threading.Thread(target=build, name="hearth-load")
-        loader.start()
-        loader.join()
-        if isinstance(result[0], BaseException):
-            raise result[0]
-        return result[0]
+        return build_engine(args)  # on a thread that then exits: hearth.engine.build says why
     finally:
         done.set()
         ticker.join()
