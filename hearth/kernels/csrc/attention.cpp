@@ -13,12 +13,13 @@
 #include <type_traits>
 #include <vector>
 
-#include "bf16.h"
-#include "bf16_avx512.h"
+#include "scalar.h"
+#include "simd_avx2.h"
+#include "simd_avx512.h"
 #include "hk_api.h"
 
 namespace {
-enum AttnDType { kAttnF32 = 0, kAttnBF16 = 1, kAttnF16 = 2, kAttnI8 = 3 };
+using hk::kBF16, hk::kF16, hk::kF32, hk::kI8;  // the cache dtypes (kI8: int8 with per-token scales)
 
 struct AttnParams {
   const float* q;  // [T][H][D] fp32, head stride D
@@ -78,52 +79,21 @@ struct T {
   static inline V keep_if_le(V s, V a, V b) {
     return _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), s, _mm256_cmp_ps(a, b, _CMP_LE_OQ));
   }
-  static inline float hsum(V v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-  }
-  static inline float hmax(V v) {
-    __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_max_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-  }
+  static inline float hsum(V v) { return hk::hsum8(v); }
+  static inline float hmax(V v) { return hk::hmax8(v); }
   // out[0..4) = horizontal sums of a, b, c, d.
   static inline void hsum4(V a, V b, V c, V d, float* out) {
     const __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
     _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1)));
   }
-  static inline V load_bf16(const uint16_t* p) {
-    __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-    return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
-  }
+  static inline V load_bf16(const uint16_t* p) { return hk::load_bf16x8(p); }
   static inline V load_f16(const uint16_t* p) {
     return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   }
   static inline V load_i8(const int8_t* p) {
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
   }
-  // exp(x), Cephes-style: x = n ln2 + r, |r| <= ln2/2, degree-6 polynomial, 2^n through the exponent bits.
-  // Clamped to [-87.3, 88.4]: tiny inputs give ~1e-38 (never denormal), not 0; NaN lanes come out finite.
-  static inline V exp(V x) {
-    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.33654f)), _mm256_set1_ps(88.37626f));
-    V n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    x = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-    x = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), x);
-    V y = _mm256_set1_ps(1.9875691500e-4f);
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
-    y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), x);
-    y = _mm256_add_ps(y, _mm256_set1_ps(1.f));
-    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
-  }
+  static inline V exp(V x) { return hk::exp8(x); }  // (simd_avx2.h: the one exp)
 };
 #include "attention_impl.h"
 #include "attention_tiled_impl.h"
@@ -179,33 +149,14 @@ struct T {
     const __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(half_sum(a), half_sum(b)), _mm256_hadd_ps(half_sum(c), half_sum(d)));
     _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1)));
   }
-  static inline V load_bf16(const uint16_t* p) {
-    __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
-  }
+  static inline V load_bf16(const uint16_t* p) { return hk::load_bf16x16(p); }
   static inline V load_f16(const uint16_t* p) {
     return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
   }
   static inline V load_i8(const int8_t* p) {
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
   }
-  static inline V exp(V x) {
-    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.33654f)), _mm512_set1_ps(88.37626f));
-    V n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    x = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    x = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), x);
-    V y = _mm512_set1_ps(1.9875691500e-4f);
-    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.3981999507e-3f));
-    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(8.3334519073e-3f));
-    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(4.1665795894e-2f));
-    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.6666665459e-1f));
-    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(5.0000001201e-1f));
-    y = _mm512_fmadd_ps(y, _mm512_mul_ps(x, x), x);
-    y = _mm512_add_ps(y, _mm512_set1_ps(1.f));
-    __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-    return _mm512_mul_ps(y, _mm512_castsi512_ps(e));
-  }
+  static inline V exp(V x) { return hk::exp16(x); }
 };
 #include "attention_impl.h"
 #include "attention_tiled_impl.h"
@@ -264,7 +215,7 @@ int hk_paged_attention(const float* q, int64_t q_tok_stride, const void* k_cache
                        int nthreads) {
   if (isa != kAttnISA_AVX2 && isa != kAttnISA_AVX512) return -1;
   if (kv_dtype < 0 || kv_dtype > 3) return -2;
-  if (kv_dtype == kAttnI8 && (!k_scale || !v_scale)) return -5;
+  if (kv_dtype == kI8 && (!k_scale || !v_scale)) return -5;
   const int64_t lanes = isa == kAttnISA_AVX512 ? 16 : 8;
   if (head_dim <= 0 || head_dim % lanes) return -3;
   if (num_kv_heads <= 0 || num_heads % num_kv_heads || block_size <= 0) return -4;
@@ -302,7 +253,7 @@ int hk_paged_attention(const float* q, int64_t q_tok_stride, const void* k_cache
   const int nt = (int)std::max<int64_t>(1, std::min<int64_t>(nthreads, n));
   // bf16 cache: prompt tiles in vdpbf16ps where the CPU has it (scores and P.V; the row path is the same code).
   // (head_dim <= 512: an odd chunk's last V row pairs with a static zero row of that length)
-  const bool dot = q_bf16 && isa == kAttnISA_AVX512 && kv_dtype == kAttnBF16 && head_dim <= 512 && bf16_dot_here();
+  const bool dot = q_bf16 && isa == kAttnISA_AVX512 && kv_dtype == kBF16 && head_dim <= 512 && bf16_dot_here();
   auto body = [&](float* scratch, int64_t i) {
     const WorkItem& w = items[i];
     if (dot)

@@ -299,9 +299,9 @@ static void attend(const AttnParams& p, int64_t s, int64_t h, int64_t t0, int64_
 template <class F>
 static inline void with_kv(int kv_dtype, F&& f) {
   switch (kv_dtype) {
-    case kAttnBF16: return f(KVBF16{});
-    case kAttnF16: return f(KVF16{});
-    case kAttnI8: return f(KVI8{});
+    case kBF16: return f(KVBF16{});
+    case kF16: return f(KVF16{});
+    case kI8: return f(KVI8{});
     default: return f(KVF32{});
   }
 }

@@ -15,7 +15,7 @@
 #include <cstring>
 #include <vector>
 
-#include "bf16.h"
+#include "scalar.h"
 
 #pragma GCC target("avx2,fma,f16c")
 
@@ -23,11 +23,10 @@
 
 namespace {
 
-enum DType { kF32 = 0, kBF16 = 1, kF16 = 2 };
+using hk::elem_size, hk::kBF16, hk::kF16, hk::kF32;
 enum LinearKind { kFloat = 0, kQuantFloat = 1, kQuantInt8 = 2, kQuantInt8x2 = 3 };
 
 constexpr int kMaxParts = 4;
-constexpr int kBF16DotPanels = 4;  // hk_linear_parts' w_dtype for pair panels
 
 // One projection. kFloat: w [N][ldw] in w_dtype (0 f32 / 1 bf16 / 2 f16; 3: bf16 panels, see panel.cpp), or with nparts > 1 the weight in parts
 // (the checkpoint's q/k/v or gate/up as loaded): part_w[p] [part_n[p]][K], rows in order, w unused (one
@@ -86,7 +85,6 @@ struct HkStepDesc {
   int64_t int8_from;
 };
 
-int64_t elem_size(int dtype) { return dtype == kF32 ? 4 : 2; }
 
 // v holds at least n elements. Buffers only grow: resize() to a larger size after a smaller step would zero the new
 // part each time (steps alternate between prompt chunks and decodes; ~1% of a prefill in memset).
@@ -124,7 +122,7 @@ void widen_rows(const void* src, int dtype, int64_t T, int64_t D, int64_t ld, fl
       if (dtype == kBF16) {
         d[i] = hk::bf16_to_f32(s[i]);
       } else {
-        d[i] = _cvtsh_ss(s[i]);
+        d[i] = hk::f16_to_f32(s[i]);
       }
     }
   }

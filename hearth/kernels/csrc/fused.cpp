@@ -18,8 +18,9 @@
 #include <cstring>
 #include <vector>
 
-#include "bf16.h"
-#include "bf16_avx512.h"
+#include "scalar.h"
+#include "simd_avx2.h"
+#include "simd_avx512.h"
 #include "hk_api.h"
 
 // NOTE: the whole file is AVX2+FMA+F16C code: Python calls it only when hearth.kernels.isa() found those.
@@ -27,14 +28,8 @@
 
 namespace {
 
-enum DType { kF32 = 0, kBF16 = 1, kF16 = 2 };
-
-using hk::bf16_to_f32;
-using hk::f32_to_bf16;
-
-inline float f16_to_f32(uint16_t h) { return _cvtsh_ss(h); }
-
-inline uint16_t f32_to_f16(float f) { return _cvtss_sh(f, 0); }  // round to nearest even
+using hk::kBF16, hk::kF16, hk::kF32;
+using hk::bf16_to_f32, hk::f16_to_f32, hk::f32_to_bf16, hk::f32_to_f16;
 
 template <int D>
 inline float load(const void* p, int64_t i) {
@@ -70,17 +65,7 @@ inline __m256 load8(const void* p, int64_t i) {
   return _mm256_cvtph_ps(h);
 }
 
-// bf16 bits of 8 floats in the high halves of the 32-bit lanes, low halves zero: round to nearest even, a NaN
-// stays a quiet NaN (hk::f32_to_bf16's rules).
-inline __m256i bf16_high8(__m256 v) {
-  const __m256i u = _mm256_castps_si256(v);
-  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-  const __m256i rounded = _mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), lsb));
-  const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)),
-                                         _mm256_set1_epi32(0x7f800000));
-  const __m256i quiet = _mm256_or_si256(u, _mm256_set1_epi32(0x00400000));
-  return _mm256_and_si256(_mm256_blendv_epi8(rounded, quiet, nan), _mm256_set1_epi32(int(0xffff0000u)));
-}
+using hk::bf16_high8;
 
 template <int D>
 inline __m256 round8(__m256 v) {
@@ -105,11 +90,7 @@ inline void store8(void* p, int64_t i, __m256 v) {
   }
 }
 
-inline float hsum8(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
-}
+using hk::hsum8;
 
 // ---- RMSNorm with optional residual add ----
 // x, residual: [T][H] rows at stride ldx / ldr; out, sum_out: [T][H] contiguous; weight: fp32 [H].
@@ -177,23 +158,7 @@ void rope_neox(void* q, int64_t ldq, int64_t Hq, void* k, int64_t ldk, int64_t H
   }
 }
 
-// exp on 8 lanes: 2^n * p(r), r = x - n ln2 in [-ln2/2, ln2/2], degree-6 polynomial: ~2 ulp, like
-// glibc's expf for the inputs an activation sees; clamped to the float range.
-inline __m256 exp8(__m256 x) {
-  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.3f));
-  __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                             _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-  __m256 p = _mm256_set1_ps(1.3981999507e-3f);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-  __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
-}
+using hk::exp8;  // (simd_avx2.h: the one exp, shared with attention)
 
 template <int A>
 inline __m256 act8(__m256 g) {
@@ -221,7 +186,7 @@ inline __m512 load16(const void* p, int64_t i) {
   return _mm512_cvtph_ps(h);
 }
 
-using hk::bf16_high16;  // (bf16_avx512.h: bf16_high8 on 16 lanes)
+using hk::bf16_high16;  // (simd_avx512.h: bf16_high8 on 16 lanes)
 
 template <int D>
 inline __m512 round16(__m512 v) {
@@ -242,21 +207,7 @@ inline void store16(void* p, int64_t i, __m512 v) {
   }
 }
 
-inline __m512 exp16(__m512 x) {  // exp8's steps
-  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.3f)), _mm512_set1_ps(88.3f));
-  __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                  _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.3981999507e-3f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-  __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-  return _mm512_mul_ps(p, _mm512_castsi512_ps(e));
-}
+using hk::exp16;
 
 template <int A>
 inline __m512 act16(__m512 g) {  // act8's formulas
@@ -278,18 +229,13 @@ int64_t act_and_mul_row16(const void* x, int64_t xo, void* out, int64_t oo, int6
 }
 #pragma GCC pop_options
 
-inline bool has_avx512bw() {
-  static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                          __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
-  return has;
-}
 
 // ---- gated activations: out[t][i] = act(x[t][i]) * x[t][d + i] ----
 enum Act { kSilu = 0, kGeluTanh = 1 };
 
 template <int D, int A>
 void act_and_mul(const void* x, int64_t ldx, void* out, int64_t T, int64_t d, int threads) {
-  const bool wide = has_avx512bw();
+  const bool wide = hk::cpu_has_avx512bw();
 #pragma omp parallel for num_threads(team(T * d, threads)) schedule(static)
   for (int64_t t = 0; t < T; ++t) {
     int64_t i = wide ? act_and_mul_row16<D, A>(x, t * ldx, out, t * d, d) : 0;

@@ -4,7 +4,11 @@
 #pragma once
 #include <cstdint>
 
-// Quantized weight-format codes past the plain / tiled ones (hearth/weights/layouts.py's table): VNNI panels.
+// Weight-format codes (hearth/weights/layouts.py's `code` column) that more than one file reads.
+// Dense weights (hk_linear's w_dtype): hk::DType's kF32 / kBF16 / kF16 as rows, then bf16 panels (panel.cpp) and
+// bf16 pair panels (panel_dot.cpp).
+constexpr int kBF16Panels = 3, kBF16DotPanels = 4;
+// Quantized weights past the plain / tiled ones: VNNI panels (quant_panel.cpp).
 constexpr int kPanelsInt8 = 5, kPanelsInt4 = 6;
 
 extern "C" {

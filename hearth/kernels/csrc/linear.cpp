@@ -12,13 +12,14 @@
 #include <cstring>
 #include <vector>
 
-#include "bf16.h"
+#include "scalar.h"
+#include "simd_avx2.h"
 #include "parallel.h"
 #include "hk_api.h"
 
 enum class WKind { kBF16, kF16, kF32, kBF16Dot };
 
-enum DType { kF32 = 0, kBF16 = 1, kF16 = 2, kBF16Panels = 3, kBF16DotPanels = 4 };
+using hk::kBF16, hk::kF16, hk::kF32;  // (w_dtype past them: kBF16Panels, kBF16DotPanels in hk_api.h)
 
 struct Problem {
   const float* x;  // packed: [M][K] fp32, full chunks deinterleaved (bf16 weights), tail in natural order
@@ -45,12 +46,7 @@ struct T {
   static inline V load(const float* p) { return _mm256_loadu_ps(p); }
   static inline void store(float* p, V v) { _mm256_storeu_ps(p, v); }
   static inline V fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
-  static inline float hsum(V v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-  }
+  static inline float hsum(V v) { return hk::hsum8(v); }
   // The L sums of the L consecutive L-float vectors at p (a transpose-add: 8 x 8 in 16 shuffles and 7 adds).
   static inline V reduce_rows(const float* p) {
     V s[4], t[2];

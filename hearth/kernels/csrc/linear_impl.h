@@ -30,7 +30,7 @@ struct WF16 {
   using E = uint16_t;
   static constexpr bool kDeinterleave = false, kDot = false;
   static inline void load(const E* p, T::V& lo, T::V& hi) { T::load_f16(p, lo, hi); }
-  static inline float scalar(E e) { return _cvtsh_ss(e); }
+  static inline float scalar(E e) { return hk::f16_to_f32(e); }
 };
 
 struct WF32 {

@@ -20,8 +20,8 @@
 #include <cstring>
 #include <vector>
 
-#include "bf16.h"
-#include "bf16_avx512.h"
+#include "scalar.h"
+#include "simd_avx512.h"
 
 namespace {
 
@@ -31,7 +31,7 @@ constexpr int kMaxMR = kTiledMinM - 1;  // micro: rows of its one tile
 constexpr int kPrefetch = 32;  // k steps (64 bytes each) ahead
 constexpr int kStreams = 4;    // M = 1: panels read in lockstep
 
-enum DType { kF32 = 0, kBF16 = 1, kF16 = 2 };
+using hk::kBF16, hk::kF16, hk::kF32;
 
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl")
@@ -198,7 +198,7 @@ void pack_range(const uint16_t* w, int64_t N, int64_t K, int64_t ldw, uint16_t* 
 float load_x(const void* x, int dtype, int64_t i) {
   if (dtype == kF32) return static_cast<const float*>(x)[i];
   const uint16_t h = static_cast<const uint16_t*>(x)[i];
-  return dtype == kBF16 ? hk::bf16_to_f32(h) : _cvtsh_ss(h);
+  return dtype == kBF16 ? hk::bf16_to_f32(h) : hk::f16_to_f32(h);
 }
 
 // out [M][N] = x . cat(parts)^T (+ bias) for many rows (BLIS loop order, weights as the streamed vector operand):

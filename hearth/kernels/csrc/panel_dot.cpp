@@ -17,8 +17,8 @@
 #include <cstring>
 #include <vector>
 
-#include "bf16.h"
-#include "bf16_avx512.h"
+#include "scalar.h"
+#include "simd_avx512.h"
 #include "hk_api.h"
 
 namespace {
@@ -31,7 +31,7 @@ constexpr int kPrefetchPairs = 32;
 // K block in k pairs (2048 values): one block for a 0.5-1.1B model's hidden size, three for its MLP down.
 constexpr int64_t kMaxKC = 1024;
 
-enum DType { kF32 = 0, kBF16 = 1, kF16 = 2 };
+using hk::kBF16, hk::kF16, hk::kF32;
 
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512bf16")
@@ -40,7 +40,7 @@ enum DType { kF32 = 0, kBF16 = 1, kF16 = 2 };
 
 uint16_t x_bf16(const void* x, int dtype, int64_t i) {
   if (dtype == kBF16) return static_cast<const uint16_t*>(x)[i];
-  const float f = dtype == kF32 ? static_cast<const float*>(x)[i] : _cvtsh_ss(static_cast<const uint16_t*>(x)[i]);
+  const float f = dtype == kF32 ? static_cast<const float*>(x)[i] : hk::f16_to_f32(static_cast<const uint16_t*>(x)[i]);
   return hk::f32_to_bf16(f);
 }
 

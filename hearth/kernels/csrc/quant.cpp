@@ -20,7 +20,8 @@
 #include <cstring>
 #include <vector>
 
-#include "bf16.h"
+#include "scalar.h"
+#include "simd_avx2.h"
 #include "parallel.h"
 #include "hk_api.h"
 
@@ -48,7 +49,7 @@ struct Problem {
 static inline int64_t ldo_of(const Problem& a) { return a.ldo ? a.ldo : a.N; }
 static inline bool tiles_of(const Problem& a) { return a.tiled || a.q6; }  // (then TileScratch::view unpacks)
 
-static float half_to_float(uint16_t h);
+using hk::f16_to_f32_baseline;
 
 // int4 with 32-weight groups in 4-row tiles (hearth.kernels.quant.tile_rows4; N % 4 == 0, K % 64 == 0): rows
 // 4t .. 4t + 3 are 4 * ldw bytes at w + 4 t ldw (ldw = the plain row's bytes: K / 2 + scales (+ mins)), a run of
@@ -96,7 +97,7 @@ static void unpack_q6_tile(const Problem& a, int64_t t, int8_t* q, float* sc) {
   const uint8_t* rec = static_cast<const uint8_t*>(a.w) + t * 4 * a.ldw;
   for (int64_t k = 0; k < nsb; ++k)
     for (int r = 0; r < 4; ++r, rec += kQ6Rec) {
-      const float d = half_to_float(uint16_t(rec[kQ6D] | rec[kQ6D + 1] << 8));
+      const float d = f16_to_f32_baseline(uint16_t(rec[kQ6D] | rec[kQ6D + 1] << 8));
       for (int i = 0; i < 16; ++i) sc[r * (a.K / 16) + 16 * k + i] = d * float(int8_t(rec[kQ6Sc + i]));
       int8_t* o = q + r * a.K + 256 * k;
       for (int e = 0; e < 256; ++e) {
@@ -169,10 +170,10 @@ struct XQ {
 
 // Scale / min i of a Problem (the float dequantizing paths; the integer-dot kernels read them vectorized).
 static inline float scale_at(const Problem& a, int64_t i) {
-  return a.sf16 ? half_to_float(static_cast<const uint16_t*>(a.scales)[i]) : static_cast<const float*>(a.scales)[i];
+  return a.sf16 ? f16_to_f32_baseline(static_cast<const uint16_t*>(a.scales)[i]) : static_cast<const float*>(a.scales)[i];
 }
 static inline float min_at(const Problem& a, int64_t i) {
-  return a.sf16 ? half_to_float(static_cast<const uint16_t*>(a.mins)[i]) : static_cast<const float*>(a.mins)[i];
+  return a.sf16 ? f16_to_f32_baseline(static_cast<const uint16_t*>(a.mins)[i]) : static_cast<const float*>(a.mins)[i];
 }
 
 #pragma GCC push_options
@@ -187,12 +188,7 @@ struct T {
   static inline void store(float* p, V v) { _mm256_storeu_ps(p, v); }
   static inline V fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
   static inline V set1(float f) { return _mm256_set1_ps(f); }
-  static inline float hsum(V v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-  }
+  static inline float hsum(V v) { return hk::hsum8(v); }
   // s0 scales weights 0..15, s1 16..31 (equal unless 16-weight groups)
   static inline void deq_i8(const int8_t* p, V s0, V s1, V out[4]) {
     for (int i = 0; i < 4; ++i) {
@@ -325,29 +321,11 @@ struct D {
 #pragma GCC pop_options
 
 constexpr int kISA_AVX2 = 1, kISA_AVX512 = 2;
-enum DType { kF32 = 0, kBF16 = 1, kF16 = 2 };
+using hk::kBF16, hk::kF16, hk::kF32;
 
 using hk_par::parallel;
 using hk_par::parallel_dynamic;
 
-static float half_to_float(uint16_t h) {  // scalar, baseline ISA (x conversion only; not hot)
-  const uint32_t sign = uint32_t(h & 0x8000) << 16, exp = (h >> 10) & 0x1F, man = h & 0x3FF;
-  uint32_t u;
-  if (exp == 0x1F) {
-    u = sign | 0x7F800000u | (man << 13);
-  } else if (exp != 0) {
-    u = sign | ((exp + 112) << 23) | (man << 13);
-  } else if (man == 0) {
-    u = sign;
-  } else {
-    float f = float(man) * (1.0f / 16777216.0f);
-    std::memcpy(&u, &f, 4);
-    u |= sign;
-  }
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
 
 // K a multiple of 32; the group a multiple of 32 dividing K, or (int8 weights) 16: GGUF Q6_K's sub-blocks, marked by
 // sb_per_group = 0 in Problem.
@@ -373,7 +351,7 @@ static const float* pack_x(const void* x, int dtype, int64_t M, int64_t K, int64
         if (dtype == kBF16) {
           d[k] = hk::bf16_to_f32(s[k]);
         } else {
-          d[k] = half_to_float(s[k]);
+          d[k] = f16_to_f32_baseline(s[k]);
         }
       }
     }
@@ -439,7 +417,7 @@ static int linear_dot(const void* x, int x_dtype, int64_t M, int64_t K, int64_t 
   if (bad_group(K, group, int4)) return -3;
   if (M <= 0 || N <= 0) return 0;
   if (int4 >= 2 && N % 4) return -5;  // (tiles)
-  static const bool has_vnni = __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl");
+  const bool has_vnni = hk::cpu_has_vnni();
   const bool use_vnni = isa == kISA_AVX512 && has_vnni, use_bw = isa == kISA_AVX512 && !has_vnni;
   std::vector<float> buf;
   const float* xp = pack_x(x, x_dtype, M, K, ldx, buf);

@@ -18,12 +18,7 @@
 // (XQ, the quantized x, is defined in quant.cpp.)
 
 
-static inline float hsum8(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
+using hk::hsum8;
 
 static inline float dot_f32(const float* a, const float* b, int64_t n) {
   __m256 acc = _mm256_setzero_ps();
@@ -158,7 +153,7 @@ __attribute__((always_inline)) static inline __m256i pair_dot(const uint8_t* w, 
 
 // Scales (and mins) are fp32 or, S = uint16_t, fp16 (GGUF's own: widened exactly here).
 static inline float to_f32(float v) { return v; }
-static inline float to_f32(uint16_t v) { return _cvtsh_ss(v); }
+static inline float to_f32(uint16_t v) { return hk::f16_to_f32(v); }
 
 template <class S>
 static inline float dot_s(const S* a, const float* b, int64_t n) {
@@ -536,7 +531,7 @@ static inline void m1_q6_tile(const Problem& a, const XQ& xq, int64_t t) {
     for (int64_t l = 0; l < 4 * kQ6Rec; l += 64) _mm_prefetch(pf + l, _MM_HINT_T0);
     for (int r = 0; r < 4; ++r) {  // the row's 16 scales d * sc, exact in fp32
       const uint8_t* rr = rec + r * kQ6Rec;
-      const __m256 d = _mm256_set1_ps(_cvtsh_ss(uint16_t(rr[kQ6D] | rr[kQ6D + 1] << 8)));
+      const __m256 d = _mm256_set1_ps(hk::f16_to_f32(uint16_t(rr[kQ6D] | rr[kQ6D + 1] << 8)));
       const __m128i sc = _mm_loadu_si128(reinterpret_cast<const __m128i*>(rr + kQ6Sc));
       _mm256_store_ps(sf[r], _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc))));
       _mm256_store_ps(sf[r] + 8, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(sc, 8)))));
@@ -602,7 +597,7 @@ static inline void m1_q6_tile_zmm(const Problem& a, const XQ& xq, int64_t t) {
     for (int r = 0; r < 4; ++r) {
       const uint8_t* rr = rec + r * kQ6Rec;
       const __m128i sc = _mm_loadu_si128(reinterpret_cast<const __m128i*>(rr + kQ6Sc));
-      sf[r] = _mm512_mul_ps(_mm512_set1_ps(_cvtsh_ss(uint16_t(rr[kQ6D] | rr[kQ6D + 1] << 8))),
+      sf[r] = _mm512_mul_ps(_mm512_set1_ps(hk::f16_to_f32(uint16_t(rr[kQ6D] | rr[kQ6D + 1] << 8))),
                             _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(sc)));
     }
     for (int h = 0; h < 2; ++h) {

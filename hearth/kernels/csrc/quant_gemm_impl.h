@@ -21,7 +21,7 @@ constexpr int kMaxR = 8;      // x rows per tile
 constexpr int tile_cols(int R) { return R >= 7 ? 3 : R >= 5 ? 4 : R >= 3 ? 6 : 8; }
 
 static inline float scale_of(const void* base, bool f16, int64_t i) {
-  return f16 ? _cvtsh_ss(static_cast<const uint16_t*>(base)[i]) : static_cast<const float*>(base)[i];
+  return f16 ? hk::f16_to_f32(static_cast<const uint16_t*>(base)[i]) : static_cast<const float*>(base)[i];
 }
 
 // How a staged block is dequantized: q * scale (int8, symmetric int4 as q - 8), q only with the scale applied to the

@@ -26,7 +26,8 @@
 #include <cstring>
 #include <vector>
 
-#include "bf16_avx512.h"
+#include "scalar.h"
+#include "simd_avx512.h"
 #include "hk_api.h"
 
 namespace {
@@ -39,13 +40,7 @@ constexpr int kQuads = 8;   // k quads per block of 32
 constexpr int64_t kKCBytes = 32 << 10;
 constexpr int64_t kPrefetchBytes = 4096;
 
-enum DType { kF32 = 0, kBF16 = 1, kF16 = 2 };
-
-bool cpu_has_vnni() {
-  static const bool has = __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw") &&
-                          __builtin_cpu_supports("avx512vl");
-  return has;
-}
+using hk::kBF16, hk::kF16, hk::kF32;
 
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")
@@ -335,7 +330,7 @@ void pack_range(const uint8_t* src, int bits, int64_t N, int64_t K, int64_t ldw,
 int run(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, const void* w, int code, int64_t N,
         const void* scales, const void* mins, int64_t group, const float* bias, float* out, uint16_t* out16,
         int nthreads, int scale_f16, bool x2) {
-  if (!cpu_has_vnni()) return -1;
+  if (!hk::cpu_has_vnni()) return -1;
   if ((code != kPanelsInt8 && code != kPanelsInt4) || K % 32 || group % 32 || K % group || x_dtype < 0 ||
       x_dtype > 2 || (code == kPanelsInt8 && mins))
     return -2;
@@ -365,7 +360,7 @@ extern "C" {
 // shape it does not take. hq_pack_panels: plain rows.
 int hq_pack_panels_blocks(const void* w, int bits, int64_t N, int64_t K, int64_t ldw, int64_t block_bytes,
                           int64_t header, uint8_t* dst, int nthreads) {
-  if (!cpu_has_vnni()) return -1;
+  if (!hk::cpu_has_vnni()) return -1;
   const int64_t payload = bits == 8 ? 32 : 16;  // bytes of weights per block of 32
   if ((bits != 8 && bits != 4) || K % 32 || N <= 0 || 64 * ldw > INT32_MAX || header < 0 ||
       block_bytes < header + payload || ldw < K / 32 * block_bytes)

@@ -6,24 +6,22 @@
 #include <cstdint>
 #include <cstring>
 
-#include "bf16.h"
+#include "scalar.h"
+#include "simd_avx2.h"
 
 namespace {
 
 #pragma GCC push_options
-#pragma GCC target("avx2,f16c")
+#pragma GCC target("avx2,fma,f16c")
 void widen_range(const uint16_t* src, int dtype, float* dst, int64_t b, int64_t e) {
   int64_t i = b;
   if (dtype == 1) {  // bf16
-    for (; i + 8 <= e; i += 8) {
-      __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i)));
-      _mm256_storeu_ps(dst + i, _mm256_castsi256_ps(_mm256_slli_epi32(w, 16)));
-    }
+    for (; i + 8 <= e; i += 8) _mm256_storeu_ps(dst + i, hk::load_bf16x8(src + i));
     for (; i < e; ++i) dst[i] = hk::bf16_to_f32(src[i]);
   } else {  // f16
     for (; i + 8 <= e; i += 8)
       _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
-    for (; i < e; ++i) dst[i] = _cvtsh_ss(src[i]);
+    for (; i < e; ++i) dst[i] = hk::f16_to_f32(src[i]);
   }
 }
 #pragma GCC pop_options
