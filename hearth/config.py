@@ -149,7 +149,7 @@ class EngineArgs:
     # auto (None) | none | int8 | int4[-g32|-g64|-g128] | gguf (layers/quant_linear.py) | gptq | awq |
     # compressed-tensors | bitsandbytes (loader/hf_quant.py)
     quantization: str | None = None
-    # Speculative decoding, vLLM's JSON (a dict or a JSON string): hearth/spec_decode/config.py. None: off.
+    # Speculative decoding, vLLM's JSON (a dict or a JSON string): hearth/engine/spec_decode/config.py. None: off.
     speculative_config: dict | str | None = None
     # Sampling defaults for requests that leave fields unset: hearth/generation_defaults.py.
     generation_config: str = "auto"  # auto | vllm | FOLDER

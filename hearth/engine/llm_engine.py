@@ -26,9 +26,9 @@ from hearth.loader.model_loader import DEFAULT_MODEL_FILE, load_model
 from hearth.platform import cpu_info, keep_freed_memory, setup_threads
 from hearth.pooling_params import PoolingParams
 from hearth.sampling_params import SamplingParams
-from hearth.spec_decode.config import SpeculativeConfig
-from hearth.spec_decode.draft_proposer import DraftProposer, load_draft_model
-from hearth.spec_decode.speculator import Speculator
+from hearth.engine.spec_decode.config import SpeculativeConfig
+from hearth.engine.spec_decode.draft_proposer import DraftProposer, load_draft_model
+from hearth.engine.spec_decode.speculator import Speculator
 from hearth.structured.manager import StructuredOutputManager
 from hearth.structured.reasoning import ReasoningGate
 
@@ -57,7 +57,7 @@ class EngineStats:
     num_preemptions: int
     prefix_queries: int
     prefix_hits: int
-    # Speculative decoding (cumulative; zero when off): hearth.spec_decode.speculator.SpecStats.
+    # Speculative decoding (cumulative; zero when off): hearth.engine.spec_decode.speculator.SpecStats.
     spec_num_drafts: int = 0
     spec_num_draft_tokens: int = 0
     spec_num_accepted_tokens: int = 0

@@ -18,7 +18,7 @@ from hearth.engine.scheduler import ScheduledRequest, SchedulerOutput
 from hearth.weights import activations
 from hearth.layers.attention import Attention
 from hearth.layers.sampler import Sampler, SamplerOutput, TokenLogprobs, logprobs_of
-from hearth.spec_decode.rejection_sampler import RejectionSampler
+from hearth.engine.spec_decode.rejection_sampler import RejectionSampler
 
 
 @dataclass

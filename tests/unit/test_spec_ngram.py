@@ -2,9 +2,9 @@
 import pytest
 import torch
 
-from hearth.spec_decode.config import SpeculativeConfig
-from hearth.spec_decode.ngram_proposer import ngram_propose
-from hearth.spec_decode.rejection_sampler import greedy_accept, rejection_accept
+from hearth.engine.spec_decode.config import SpeculativeConfig
+from hearth.engine.spec_decode.ngram_proposer import ngram_propose
+from hearth.engine.spec_decode.rejection_sampler import greedy_accept, rejection_accept
 
 
 # ---- prompt lookup ----

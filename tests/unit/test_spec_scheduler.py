@@ -5,7 +5,7 @@ from hearth.config import SchedulerConfig
 from hearth.engine.block_manager import BlockManager
 from hearth.engine.request import Request, RequestStatus
 from hearth.engine.scheduler import Scheduler
-from hearth.spec_decode.speculator import max_draft_len
+from hearth.engine.spec_decode.speculator import max_draft_len
 
 BS = 4
 

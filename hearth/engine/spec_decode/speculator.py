@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 from hearth.engine.block_manager import BlockManager
 from hearth.engine.request import Request, RequestStatus
 from hearth.engine.scheduler import SchedulerOutput
-from hearth.spec_decode.config import SpeculativeConfig
-from hearth.spec_decode.draft_proposer import DraftProposer
-from hearth.spec_decode.ngram_proposer import ngram_propose
+from hearth.engine.spec_decode.config import SpeculativeConfig
+from hearth.engine.spec_decode.draft_proposer import DraftProposer
+from hearth.engine.spec_decode.ngram_proposer import ngram_propose
 
 _PLACEHOLDER = -1  # a draft-model token not proposed yet (replaced in fill(), never reaches the model)
 
