@@ -9,10 +9,6 @@ import ctypes
 
 i64, i32, f32, ptr = ctypes.c_int64, ctypes.c_int, ctypes.c_float, ctypes.c_void_p
 
-# The quantized few-row kernels share one signature (x, x dtype, M, K, ldx, w, format code, N, ldw, scales, mins,
-# ldg, group, bias, out, isa, threads, fp16 scales).
-_QUANT_LINEAR = [ptr, i32, i64, i64, i64, ptr, i32, i64, i64, ptr, ptr, i64, i64, ptr, ptr, i32, i32, i32]
-
 SIGNATURES: dict[str, tuple[list, type]] = {
     # dense linear (linear.cpp, panel.cpp, panel_dot.cpp, widen.cpp)
     "hk_linear": ([ptr, i32, i64, i64, i64, ptr, i32, i64, i64, ptr, ptr, i32, i64, i32], i32),
@@ -24,11 +20,9 @@ SIGNATURES: dict[str, tuple[list, type]] = {
     "hk_widen_panels": ([i64, ptr, ptr, i64, ptr, i64, i32], i32),
     "hk_pack_dot_panels": ([ptr, i64, i64, i64, ptr, i32], i32),
     # quantized linear (quant.cpp, quant_panel.cpp)
-    "hq_linear": (_QUANT_LINEAR, i32),
-    "hq_linear_dot": (_QUANT_LINEAR, i32),
-    "hq_linear_dot2": (_QUANT_LINEAR, i32),
-    "hq_linear_gemm": (_QUANT_LINEAR, i32),
-    "hq_linear_gemm_bcast": (_QUANT_LINEAR, i32),
+    # x, x dtype, M, K, ldx, w, format code, N, ldw, scales, mins, ldg, group, bias, out, kernel (quant.LINEAR_KERNELS),
+    # isa, threads, fp16 scales
+    "hq_linear": ([ptr, i32, i64, i64, i64, ptr, i32, i64, i64, ptr, ptr, i64, i64, ptr, ptr, i32, i32, i32, i32], i32),
     "hq_linear_panels_out": ([ptr, i32, i64, i64, i64, ptr, i32, i64, ptr, ptr, i64, ptr, ptr, ptr, i32, i32, i32],
                              i32),
     "hq_pack_panels": ([ptr, i32, i64, i64, i64, ptr, i32], i32),

@@ -25,6 +25,10 @@ from hearth.kernels import _build, fused
 
 _DTYPE = kernels._DTYPE_CODE  # (the C dtype codes every kernel takes)
 QUANT_KIND = {"float": 1, "int8": 2, "int8x2": 3}  # LinearSpec.kind of quantized weights, by activation rounding
+# A projection's kernel per row count, by hearth.weights.dispatch.Kernel's names (csrc/hk_api.h PlanKernel); the
+# descriptor holds it for 1 .. PLAN_ROWS rows (kPlanRows), more rows take the last entry.
+PLAN_KERNELS = {"dot": 1, "gemm": 2, "bcast": 3, "panels": 4, "dense": 5, "dense-panels": 6}
+PLAN_ROWS = 64
 _ENABLED = envs.decode_program()
 
 i64, i32, f32, ptr = ctypes.c_int64, ctypes.c_int32, ctypes.c_float, ctypes.c_void_p
@@ -38,8 +42,8 @@ class _Linear(ctypes.Structure):
     # are the parts' weights [part_n][K] in row order, and w is unused.
     _fields_ = [("kind", i32), ("w_dtype", i32), ("w", ptr), ("N", i64), ("K", i64), ("ldw", i64), ("bias", ptr),
                 ("scales", ptr), ("mins", ptr), ("ldg", i64), ("group", i64), ("nparts", i64),
-                ("part_w", ptr * _MAX_PARTS), ("part_n", i64 * _MAX_PARTS), ("scale_f16", i32), ("gemm_min_m", i32),
-                ("bcast_min_m", i32)]
+                ("part_w", ptr * _MAX_PARTS), ("part_n", i64 * _MAX_PARTS), ("scale_f16", i32),
+                ("kernel_at", ctypes.c_int8 * (PLAN_ROWS + 1))]
 
 
 class _Layer(ctypes.Structure):
@@ -66,7 +70,8 @@ def _lib() -> ctypes.CDLL | None:
 @dataclass
 class LinearSpec:
     """One projection as the program reads it. kind 0: dense (w_dtype a dtype or panel code; `parts` the row blocks,
-    rows each); kind QUANT_KIND[rounding]: a quantized weight (w_dtype its format code, scales / mins / group)."""
+    rows each); kind QUANT_KIND[rounding]: a quantized weight (w_dtype its format code, scales / mins / group).
+    plan: the kernel (a PLAN_KERNELS name) for a step of 1 .. PLAN_ROWS rows, hearth.weights.dispatch.program_plan's."""
 
     kind: int
     w_dtype: int
@@ -78,8 +83,7 @@ class LinearSpec:
     scales: torch.Tensor | None = None
     mins: torch.Tensor | None = None
     group: int = 0
-    gemm_min_m: int = 0  # quantized: rows from which hq_linear_gemm runs (hearth.weights.dispatch.gemm_from)
-    bcast_min_m: int = 0  # quantized: rows from which its broadcast form runs
+    plan: list[str] | None = None
     any_rows: bool = False  # the same kernel as the layer path at every row count (prompt steps too)
 
 
@@ -129,8 +133,12 @@ class LayerSpec:
     post2: NormSpec | None = None
 
 
-def _linear(spec: LinearSpec, keep: list) -> _Linear | None:
-    if len(spec.parts) > _MAX_PARTS or not spec.parts:
+def _linear(spec: LinearSpec, keep: list, max_rows: int) -> _Linear | None:
+    """The descriptor, or None where the planned kernel for some step the program takes is not one it runs."""
+    if len(spec.parts) > _MAX_PARTS or not spec.parts or spec.plan is None or len(spec.plan) != PLAN_ROWS:
+        return None
+    rows = PLAN_ROWS if spec.any_rows else min(max_rows, PLAN_ROWS)
+    if any(k not in PLAN_KERNELS for k in spec.plan[:rows]):
         return None
     keep += [t for t, _ in spec.parts] + [spec.bias, spec.scales, spec.mins]
     w = spec.parts[0][0]
@@ -139,8 +147,9 @@ def _linear(spec: LinearSpec, keep: list) -> _Linear | None:
                    spec.scales.data_ptr() if spec.scales is not None else None,
                    spec.mins.data_ptr() if spec.mins is not None else None,
                    spec.scales.stride(0) if spec.scales is not None else 0, spec.group,
-                   scale_f16=int(spec.scales is not None and spec.scales.dtype == torch.float16),
-                   gemm_min_m=spec.gemm_min_m, bcast_min_m=spec.bcast_min_m)
+                   scale_f16=int(spec.scales is not None and spec.scales.dtype == torch.float16))
+    for m, k in enumerate(spec.plan[:rows], start=1):
+        desc.kernel_at[m] = PLAN_KERNELS[k]
     if spec.kind == 0 and len(spec.parts) > 1 or spec.kind == 0 and spec.w_dtype in (kernels.BF16_PANELS,
                                                                                      kernels.BF16_DOT_PANELS):
         desc.nparts = len(spec.parts)
@@ -149,7 +158,7 @@ def _linear(spec: LinearSpec, keep: list) -> _Linear | None:
     return desc
 
 
-def _layer(spec: LayerSpec, keep: list) -> _Layer | None:
+def _layer(spec: LayerSpec, keep: list, max_rows: int) -> _Layer | None:
     norms = (spec.norm1, spec.norm2) + ((spec.post1, spec.post2) if spec.post1 is not None else ())
     if any(n.offset != spec.norm1.offset or n.eps != spec.norm1.eps for n in norms):
         return None
@@ -159,7 +168,7 @@ def _layer(spec: LayerSpec, keep: list) -> _Layer | None:
     a, rope = spec.attn, spec.rope
     if a.k_cache.dtype not in _DTYPE:
         return None
-    lins = [_linear(s, keep) for s in (spec.qkv, spec.o, spec.gate_up, spec.down)]
+    lins = [_linear(s, keep, max_rows) for s in (spec.qkv, spec.o, spec.gate_up, spec.down)]
     if any(d is None for d in lins):
         return None
     keep += [a.k_cache, a.v_cache, rope.cos, rope.sin] + [n.weight for n in norms + (qk or ())]
@@ -194,8 +203,9 @@ class DecodeProgram:
         lib = _lib()
         if lib is None or not len(specs) or any(s is None for s in specs):
             return None
+        max_rows = min(max_rows, PLAN_ROWS)  # (the descriptors' kernel tables end there)
         keep: list = []
-        descs = [_layer(s, keep) for s in specs]
+        descs = [_layer(s, keep, max_rows) for s in specs]
         if any(d is None for d in descs):
             return None
         codes = {d.kv_dtype for d in descs}

@@ -15,9 +15,9 @@ from hearth.kernels import _build
 
 _DTYPE_CODE = kernels._DTYPE_CODE
 
-# The few-row kernel per activation rounding (csrc/quant.cpp), and the fp32-x GEMM in its dot / broadcast form.
-LINEAR_CALLS = {"float": "hq_linear", "int8": "hq_linear_dot", "int8x2": "hq_linear_dot2", "gemm": "hq_linear_gemm",
-                "bcast": "hq_linear_gemm_bcast"}
+# hq_linear's kernel argument (csrc/hk_api.h QuantKernel): the few-row kernel per activation rounding, and the
+# fp32-x GEMM in its plain / broadcast form.
+LINEAR_KERNELS = {"float": 0, "int8": 1, "int8x2": 2, "gemm": 3, "bcast": 4}
 
 
 @functools.cache
@@ -44,15 +44,15 @@ def _stride0(t: torch.Tensor | None) -> int:
 def linear(call: str, x: torch.Tensor, data: torch.Tensor, code: int, n: int, scales: torch.Tensor,
            mins: torch.Tensor | None, group: int, bias: torch.Tensor | None, out: torch.Tensor,
            isa_code: int | None = None) -> torch.Tensor:
-    """One LINEAR_CALLS kernel: x [M, K] (unit stride along K) against the weight in format `code` -> out fp32 [M, N]
-    (contiguous); bias fp32 contiguous or None."""
+    """hq_linear with the LINEAR_KERNELS kernel `call`: x [M, K] (unit stride along K) against the weight in format
+    `code` -> out fp32 [M, N] (contiguous); bias fp32 contiguous or None."""
     m, k = x.shape
-    rc = getattr(_lib(), LINEAR_CALLS[call])(
+    rc = _lib().hq_linear(
         x.data_ptr(), _DTYPE_CODE[x.dtype], m, k, x.stride(0), data.data_ptr(), code, n, data.stride(0),
-        scales.data_ptr(), _ptr(mins), scales.stride(0), group, _ptr(bias), out.data_ptr(), isa_code or kernels.isa(),
-        torch.get_num_threads(), int(scales.dtype == torch.float16))
+        scales.data_ptr(), _ptr(mins), scales.stride(0), group, _ptr(bias), out.data_ptr(), LINEAR_KERNELS[call],
+        isa_code or kernels.isa(), torch.get_num_threads(), int(scales.dtype == torch.float16))
     if rc != 0:
-        raise RuntimeError(f"{LINEAR_CALLS[call]} failed with code {rc}")
+        raise RuntimeError(f"hq_linear ({call}) failed with code {rc}")
     return out
 
 

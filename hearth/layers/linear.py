@@ -16,7 +16,8 @@ from torch import nn
 from hearth import kernels
 from hearth.kernels import panels
 from hearth.kernels.decoder import LinearSpec
-from hearth.weights import apply
+from hearth.weights import apply, dispatch
+from hearth.weights.layouts import of_dense
 
 # 16-bit checkpoint weights (kernels.LOSSLESS_16BIT) widen to float32 exactly, so a float32 model may keep them in
 # 16 bits: the same numbers, half the bytes read per decode step. Only where the kernels that read them can run.
@@ -118,7 +119,8 @@ class Linear(nn.Module):
         if self.panels is not None:
             layout = apply.dense_panels_layout()
             return LinearSpec(0, layout.code, list(zip(self.panels, self.panel_rows)), sum(self.panel_rows),
-                              self.in_features, self.in_features, bias, any_rows=layout.name == "bf16-dot-panels")
+                              self.in_features, self.in_features, bias, plan=dispatch.program_plan(layout),
+                              any_rows=layout.name == "bf16-dot-panels")
         parts = self.row_blocks()
         dtypes = {w.dtype for w in parts}
         if (len(dtypes) != 1 or dtypes.pop() not in kernels._DTYPE_CODE
@@ -127,7 +129,8 @@ class Linear(nn.Module):
             return None
         w = parts[0]
         return LinearSpec(0, kernels._DTYPE_CODE[w.dtype], [(p, p.shape[0]) for p in parts],
-                          sum(p.shape[0] for p in parts), w.shape[1], w.stride(0), bias)
+                          sum(p.shape[0] for p in parts), w.shape[1], w.stride(0), bias,
+                          plan=dispatch.program_plan(of_dense(w.dtype)))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.panels is not None:

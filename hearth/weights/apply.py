@@ -18,7 +18,7 @@ from hearth.platform import cpu_info
 from hearth.weights import activations
 from hearth.kernels.decoder import QUANT_KIND, LinearSpec
 from hearth.weights import dispatch
-from hearth.weights.dispatch import Kernel, gemm_from, plan
+from hearth.weights.dispatch import Kernel, plan
 from hearth.weights.layouts import PANELS_BF16, PANELS_BF16_DOT, of, of_dense
 from hearth.weights.packed import QWeight, supports
 from hearth.weights.reference import dequantize
@@ -132,8 +132,8 @@ def dequantize_gather(qw: QWeight, ids: torch.Tensor) -> torch.Tensor:
 
 
 def program_spec(qw: QWeight, bias: torch.Tensor | None) -> LinearSpec | None:
-    """qw as the decode program reads it, with this process's row rules (dispatch.gemm_from); None where the
-    program's kernels do not take it (no kernels, an unsupported group, float activations on panels)."""
+    """qw as the decode program reads it, with dispatch.plan's kernel per row count; None where the program's
+    kernels do not take it (no kernels, an unsupported group, float activations on panels)."""
     n, k = qw.shape
     act = activations.of(qw)
     layout = of(qw)
@@ -141,8 +141,7 @@ def program_spec(qw: QWeight, bias: torch.Tensor | None) -> LinearSpec | None:
     if not c.kernels or not supports(k, qw.group) or (layout.kernel == "panels" and act == "float"):
         return None
     return LinearSpec(QUANT_KIND[act], layout.code, [(qw.data, n)], n, k, qw.data.stride(0), bias, qw.scales,
-                      qw.mins, qw.group, gemm_min_m=gemm_from(layout, c), bcast_min_m=dispatch.BCAST_MIN_M,
-                      any_rows=layout.kernel == "panels")
+                      qw.mins, qw.group, plan=dispatch.program_plan(layout, c), any_rows=layout.kernel == "panels")
 
 
 # ---------------------------------------------------------------- dense

@@ -4,7 +4,7 @@ Linear.forward / QuantLinear.forward (through hearth.weights.apply), the whole-s
 GEMM thresholds and which steps it takes) and `hearth doctor` (which prints `table()`) all ask this module, so the
 choice is made in one place. Row-count rules, from the layout table's `kernel` / `gemm` / `gemm_from` columns:
   quantized, "dot" layouts: from gemm_from(layout) rows (or in a prompt step) up to GEMM_MAX_M the fp32-x GEMM
-      (hq_linear_gemm; from BCAST_MIN_M rows outside prompt steps its broadcast form); fewer rows the dot kernels
+      (hq_linear's "gemm"; from BCAST_MIN_M rows outside prompt steps its broadcast form); fewer rows the dot kernels
       (integer dots, or fp32 with HEARTH_QUANT_ACT=float) up to MAX_QUANT_ROWS; more rows dequantized tiles and
       torch's GEMM ("tiled"). The GEMM runs on AVX-512 only: without VNNI an integer dot costs about an fp32 FMA, so
       it pays once per 8 rows what the dot kernels pay per row; with VNNI the dot kernels keep decode steps of fewer
@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from hearth import envs, kernels
 from hearth.kernels import quant as qkernels
+from hearth.kernels.decoder import PLAN_ROWS
 from hearth.platform import cpu_info
 from hearth.weights import activations
 from hearth.weights.layouts import BY_NAME, TABLE, Layout
@@ -33,9 +34,9 @@ DENSE_PANEL_MAX_ROWS = 512  # the bf16 fma-panel GEMM's rows; more: widened weig
 
 
 class Kernel(str, enum.Enum):
-    DOT = "dot"  # hq_linear / hq_linear_dot / hq_linear_dot2, by the weight's activation rounding
-    GEMM = "gemm"  # hq_linear_gemm: x in fp32, weights dequantized once per tile of rows
-    BCAST = "bcast"  # hq_linear_gemm_bcast: the same GEMM in broadcast form
+    DOT = "dot"  # hq_linear's dot kernels (float, int8, int8x2), by the weight's activation rounding
+    GEMM = "gemm"  # hq_linear's GEMM: x in fp32, weights dequantized once per tile of rows
+    BCAST = "bcast"  # hq_linear's GEMM in broadcast form
     PANELS = "panels"  # hq_linear_panels_out: VNNI panels, int8 / int8x2 activations
     TILED = "tiled"  # dequantized row tiles + torch's GEMM (long prompts)
     REFERENCE = "reference"  # torch: the whole weight dequantized, F.linear (no kernels here)
@@ -116,6 +117,13 @@ def program_rows(c: Caps | None = None) -> int:
     """Rows up to which the whole-stack decode program takes a decode step of row-major weights (the dense kernel's
     rows: past them the layer path's torch GEMM is ahead)."""
     return (c or caps()).dense_max_rows
+
+
+def program_plan(layout: Layout, c: Caps | None = None) -> list[str]:
+    """plan's kernel names for a decode step of 1 .. decoder.PLAN_ROWS rows: what the decode program's descriptor of a
+    weight in `layout` holds, so the program runs the kernel the layer path would at every row count."""
+    c = c or caps()
+    return [plan(layout, m, c).value for m in range(1, PLAN_ROWS + 1)]
 
 
 def table(c: Caps | None = None, rows: tuple[int, ...] = (1, 8, 32, 128, 512)) -> list[tuple[str, str, list[str]]]:

@@ -30,7 +30,7 @@ class Layout:
     # few-row kernel family: "dot" (hq_linear / _dot / _dot2 by activation rounding), "panels" (hq_linear_panels_out
     # at every row count), "dense" (hk_linear), "dense-panels" (hk_linear_parts / hk_linear_dot_panels_bf16)
     kernel: str = "dot"
-    gemm: bool = False  # the fp32-x GEMM (hq_linear_gemm / _gemm_bcast) reads it
+    gemm: bool = False  # the fp32-x GEMM (hq_linear's "gemm" / "bcast" kernels) reads it
     gemm_from: int = 0  # rows from which that GEMM beats the dot kernels on AVX-512 without VNNI
 
 

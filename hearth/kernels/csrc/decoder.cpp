@@ -28,7 +28,8 @@ enum LinearKind { kFloat = 0, kQuantFloat = 1, kQuantInt8 = 2, kQuantInt8x2 = 3 
 
 constexpr int kMaxParts = 4;
 
-// One projection. kFloat: w [N][ldw] in w_dtype (0 f32 / 1 bf16 / 2 f16; 3: bf16 panels, see panel.cpp), or with nparts > 1 the weight in parts
+// One projection. kFloat: w [N][ldw] in w_dtype (0 f32 / 1 bf16 / 2 f16; 3 / 4: bf16 panels, see panel.cpp and
+// panel_dot.cpp), or with nparts > 1 the weight in parts
 // (the checkpoint's q/k/v or gate/up as loaded): part_w[p] [part_n[p]][K], rows in order, w unused (one
 // hk_linear_parts call: one parallel region, as fast as a merged weight). Quantized:
 // w_dtype is the weight's format code (hearth/weights/layouts.py), scales/mins [N][ldg], group weights per scale.
@@ -44,8 +45,9 @@ struct HkLinearDesc {
   const void* part_w[kMaxParts];
   int64_t part_n[kMaxParts];
   int32_t scale_f16;
-  int32_t gemm_min_m;  // quantized: from this many rows hq_linear_gemm (0: never; hearth.kernels.quant.gemm_min_rows)
-  int32_t bcast_min_m;  // quantized: from this many rows (and gemm_min_m) hq_linear_gemm_bcast (quant.BCAST_MIN_M)
+  // The kernel for a step of T rows: kernel_at[min(T, kPlanRows)] (a PlanKernel), hearth.weights.dispatch.plan's
+  // choice written here when the program is built, so the program and the layer path run the same kernel.
+  int8_t kernel_at[kPlanRows + 1];
 };
 
 struct HkLayerDesc {
@@ -128,22 +130,26 @@ void widen_rows(const void* src, int dtype, int64_t T, int64_t D, int64_t ld, fl
   }
 }
 
-// y (dtype) [T][N] = x (dtype) [T][K] . W^T (+ bias), through fp32 like the Python layer.
+// y (dtype) [T][N] = x (dtype) [T][K] . W^T (+ bias), through fp32 like the Python layer, by the kernel the
+// descriptor names for T rows.
 int project(const HkLinearDesc& l, const void* x, int64_t T, int dtype, std::vector<float>& f32, void* y, int isa,
             int threads, int64_t int8_from) {
   int rc;
-  if (l.kind == kFloat && l.w_dtype == kBF16DotPanels && dtype == kBF16) {  // bf16 from the tiles (same rounding)
-    const bool parts = l.nparts > 1;
-    return hk_linear_dot_panels_bf16(x, dtype, T, l.K, l.K, parts ? l.nparts : 1, parts ? l.part_w : &l.w,
-                                     parts ? l.part_n : &l.N, l.bias, static_cast<uint16_t*>(y), threads);
-  }
-  grow(f32, T * l.N);
-  if (l.kind == kFloat && l.nparts > 1) {
-    rc = hk_linear_parts(x, dtype, T, l.K, l.K, l.nparts, l.part_w, l.part_n, l.w_dtype, l.K, l.bias, f32.data(),
-                         isa, 0, threads);
-  } else if (l.kind == kFloat) {
-    rc = hk_linear(x, dtype, T, l.K, l.K, l.w, l.w_dtype, l.N, l.ldw, l.bias, f32.data(), isa, 0, threads);
-  } else if (l.w_dtype == kPanelsInt8 || l.w_dtype == kPanelsInt4) {  // VNNI panels: every row count
+  const int kernel = l.kernel_at[std::min<int64_t>(T, kPlanRows)];
+  if (kernel == kPlanDense || kernel == kPlanDensePanels) {
+    if (l.w_dtype == kBF16DotPanels && dtype == kBF16) {  // bf16 from the tiles (same rounding)
+      const bool parts = l.nparts > 1;
+      return hk_linear_dot_panels_bf16(x, dtype, T, l.K, l.K, parts ? l.nparts : 1, parts ? l.part_w : &l.w,
+                                       parts ? l.part_n : &l.N, l.bias, static_cast<uint16_t*>(y), threads);
+    }
+    grow(f32, T * l.N);
+    if (l.nparts > 1)
+      rc = hk_linear_parts(x, dtype, T, l.K, l.K, l.nparts, l.part_w, l.part_n, l.w_dtype, l.K, l.bias, f32.data(),
+                           isa, 0, threads);
+    else
+      rc = hk_linear(x, dtype, T, l.K, l.K, l.w, l.w_dtype, l.N, l.ldw, l.bias, f32.data(), isa, 0, threads);
+  } else if (kernel == kPlanPanels) {  // VNNI panels: every row count
+    grow(f32, T * l.N);
     // Rows [0, split) in the linear's rounding, the rest (prompt rows, int8x2 linears only) in single-term int8:
     // per-row sums do not depend on the other rows, so two calls give each row what it would get alone.
     const int64_t split = l.kind == kQuantInt8 ? 0 : std::min(T, std::max<int64_t>(int8_from, 0));
@@ -157,14 +163,17 @@ int project(const HkLinearDesc& l, const void* x, int64_t T, int dtype, std::vec
                                                  l.scale_f16, x2);
     };
     if ((rc = rows(0, split, 1)) || (rc = rows(split, T, 0)) || y16) return rc;
-  } else if (l.gemm_min_m > 0 && T >= l.gemm_min_m) {  // (a decode step: many rows take the broadcast form)
-    auto fn = T >= l.bcast_min_m ? hq_linear_gemm_bcast : hq_linear_gemm;
-    rc = fn(x, dtype, T, l.K, l.K, l.w, l.w_dtype, l.N, l.ldw, l.scales, l.mins, l.ldg, l.group, l.bias, f32.data(),
-            isa, threads, l.scale_f16);
+  } else if (kernel == kPlanDot || kernel == kPlanGemm || kernel == kPlanBcast) {
+    grow(f32, T * l.N);
+    const int qk = kernel == kPlanGemm    ? kQuantGemm
+                   : kernel == kPlanBcast ? kQuantGemmBcast
+                   : l.kind == kQuantFloat ? kQuantDotFloat
+                   : l.kind == kQuantInt8  ? kQuantDotInt8
+                                           : kQuantDotInt8x2;
+    rc = hq_linear(x, dtype, T, l.K, l.K, l.w, l.w_dtype, l.N, l.ldw, l.scales, l.mins, l.ldg, l.group, l.bias,
+                   f32.data(), qk, isa, threads, l.scale_f16);
   } else {
-    auto fn = l.kind == kQuantFloat ? hq_linear : l.kind == kQuantInt8 ? hq_linear_dot : hq_linear_dot2;
-    rc = fn(x, dtype, T, l.K, l.K, l.w, l.w_dtype, l.N, l.ldw, l.scales, l.mins, l.ldg, l.group, l.bias, f32.data(),
-            isa, threads, l.scale_f16);
+    return -100;  // a row count the builder did not plan for (DecodeProgram.build refuses such weights)
   }
   if (rc) return rc;
   narrow(f32.data(), dtype, T * l.N, y);

@@ -11,6 +11,16 @@ constexpr int kBF16Panels = 3, kBF16DotPanels = 4;
 // Quantized weights past the plain / tiled ones: VNNI panels (quant_panel.cpp).
 constexpr int kPanelsInt8 = 5, kPanelsInt4 = 6;
 
+// hq_linear's kernel argument (hearth/kernels/quant.py LINEAR_KERNELS): how x meets a quantized weight in rows or tiles.
+enum QuantKernel { kQuantDotFloat = 0, kQuantDotInt8 = 1, kQuantDotInt8x2 = 2, kQuantGemm = 3, kQuantGemmBcast = 4 };
+
+// The kernel of a projection in the decode program, per row count (HkLinearDesc::kernel_at): hearth.weights.dispatch
+// .plan's Kernel names, as hearth/kernels/decoder.py PLAN_KERNELS numbers them. 0: a row count the program never
+// runs for that weight.
+enum PlanKernel { kPlanNone = 0, kPlanDot = 1, kPlanGemm = 2, kPlanBcast = 3, kPlanPanels = 4, kPlanDense = 5,
+                  kPlanDensePanels = 6 };
+constexpr int kPlanRows = 64;  // rows the table covers; more rows (prompt steps) take its last entry
+
 extern "C" {
 int hk_linear(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, const void* w, int w_dtype, int64_t N,
               int64_t ldw, const float* bias, float* out, int isa, int64_t kblock, int nthreads);
@@ -19,21 +29,9 @@ int hk_linear_parts(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ld
                     int isa, int64_t kblock, int nthreads);
 int hk_linear_dot_panels_bf16(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, int64_t nparts,
                               const void* const* w, const int64_t* n, const float* bias, uint16_t* out, int nthreads);
-int hq_linear(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, const void* w, int int4, int64_t N,
+int hq_linear(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, const void* w, int format, int64_t N,
               int64_t ldw, const void* scales, const void* mins, int64_t ldg, int64_t group, const float* bias,
-              float* out, int isa, int nthreads, int scale_f16);
-int hq_linear_dot(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, const void* w, int int4, int64_t N,
-                  int64_t ldw, const void* scales, const void* mins, int64_t ldg, int64_t group, const float* bias,
-                  float* out, int isa, int nthreads, int scale_f16);
-int hq_linear_dot2(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, const void* w, int int4, int64_t N,
-                   int64_t ldw, const void* scales, const void* mins, int64_t ldg, int64_t group, const float* bias,
-                   float* out, int isa, int nthreads, int scale_f16);
-int hq_linear_gemm(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, const void* w, int int4, int64_t N,
-                   int64_t ldw, const void* scales, const void* mins, int64_t ldg, int64_t group, const float* bias,
-                   float* out, int isa, int nthreads, int scale_f16);
-int hq_linear_gemm_bcast(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, const void* w, int int4,
-                         int64_t N, int64_t ldw, const void* scales, const void* mins, int64_t ldg, int64_t group,
-                         const float* bias, float* out, int isa, int nthreads, int scale_f16);
+              float* out, int kernel, int isa, int nthreads, int scale_f16);
 int hq_linear_panels_out(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, const void* w, int code,
                          int64_t N, const void* scales, const void* mins, int64_t group, const float* bias,
                          float* partial, uint16_t* out16, int nthreads, int scale_f16, int x2);

@@ -2,16 +2,18 @@
 // scale) and int4 (per-group scale and min) weights; x fp32 / bf16 / f16, fp32 accumulate. See quant_impl.h for the
 // layout. Same build rules as linear.cpp: per-ISA `#pragma GCC target`, chosen at run time by the caller, C ABI.
 //
-// The small-M kernels (which one runs is hearth/weights/dispatch.py's choice):
-//   hq_linear      x stays fp32 and weights are dequantized in registers (quant_impl.h): the dequantized float
-//                  model's results up to summation order, but compute-bound (~4 vector ops per weight).
-//   hq_linear_dot  x quantized once per call to int8 blocks of 32 (llama.cpp's Q8 activations), integer dot
-//                  products (maddubs / vpdpbusd), one float fma per 32 (int8) or 2 x 32 (int4) weights
-//                  (quant_dot_impl.h): a fraction of the instructions, decode becomes memory-bound. Results are the
-//                  dequantized weights times the int8-rounded x (relative error ~ 1/254 of each block's amax).
-//   hq_linear_dot2 the same with two-term activations x ~ d2 * (254 * q1 + q2) per block (error <= d2 / 2 =
-//                  amax / 64516): a second integer dot chain on the same unpacked weights, still one float fma per
-//                  block (quant_dot_impl.h, kX2).
+// The small-M kernels, one export (hq_linear) with a kernel argument (which one runs is hearth/weights/dispatch.py's
+// choice):
+//   kQuantDotFloat   x stays fp32 and weights are dequantized in registers (quant_impl.h): the dequantized float
+//                    model's results up to summation order, but compute-bound (~4 vector ops per weight).
+//   kQuantDotInt8    x quantized once per call to int8 blocks of 32 (llama.cpp's Q8 activations), integer dot
+//                    products (maddubs / vpdpbusd), one float fma per 32 (int8) or 2 x 32 (int4) weights
+//                    (quant_dot_impl.h): a fraction of the instructions, decode becomes memory-bound. Results are the
+//                    dequantized weights times the int8-rounded x (relative error ~ 1/254 of each block's amax).
+//   kQuantDotInt8x2  the same with two-term activations x ~ d2 * (254 * q1 + q2) per block (error <= d2 / 2 =
+//                    amax / 64516): a second integer dot chain on the same unpacked weights, still one float fma per
+//                    block (quant_dot_impl.h, kX2).
+//   kQuantGemm, kQuantGemmBcast   the fp32-x GEMM for more rows (quant_gemm_impl.h).
 #include <immintrin.h>
 #include <omp.h>
 
@@ -374,16 +376,12 @@ static Problem make_problem(const float* x, const void* w, int64_t ldw, const vo
 
 }  // namespace hq
 
-extern "C" {
+namespace hq {
 
-// out[M][N] (fp32) = x[M][K] . deq(w)[N][K]^T + bias. w: int8 [N][ldw] (int4 = 0) or packed int4 [N][ldw] (int4 = 1);
-// scales / mins [N][ldg], one per group of `group` weights (a multiple of 32 dividing K; K a multiple of 32): fp32,
-// or fp16 when scale_f16 (GGUF Q8_0 / Q4_0 / Q4_1 keep their own fp16 scales: 2 bytes fewer per block to read).
-// isa: 1 = AVX2+FMA+F16C, 2 = AVX-512F/BW. Returns 0 or a negative error.
-int hq_linear(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, const void* w, int int4, int64_t N,
-              int64_t ldw, const void* scales, const void* mins, int64_t ldg, int64_t group, const float* bias,
-              float* out, int isa, int nthreads, int scale_f16) {
-  using namespace hq;
+// kQuantDotFloat: x in fp32 against weights dequantized in registers (hq_linear's other arguments).
+static int linear_float(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, const void* w, int int4,
+                        int64_t N, int64_t ldw, const void* scales, const void* mins, int64_t ldg, int64_t group,
+                        const float* bias, float* out, int isa, int nthreads, int scale_f16) {
   if (isa != kISA_AVX2 && isa != kISA_AVX512) return -1;
   if (x_dtype < 0 || x_dtype > 2) return -2;
   if (bad_group(K, group, int4)) return -3;
@@ -406,7 +404,7 @@ int hq_linear(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, con
   return 0;
 }
 
-}  // extern "C"
+}  // namespace hq
 
 namespace hq {
 static int linear_dot(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, const void* w, int int4, int64_t N,
@@ -484,49 +482,46 @@ static int gemm_call(const void* x, int x_dtype, int64_t M, int64_t K, int64_t l
 
 extern "C" {
 
-// Same arguments and result layout as hq_linear; x quantized to int8 blocks of 32 first (see the top of this file).
-// Returns 0 or a negative error.
-int hq_linear_dot(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, const void* w, int int4, int64_t N,
-                  int64_t ldw, const void* scales, const void* mins, int64_t ldg, int64_t group, const float* bias,
-                  float* out, int isa, int nthreads, int scale_f16) {
-  return hq::linear_dot(x, x_dtype, M, K, ldx, w, int4, N, ldw, scales, mins, ldg, group, bias, out, isa, nthreads,
-                        false, scale_f16 != 0);
+// out[M][N] (fp32) = x[M][K] . deq(w)[N][K]^T + bias, by `kernel` (hk_api.h's QuantKernel; which one runs for a
+// row count is hearth.weights.dispatch.plan's choice, never this library's):
+//   kQuantDotFloat   x in fp32, weights dequantized in registers
+//   kQuantDotInt8    x quantized to int8 blocks of 32 first (see the top of this file); kQuantDotInt8x2 in two terms
+//   kQuantGemm       several rows on AVX-512 (quant_gemm_impl.h): each weight dequantized once per tile of up to 8
+//                    rows; kQuantGemmBcast its broadcast form (gemm_bcast), for 32+ rows of a decode step. Both
+//                    return -6 where they do not apply (AVX2, 6-bit tiles, int8 with 16-weight groups).
+// w in weight format `format` (layouts.TABLE's code: 0 int8 rows, 1 int4 rows, 2 / 3 int4 tiles (with mins), 4 6-bit
+// tiles) [N][ldw]; scales / mins [N][ldg], one per group of `group` weights (a multiple of 32 dividing K; K a
+// multiple of 32): fp32, or fp16 when scale_f16 (GGUF Q8_0 / Q4_0 / Q4_1 keep their own fp16 scales).
+// isa: 1 = AVX2+FMA+F16C, 2 = AVX-512F/BW. Returns 0 or a negative error (-7: an unknown kernel).
+int hq_linear(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, const void* w, int format, int64_t N,
+              int64_t ldw, const void* scales, const void* mins, int64_t ldg, int64_t group, const float* bias,
+              float* out, int kernel, int isa, int nthreads, int scale_f16) {
+  switch (kernel) {
+    case kQuantDotFloat:
+      return hq::linear_float(x, x_dtype, M, K, ldx, w, format, N, ldw, scales, mins, ldg, group, bias, out, isa,
+                              nthreads, scale_f16);
+    case kQuantDotInt8:
+    case kQuantDotInt8x2:
+      return hq::linear_dot(x, x_dtype, M, K, ldx, w, format, N, ldw, scales, mins, ldg, group, bias, out, isa,
+                            nthreads, kernel == kQuantDotInt8x2, scale_f16 != 0);
+    case kQuantGemm:
+      return hq::gemm_call(x, x_dtype, M, K, ldx, w, format, N, ldw, scales, mins, ldg, group, bias, out, isa,
+                           nthreads, scale_f16, hq::avx512::gemm);
+    case kQuantGemmBcast:
+      return hq::gemm_call(x, x_dtype, M, K, ldx, w, format, N, ldw, scales, mins, ldg, group, bias, out, isa,
+                           nthreads, scale_f16, hq::avx512::gemm_bcast);
+    default:
+      return -7;
+  }
 }
 
-// Same, two-term activations ("int8x2", see the top of this file).
-int hq_linear_dot2(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, const void* w, int int4, int64_t N,
-                   int64_t ldw, const void* scales, const void* mins, int64_t ldg, int64_t group, const float* bias,
-                   float* out, int isa, int nthreads, int scale_f16) {
-  return hq::linear_dot(x, x_dtype, M, K, ldx, w, int4, N, ldw, scales, mins, ldg, group, bias, out, isa, nthreads,
-                        true, scale_f16 != 0);
-}
-
-// Same arguments and result layout as hq_linear, for several rows on AVX-512 (quant_gemm_impl.h): each weight
-// dequantized in registers once per tile of up to 8 rows. Returns 0, or -6 where it does not apply (AVX2, 6-bit tiles,
-// int8 with 16-weight groups: use hq_linear / hq_linear_dot).
-int hq_linear_gemm(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, const void* w, int int4, int64_t N,
-                   int64_t ldw, const void* scales, const void* mins, int64_t ldg, int64_t group, const float* bias,
-                   float* out, int isa, int nthreads, int scale_f16) {
-  return hq::gemm_call(x, x_dtype, M, K, ldx, w, int4, N, ldw, scales, mins, ldg, group, bias, out, isa, nthreads,
-                       scale_f16, hq::avx512::gemm);
-}
-
-// The same product in broadcast form (quant_gemm_impl.h, gemm_bcast): for 32+ rows of a decode step. Same arguments
-// and return codes as hq_linear_gemm.
-int hq_linear_gemm_bcast(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, const void* w, int int4,
-                         int64_t N, int64_t ldw, const void* scales, const void* mins, int64_t ldg, int64_t group,
-                         const float* bias, float* out, int isa, int nthreads, int scale_f16) {
-  return hq::gemm_call(x, x_dtype, M, K, ldx, w, int4, N, ldw, scales, mins, ldg, group, bias, out, isa, nthreads,
-                       scale_f16, hq::avx512::gemm_bcast);
-}
-
-// Rows [n0, n1) of the dequantized weight -> out [n1 - n0][K] fp32 (same layout arguments as hq_linear).
-int hq_dequant(const void* w, int int4, int64_t K, int64_t ldw, const void* scales, const void* mins, int64_t ldg,
+// Rows [n0, n1) of the dequantized weight -> out [n1 - n0][K] fp32 (same weight arguments as hq_linear).
+int hq_dequant(const void* w, int format, int64_t K, int64_t ldw, const void* scales, const void* mins, int64_t ldg,
                int64_t group, int64_t n0, int64_t n1, float* out, int isa, int nthreads, int scale_f16) {
   using namespace hq;
   if (isa != kISA_AVX2 && isa != kISA_AVX512) return -1;
-  if (bad_group(K, group, int4)) return -3;
-  const Problem p = make_problem(nullptr, w, ldw, scales, mins, ldg, group, nullptr, nullptr, 0, n1, K, int4,
+  if (bad_group(K, group, format)) return -3;
+  const Problem p = make_problem(nullptr, w, ldw, scales, mins, ldg, group, nullptr, nullptr, 0, n1, K, format,
                                  scale_f16);
   parallel(n1 - n0, nthreads, [&](int64_t b, int64_t e) {
     for (int64_t n = n0 + b; n < n0 + e;) {  // tiles: row by row of each unpacked tile
@@ -546,16 +541,16 @@ int hq_dequant(const void* w, int int4, int64_t K, int64_t ldw, const void* scal
 
 // Rows ids[0..n) of the dequantized [N][K] weight -> out [n][K] fp32: an embedding lookup in one call (no gathered
 // copy of the rows first). Returns -4 if an id is outside [0, N). Parallel only for prefill-sized lookups.
-int hq_dequant_gather(const void* w, int int4, int64_t K, int64_t ldw, const void* scales, const void* mins,
+int hq_dequant_gather(const void* w, int format, int64_t K, int64_t ldw, const void* scales, const void* mins,
                       int64_t ldg, int64_t group, int64_t N, const int64_t* ids, int64_t n, float* out, int isa,
                       int nthreads, int scale_f16) {
   using namespace hq;
   if (isa != kISA_AVX2 && isa != kISA_AVX512) return -1;
-  if (bad_group(K, group, int4)) return -3;
+  if (bad_group(K, group, format)) return -3;
   for (int64_t i = 0; i < n; ++i)
     if (ids[i] < 0 || ids[i] >= N) return -4;
-  if (int4 >= 2 && N % 4) return -5;
-  const Problem p = make_problem(nullptr, w, ldw, scales, mins, ldg, group, nullptr, nullptr, 0, N, K, int4,
+  if (format >= 2 && N % 4) return -5;
+  const Problem p = make_problem(nullptr, w, ldw, scales, mins, ldg, group, nullptr, nullptr, 0, N, K, format,
                                  scale_f16);
   parallel(n, n * K >= (1 << 17) ? nthreads : 1, [&](int64_t b, int64_t e) {
     thread_local TileScratch scratch;
