@@ -76,6 +76,21 @@ def test_act_and_mul_matches_torch(dtype, act, tokens):
     torch.testing.assert_close(out.float(), ref.float(), rtol=TOL[dtype] * 2, atol=TOL[dtype] * 2)
 
 
+@pytest.mark.parametrize("act", ["silu", "gelu_tanh"])
+def test_act_and_mul_is_finite_and_exact_at_the_exps_clamp_ends(act):
+    """The one vector exp (csrc/simd_avx2.h) clamps to where 2^n is a finite normal float: gates far past either
+    end (exp of +-88.4 and beyond) give torch's value, never inf or NaN, in the 16-lane, 8-lane and scalar bodies."""
+    ends = torch.tensor([-1e4, -1e3, -100.0, -88.5, -88.37, -87.4, -87.3, 87.3, 87.4, 88.37, 88.5, 100.0, 1e3, 1e4])
+    d = 16 + 8 + 7  # one 16-lane vector, one 8-lane vector, a scalar tail
+    gate = ends.repeat(d // len(ends) + 1)[:d].roll(1).repeat(3, 1)
+    gate[1], gate[2] = gate[0].roll(5), gate[0].roll(11)  # every value in every body
+    x = torch.cat([gate, torch.full_like(gate, 1.5)], dim=-1)
+    a = F.silu(gate) if act == "silu" else F.gelu(gate, approximate="tanh")
+    out = fused.act_and_mul(x, act)
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out, a * 1.5, rtol=1e-6, atol=1e-30)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_kv_write_matches_index_copy(dtype):
     qkv = torch.randn(4, (4 + 2 + 2) * 8).to(dtype)
