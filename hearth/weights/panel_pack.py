@@ -77,6 +77,12 @@ def _madvise_each(tensors: list[torch.Tensor], advice: int, maps: list[tuple[int
     return done
 
 
+def release_file_pages(tensors: list[torch.Tensor]) -> int:
+    """Hand back this process's pages of the checkpoint file mappings the tensors lie in (never written: a later
+    read faults the same bytes in from the file). Returns the bytes advised."""
+    return _madvise_each(tensors, _MADV_DONTNEED, _file_mappings())
+
+
 def _pack_releasing(w: torch.Tensor, out: torch.Tensor, maps: list[tuple[int, int]]) -> int:
     """panels.pack(w, out) _PACK_STEP_BYTES of rows at a time: each step's pages of a checkpoint file mapping are
     mapped in with one call (packing threads faulting them in page by page took over twice as long) and handed back

@@ -71,6 +71,9 @@ def pack_parts(parts: list, scheme: str, k: int, int4_group: int | None) -> QWei
             return None
         return relayout(cat([p.repack() for p in parts]))
     whole = torch.cat([p.dequantize() if isinstance(p, gguf.GGUFBlocks) else p.float() for p in parts])
+    # The copy is what gets packed: the parts' checkpoint pages go back now, else the mapping (kept alive by the
+    # embedding's and norms' views of it) holds every quantized layer's bf16 bytes resident beside its int8 / int4.
+    panel_pack.release_file_pages([p for p in parts if isinstance(p, torch.Tensor)])
     if scheme == "int8":
         return relayout(pack("float", "int8", whole)) if k % 32 == 0 else None
     return None if int4_group is None else relayout(pack("float", "int4", whole, int4_group))

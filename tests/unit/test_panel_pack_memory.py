@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 from torch import nn
 
 from hearth.kernels import panels
@@ -61,3 +61,22 @@ def test_first_pack_releases_checkpoint_pages_step_by_step(tmp_path, monkeypatch
     for lin, w in zip(model, weights.values()):  # packed step by step, the panels are exactly the whole pack's
         whole = pack(w, torch.empty(panels.numel(*w.shape), dtype=torch.bfloat16))
         assert torch.equal(lin.panels[0], whole)
+
+
+def test_quantizing_at_load_releases_the_checkpoint_pages(tmp_path) -> None:
+    """--quantization int8 / int4 of a safetensors folder: once a layer is packed its bf16 pages leave the process
+    (the file mapping lives on, kept by the embedding's views, and would hold every layer's pages resident)."""
+    from hearth.weights import prepare
+
+    torch.manual_seed(0)
+    path = str(tmp_path / "model.safetensors")
+    save_file({"w": torch.randn(1024, 2048).to(torch.bfloat16)}, path)  # 4 MiB
+    with safe_open(path, framework="pt") as f:
+        w = f.get_tensor("w")
+    assert float(w.float().abs().sum()) > 0  # every page read, as the quantizer reads them
+    if _resident(path) < 3 << 20:
+        pytest.skip("safetensors copied the tensor instead of mapping the file")
+    qw = prepare.pack_parts([w], "int8", 2048, None)
+    assert qw is not None and qw.bits == 8
+    assert _resident(path) <= 128 << 10
+    assert torch.equal(w, load_file(path)["w"])  # a view of the released pages still reads the file's bytes
