@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from hearth.distributed.shard import AllReduceStats, shard_model
+from hearth.distributed.shard import AllReduceStats, Sharder
 
 logger = logging.getLogger("hearth")
 
@@ -81,8 +81,6 @@ class TensorParallel:
         self.world = args.tensor_parallel_size
         if args.speculative_config:
             raise ValueError("speculative decoding is not available with --tensor-parallel-size > 1 yet")
-        if args.quantization not in (None, "auto", "none"):  # (GGUF blocks kept by "auto" are refused by the shard)
-            raise ValueError(f"tensor parallelism needs dense weights, not --quantization {args.quantization}")
         from hearth.platform import release_calling_thread
 
         # The workers inherit this thread's core mask when spawned: the process's whole set, not an earlier pin.
@@ -104,11 +102,12 @@ class TensorParallel:
         except BaseException:
             self.close()
             raise
-        self.stats = AllReduceStats()
+        self.shard = Sharder(0, self.world, self.group)  # (load_model's hook: before and after the weights load)
         self.forwards = 0
 
-    def shard(self, model: nn.Module) -> None:
-        self.stats = shard_model(model, 0, self.world, self.group)
+    @property
+    def stats(self) -> AllReduceStats:
+        return self.shard.stats
 
     def attach(self, model: nn.Module, num_blocks: int, block_size: int, kv_dtype: torch.dtype) -> None:
         """Give the workers the KV cache size rank 0 chose, wait for them, then mirror every forward."""
@@ -164,7 +163,7 @@ def _worker_main(args: Any, bind: str, rank: int, world: int, port: int, conn: A
         setup_threads(*rank_threads(args.threads, bind, rank, world))
         torch.manual_seed(args.seed)
         group = _group(rank, world, port)
-        loaded = load_model(args, lambda m: shard_model(m, rank, world, group))
+        loaded = load_model(args, Sharder(rank, world, group))
         num_blocks, block_size, kv_dtype = conn.recv()
         ModelRunner(loaded.model, num_blocks, block_size, kv_dtype, loaded.model_config.vocab_size, args.seed)
     except BaseException as e:  # noqa: BLE001 (reported to rank 0, which raises it)

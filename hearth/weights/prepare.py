@@ -50,30 +50,37 @@ def relayout(qw: QWeight) -> QWeight:
     return qw
 
 
-def pack_parts(parts: list, scheme: str, k: int, int4_group: int | None) -> QWeight | None:
+def pack_parts(parts: list, scheme: str, k: int, int4_group: int | None, final: bool = True) -> QWeight | None:
     """One layer's shards (rows in order) -> its QWeight in its final layout; None: keep the layer dense.
     scheme "gguf": the parts are GGUFBlocks of one kept type (else None); "prequant": PackedSources of a
-    pre-quantized checkpoint (else None), each through its format's pack; "int8" / "int4*": float tensors."""
+    pre-quantized checkpoint (or QWeights already repacked from them: a tensor-parallel slice), each through its
+    format's pack (else None); "int8" / "int4*": float tensors. final=False: plain rows, not re-laid (a layer
+    tensor parallelism cuts by columns next)."""
+    done = relayout if final else _as_is
     if scheme == "prequant":
-        if not all(isinstance(p, PackedSource) for p in parts) or not supports(k, parts[0].group):
+        if not all(isinstance(p, (PackedSource, QWeight)) for p in parts) or not supports(k, parts[0].group):
             return None
-        return relayout(cat([pack(p.method, p.layout, p) for p in parts]))
+        return done(cat([pack(p.method, p.layout, p) if isinstance(p, PackedSource) else p for p in parts]))
     if scheme == "gguf":
         if not all(isinstance(p, gguf.GGUFBlocks) for p in parts):
             return None
         bits = gguf.panel_block_bits(parts)
-        if bits and dispatch.panels_take(bits, 32, k):
+        if final and bits and dispatch.panels_take(bits, 32, k):
             qw = gguf.panels_from_blocks(parts)  # straight from the file's blocks: no plain-row copy
             if qw is not None:
                 return qw
         kinds = {(p.bits, p.group) for p in parts}
         if len(kinds) != 1 or not supports(k, 32):
             return None
-        return relayout(cat([p.repack() for p in parts]))
+        return done(cat([p.repack() for p in parts]))
     whole = torch.cat([p.dequantize() if isinstance(p, gguf.GGUFBlocks) else p.float() for p in parts])
     if scheme == "int8":
-        return relayout(pack("float", "int8", whole)) if k % 32 == 0 else None
-    return None if int4_group is None else relayout(pack("float", "int4", whole, int4_group))
+        return done(pack("float", "int8", whole)) if k % 32 == 0 else None
+    return None if int4_group is None else done(pack("float", "int4", whole, int4_group))
+
+
+def _as_is(qw: QWeight) -> QWeight:
+    return qw
 
 
 def input_perm(parts: list) -> torch.Tensor | None:
