@@ -12,11 +12,10 @@ import dataclasses
 import datetime
 import logging
 import multiprocessing as mp
-import os
 import pickle
 import socket
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -24,31 +23,44 @@ from torch import nn
 
 from hearth.distributed.shard import AllReduceStats, Sharder
 
+if TYPE_CHECKING:
+    from hearth.engine.dp_cores import Topology
+
 logger = logging.getLogger("hearth")
 
 # A collective waits this long for a peer; peers move in lockstep, so only a dead or stuck rank trips it.
 COLLECTIVE_TIMEOUT = datetime.timedelta(seconds=300)
 
 
-def rank_threads(threads: int | None, bind: str, rank: int, world: int) -> tuple[int, str]:
-    """This rank's thread count and binding: the physical cores split evenly between ranks (a given core list
-    split the same way); nobind stays unbound. NOTE: one NUMA node per rank is the better split on multi-socket
-    machines; hearth does not read the NUMA layout yet, so on those pass the core lists yourself."""
-    from hearth.platform import cpu_info, parse_core_list
+def rank_threads(threads: int | None, bind: str, rank: int, world: int,
+                 topo: Topology | None = None) -> tuple[int, str]:
+    """This rank's thread count and binding: one NUMA node per rank where there are several (a multiple of the
+    ranks), else the physical cores split evenly (dp_cores.dp_core_sets, shared with --data-parallel-size); a
+    '|'-separated --omp-threads-bind gives one list per rank, a single list is split evenly; nobind stays unbound.
+    More --threads than the rank's cores: unbound."""
+    from hearth.engine.dp_cores import dp_core_sets
+    from hearth.platform import parse_core_list
 
     bind = (bind or "auto").strip()
-    if bind not in ("auto", "nobind"):
+    if bind not in ("auto", "nobind") and "|" not in bind:
         cores = parse_core_list(bind)
         per = len(cores) // world
         if per < 1:
             raise ValueError(f"--omp-threads-bind {bind!r} has fewer cores than --tensor-parallel-size {world}")
         return per, ",".join(map(str, cores[rank * per:(rank + 1) * per]))
-    per = threads or max(1, cpu_info().physical_cores // world)
-    if bind == "nobind":
-        return per, "nobind"
-    allowed = sorted(os.sched_getaffinity(0))
-    cores = allowed[rank * per:(rank + 1) * per]
-    return per, ",".join(map(str, cores)) if len(cores) == per else "nobind"
+    mine = dp_core_sets(world, bind, None, topo, "--tensor-parallel-size")[rank]
+    if mine == "nobind":
+        return threads or max(1, _physical(topo) // world), "nobind"
+    cores = parse_core_list(mine)
+    if threads is not None and threads > len(cores):
+        return threads, "nobind"
+    return threads or len(cores), ",".join(map(str, cores[:threads or len(cores)]))
+
+
+def _physical(topo: Topology | None) -> int:
+    from hearth.platform import cpu_info
+
+    return topo.physical if topo is not None else cpu_info().physical_cores
 
 
 def _free_port() -> int:
@@ -86,6 +98,8 @@ class TensorParallel:
         # The workers inherit this thread's core mask when spawned: the process's whole set, not an earlier pin.
         release_calling_thread()
         self.threads, self.bind = rank_threads(args.threads, bind, 0, self.world)
+        logger.info("tensor parallel: %d ranks, threads and cores %s", self.world,
+                    " | ".join("%d on %s" % rank_threads(args.threads, bind, r, self.world) for r in range(self.world)))
         port = _free_port()
         ctx = mp.get_context("spawn")  # (a forked copy of a process with OpenMP pools and threads is not safe)
         self.conns, self.procs = [], []

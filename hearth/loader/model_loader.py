@@ -134,7 +134,8 @@ def load_model(args: EngineArgs, shard: Callable[[nn.Module], object] | None = N
         shard(loaded.model)
     checks.chat_template_present(loaded.tokenizer, path)
     # (a rank's slice must not be cached under the whole checkpoint's name)
-    prepare.prepare_model(loaded.model, path if shard is None else None, loaded.model_config.dtype)
+    prepare.prepare_model(loaded.model, path if shard is None else None, loaded.model_config.dtype,
+                          getattr(shard, "world", 1))
     logger.info("loaded %s (%s, %s) in %.1f s", path, loaded.model_config.architecture,
                 str(loaded.model_config.dtype).removeprefix("torch."), time.perf_counter() - t0)
     return loaded

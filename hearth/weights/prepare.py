@@ -136,12 +136,13 @@ def to_panels(qw: QWeight) -> QWeight:
     return pack(source, f"{source}-panels", qw)
 
 
-def prepare_model(model: nn.Module, source: str | None, dtype: torch.dtype) -> None:
+def prepare_model(model: nn.Module, source: str | None, dtype: torch.dtype, ranks: int = 1) -> None:
     """After every weight is in: the activation rounding per model (activations.set_model_activations), quantized
     weights into huge pages, dense bf16 projections into panels (mapped from the panel cache). Runs before anything
-    caches raw weight pointers (the decode program is built later, by the model runner)."""
+    caches raw weight pointers (the decode program is built later, by the model runner). ranks: the
+    tensor-parallel ranks the model is split over."""
     act = activations.set_model_activations((q for q in hugepages.held(model) if isinstance(q, QWeight)),
-                                            getattr(model, "lm_head_qweight", None))
+                                            getattr(model, "lm_head_qweight", None), ranks)
     if act == "int8x2":
         logger.info("a small quantized model: activations in two int8 terms for every row (HEARTH_QUANT_ACT=auto)")
     elif act:

@@ -99,3 +99,14 @@ def test_slices_off_the_quantization_groups_and_act_order_columns_are_refused() 
 def test_another_ranks_expert_holds_nothing() -> None:
     lin = _load("gguf", _gguf(Q.Q4_0), split.Slice("experts.1.down_proj"), None)
     assert lin.qweight is None and lin.weight.numel() == 0
+
+
+def test_activation_rounding_is_chosen_for_the_whole_model_not_a_ranks_half(monkeypatch) -> None:
+    from hearth.weights import activations
+
+    monkeypatch.setattr(activations, "ACTIVATIONS", "int8x2")
+    monkeypatch.setattr(activations, "AUTO_ACTIVATIONS", True)
+    half = [_load("int4-g64", _float, split.Slice("o_proj", cols=COLS), None).qweight]  # 128 x 128 of 128 x 512
+    monkeypatch.setattr(activations, "ONE_TERM_MIN_WEIGHTS", 128 * 256)
+    assert activations.set_model_activations(half) == "int8x2"  # one rank's count alone: too small for one term
+    assert activations.set_model_activations(half, ranks=2) == "int8"  # two ranks: the model one rank would see
