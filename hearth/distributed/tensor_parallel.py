@@ -48,7 +48,12 @@ def rank_threads(threads: int | None, bind: str, rank: int, world: int,
         if per < 1:
             raise ValueError(f"--omp-threads-bind {bind!r} has fewer cores than --tensor-parallel-size {world}")
         return per, ",".join(map(str, cores[rank * per:(rank + 1) * per]))
-    mine = dp_core_sets(world, bind, None, topo, "--tensor-parallel-size")[rank]
+    try:
+        mine = dp_core_sets(world, bind, None, topo, "--tensor-parallel-size")[rank]
+    except ValueError:
+        if bind != "auto":
+            raise
+        mine = "nobind"  # more ranks than cores: they share them, unpinned
     if mine == "nobind":
         return threads or max(1, _physical(topo) // world), "nobind"
     cores = parse_core_list(mine)
