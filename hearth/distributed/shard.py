@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import time
 
+from collections.abc import Callable
+
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from hearth.layers.linear import Linear
@@ -33,12 +34,15 @@ class AllReduceStats:
         self.seconds, self.calls = 0.0, 0
 
 
-class RowParallel(nn.Module):
-    """inner(x) on this rank's input slice, summed over the group."""
+AllReduce = Callable[[torch.Tensor], None]  # sums an fp32 tensor over the ranks, in place (shm_allreduce.py)
 
-    def __init__(self, inner: nn.Module, group: dist.ProcessGroup, stats: AllReduceStats, widen: bool = True) -> None:
+
+class RowParallel(nn.Module):
+    """inner(x) on this rank's input slice, summed over the ranks."""
+
+    def __init__(self, inner: nn.Module, reduce: AllReduce, stats: AllReduceStats, widen: bool = True) -> None:
         super().__init__()
-        self.inner, self.group, self.stats, self.widen = inner, group, stats, widen
+        self.inner, self.reduce, self.stats, self.widen = inner, reduce, stats, widen
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # NOTE: 16-bit activations go in widened (exact), so each rank's partial sum comes out in fp32 unrounded and
@@ -47,7 +51,7 @@ class RowParallel(nn.Module):
         wide = self.widen and dtype in (torch.bfloat16, torch.float16)
         y = self.inner(x.float() if wide else x).float().contiguous()
         t0 = time.perf_counter()
-        self.group.allreduce([y]).wait()
+        self.reduce(y)
         self.stats.seconds += time.perf_counter() - t0
         self.stats.calls += 1
         return y.to(dtype)
@@ -137,8 +141,8 @@ class Sharder:
     slice, cut from the source tensors before they are packed (so each rank packs, re-lays and holds only its part);
     calling it on the loaded model cuts the dense layers and splits the heads, MLPs and experts."""
 
-    def __init__(self, rank: int, world: int, group: dist.ProcessGroup) -> None:
-        self.rank, self.world, self.group = rank, world, group
+    def __init__(self, rank: int, world: int, reduce: AllReduce) -> None:
+        self.rank, self.world, self.reduce = rank, world, reduce
         self.stats = AllReduceStats()
 
     def before_load(self, model: nn.Module) -> None:
@@ -148,7 +152,7 @@ class Sharder:
                 lin.tp_slice = s
 
     def __call__(self, model: nn.Module) -> AllReduceStats:
-        self.stats = shard_model(model, self.rank, self.world, self.group)
+        self.stats = shard_model(model, self.rank, self.world, self.reduce)
         return self.stats
 
 
@@ -163,7 +167,7 @@ def _check_layer(name: str, lin: nn.Module, want: split.Slice | None) -> Linear:
     return lin
 
 
-def shard_model(model: nn.Module, rank: int, world: int, group: dist.ProcessGroup) -> AllReduceStats:
+def shard_model(model: nn.Module, rank: int, world: int, reduce: AllReduce) -> AllReduceStats:
     """Shard `model` (loaded; quantized layers already cut by Sharder.before_load) for `rank` of `world`. Returns
     its all-reduce stats."""
     from hearth.models.blocks import DecoderModel, QKVAttention
@@ -180,7 +184,7 @@ def shard_model(model: nn.Module, rank: int, world: int, group: dist.ProcessGrou
             o = _check_layer(f"{name}.o_proj", m.o_proj, slices[f"{name}.o_proj"])
             _rows(qkv, slices[f"{name}.qkv_proj"].rows, {"q": h * d, "k": kv * d, "v": kv * d})
             _cols(o, *slices[f"{name}.o_proj"].cols, rank)
-            m.o_proj = RowParallel(o, group, stats)
+            m.o_proj = RowParallel(o, reduce, stats)
             m.num_heads, m.num_kv_heads, m.q_size, m.kv_size = h, kv, h * d, kv * d
             m.attn.num_heads, m.attn.num_kv_heads = h, kv
             handled.update(id(x) for x in (qkv, o))
@@ -198,14 +202,14 @@ def shard_model(model: nn.Module, rank: int, world: int, group: dist.ProcessGrou
             # is what gets all-reduced)
             m.fp32_out = True
             parent, attr = _parent(model, name)
-            setattr(parent, attr, RowParallel(m, group, stats, widen=False))
+            setattr(parent, attr, RowParallel(m, reduce, stats, widen=False))
         elif isinstance(m, LlamaMLP) and id(m.gate_up_proj) not in handled:
             gu = _check_layer(f"{name}.gate_up_proj", m.gate_up_proj, slices[f"{name}.gate_up_proj"])
             down = _check_layer(f"{name}.down_proj", m.down_proj, slices[f"{name}.down_proj"])
             inter = slices[f"{name}.gate_up_proj"].rows[0][1]
             _rows(gu, slices[f"{name}.gate_up_proj"].rows, {"gate": inter, "up": inter})
             _cols(down, *slices[f"{name}.down_proj"].cols, rank)
-            m.down_proj = RowParallel(down, group, stats)
+            m.down_proj = RowParallel(down, reduce, stats)
             handled.update(id(x) for x in (gu, down))
         elif isinstance(m, DecoderModel):
             m.tensor_parallel = True  # NOTE: the whole-stack C decode program cannot all-reduce between layers

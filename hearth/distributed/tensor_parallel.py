@@ -1,7 +1,8 @@
 """Tensor parallelism over torch.distributed's gloo: rank 0 is the engine (scheduler, sampler, KV bookkeeping);
 ranks 1..N-1 are worker processes holding their shard (shard.py) and their slice of every layer's KV heads. Each
 model forward on rank 0 first sends its flat inputs and attention metadata to the workers over a pipe, then all
-ranks run the same forward, meeting at the row-parallel all-reduces. Only rank 0 computes logits and samples.
+ranks run the same forward, meeting at the row-parallel all-reduces (through shared memory, shm_allreduce.py; gloo
+for sums past its buffers). Only rank 0 computes logits and samples.
 
 A process group is built directly on a TCPStore (not torch.distributed's default group), so one process may hold
 several engines (tests, a draft model later) without global state.
@@ -21,7 +22,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from hearth.distributed.shard import AllReduceStats, Sharder
+from hearth import envs
+from hearth.distributed.shard import AllReduce, AllReduceStats, Sharder
+from hearth.distributed.shm_allreduce import GlooAllReduce, SharedBuffers, ShmAllReduce
 
 if TYPE_CHECKING:
     from hearth.engine.dp_cores import Topology
@@ -79,6 +82,13 @@ def _group(rank: int, world: int, port: int) -> dist.ProcessGroup:
     return dist.ProcessGroupGloo(store, rank, world, COLLECTIVE_TIMEOUT)
 
 
+def _all_reduce(buffers: SharedBuffers | None, rank: int, group: dist.ProcessGroup) -> AllReduce:
+    """Shared memory where it was made (HEARTH_TP_SHM_ALLREDUCE, the default), else gloo."""
+    if buffers is None:
+        return GlooAllReduce(group)
+    return ShmAllReduce(buffers, rank, group, COLLECTIVE_TIMEOUT)
+
+
 def _portable_meta(meta: Any) -> Any:
     """The attention metadata with compact tensor copies (views of preallocated buffers would pickle whole) and
     without its per-step scratch (private fields start empty)."""
@@ -106,11 +116,13 @@ class TensorParallel:
         logger.info("tensor parallel: %d ranks, threads and cores %s", self.world,
                     " | ".join("%d on %s" % rank_threads(args.threads, bind, r, self.world) for r in range(self.world)))
         port = _free_port()
+        # (made before the workers: they map the same tensors, handed to them as arguments)
+        self.buffers = SharedBuffers(self.world) if envs.tp_shm_allreduce() else None
         ctx = mp.get_context("spawn")  # (a forked copy of a process with OpenMP pools and threads is not safe)
         self.conns, self.procs = [], []
         for rank in range(1, self.world):
             ours, theirs = ctx.Pipe()
-            p = ctx.Process(target=_worker_main, args=(args, bind, rank, self.world, port, theirs), daemon=True,
+            p = ctx.Process(target=_worker_main, args=(args, bind, rank, self.world, port, self.buffers, theirs), daemon=True,
                             name=f"hearth-tp{rank}")
             p.start()
             theirs.close()
@@ -121,7 +133,7 @@ class TensorParallel:
         except BaseException:
             self.close()
             raise
-        self.shard = Sharder(0, self.world, self.group)  # (load_model's hook: before and after the weights load)
+        self.shard = Sharder(0, self.world, _all_reduce(self.buffers, 0, self.group))  # (load_model's hook: before and after the weights load)
         self.forwards = 0
 
     @property
@@ -172,7 +184,8 @@ class TensorParallel:
         self.conns, self.procs = [], []
 
 
-def _worker_main(args: Any, bind: str, rank: int, world: int, port: int, conn: Any) -> None:
+def _worker_main(args: Any, bind: str, rank: int, world: int, port: int, buffers: SharedBuffers | None,
+                 conn: Any) -> None:
     """A worker rank: load and shard the model, allocate its KV heads, then run every forward rank 0 sends."""
     from hearth.engine.model_runner import ModelRunner
     from hearth.loader.model_loader import load_model
@@ -182,7 +195,7 @@ def _worker_main(args: Any, bind: str, rank: int, world: int, port: int, conn: A
         setup_threads(*rank_threads(args.threads, bind, rank, world))
         torch.manual_seed(args.seed)
         group = _group(rank, world, port)
-        loaded = load_model(args, Sharder(rank, world, group))
+        loaded = load_model(args, Sharder(rank, world, _all_reduce(buffers, rank, group)))
         num_blocks, block_size, kv_dtype = conn.recv()
         ModelRunner(loaded.model, num_blocks, block_size, kv_dtype, loaded.model_config.vocab_size, args.seed)
     except BaseException as e:  # noqa: BLE001 (reported to rank 0, which raises it)
