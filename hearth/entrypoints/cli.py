@@ -64,8 +64,8 @@ def add_engine_args(p: argparse.ArgumentParser, model_optional: bool = False, ma
                         "own GPTQ / AWQ / compressed-tensors / bitsandbytes quantization; bitsandbytes on a float "
                         "checkpoint: 4-bit at load (int4 group 64); none dequantizes GGUF weights")
     g.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
-                   help="split every layer over N processes on this host (torch.distributed gloo all-reduce); "
-                        "dense weights only (--quantization none for GGUF files); default 1")
+                   help="split every layer over N processes on this host, one per NUMA node by default "
+                        "(dense and quantized weights; shared-memory all-reduce); default 1")
     g.add_argument("--speculative-config", default=None,
                    help='speculative decoding, as JSON: {"method": "ngram", "num_speculative_tokens": 4, '
                         '"prompt_lookup_max": 4, "prompt_lookup_min": 2} (prompt lookup) or {"model": "DRAFT", '
