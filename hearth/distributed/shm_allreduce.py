@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime
 import os
 import time
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -45,12 +46,14 @@ class ShmAllReduce:
     """Sum over the ranks through `buffers` up to its size, gloo past it (both sides choose by size alike)."""
 
     def __init__(self, buffers: SharedBuffers, rank: int, group: dist.ProcessGroup,
-                 timeout: datetime.timedelta) -> None:
+                 timeout: datetime.timedelta, peers_alive: Callable[[], bool] | None = None) -> None:
         self.data, self.rank, self.world = buffers.data, rank, buffers.data.shape[1]
         self.flags = buffers.flags.numpy()  # (a view of the shared counters: reads cost no torch dispatch)
         self.gloo = GlooAllReduce(group)
         self.timeout = timeout.total_seconds()
         self.step = int(self.flags[rank * _FLAG_STRIDE])
+        # (a dead peer never publishes its step: checked while waiting, so the wait ends at once, not at timeout)
+        self.peers_alive = peers_alive
 
     def __call__(self, y: torch.Tensor) -> None:
         n = y.numel()
@@ -78,6 +81,9 @@ class ShmAllReduce:
                 os.sched_yield()
                 if spins == _SPINS_BEFORE_YIELD:
                     deadline = time.monotonic() + self.timeout
-                elif spins % 1024 == 0 and time.monotonic() > deadline:
-                    raise RuntimeError(f"tensor-parallel rank {peer} did not reach all-reduce step {step} in "
-                                       f"{self.timeout:.0f} s (it died or hangs)")
+                elif spins % 1024 == 0:
+                    if self.peers_alive is not None and not self.peers_alive():
+                        raise RuntimeError(f"a tensor-parallel rank died before all-reduce step {step}")
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(f"tensor-parallel rank {peer} did not reach all-reduce step {step} in "
+                                           f"{self.timeout:.0f} s (it died or hangs)")

@@ -13,6 +13,7 @@ import dataclasses
 import datetime
 import logging
 import multiprocessing as mp
+import os
 import pickle
 import socket
 from collections.abc import Callable
@@ -82,11 +83,12 @@ def _group(rank: int, world: int, port: int) -> dist.ProcessGroup:
     return dist.ProcessGroupGloo(store, rank, world, COLLECTIVE_TIMEOUT)
 
 
-def _all_reduce(buffers: SharedBuffers | None, rank: int, group: dist.ProcessGroup) -> AllReduce:
+def _all_reduce(buffers: SharedBuffers | None, rank: int, group: dist.ProcessGroup,
+                peers_alive: Callable[[], bool]) -> AllReduce:
     """Shared memory where it was made (HEARTH_TP_SHM_ALLREDUCE, the default), else gloo."""
     if buffers is None:
         return GlooAllReduce(group)
-    return ShmAllReduce(buffers, rank, group, COLLECTIVE_TIMEOUT)
+    return ShmAllReduce(buffers, rank, group, COLLECTIVE_TIMEOUT, peers_alive)
 
 
 def _portable_meta(meta: Any) -> Any:
@@ -133,7 +135,9 @@ class TensorParallel:
         except BaseException:
             self.close()
             raise
-        self.shard = Sharder(0, self.world, _all_reduce(self.buffers, 0, self.group))  # (load_model's hook: before and after the weights load)
+        procs = self.procs
+        self.shard = Sharder(0, self.world, _all_reduce(self.buffers, 0, self.group,
+                                                        lambda: all(p.is_alive() for p in procs)))  # (load_model's hook: before and after the weights load)
         self.forwards = 0
 
     @property
@@ -195,7 +199,9 @@ def _worker_main(args: Any, bind: str, rank: int, world: int, port: int, buffers
         setup_threads(*rank_threads(args.threads, bind, rank, world))
         torch.manual_seed(args.seed)
         group = _group(rank, world, port)
-        loaded = load_model(args, Sharder(rank, world, _all_reduce(buffers, rank, group)))
+        parent = os.getppid()  # (rank 0: when it is gone, this process is re-parented)
+        loaded = load_model(args, Sharder(rank, world, _all_reduce(buffers, rank, group,
+                                                                   lambda: os.getppid() == parent)))
         num_blocks, block_size, kv_dtype = conn.recv()
         ModelRunner(loaded.model, num_blocks, block_size, kv_dtype, loaded.model_config.vocab_size, args.seed)
     except BaseException as e:  # noqa: BLE001 (reported to rank 0, which raises it)

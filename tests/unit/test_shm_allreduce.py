@@ -50,3 +50,9 @@ def test_a_peer_that_never_comes_is_an_error() -> None:
     reduce = ShmAllReduce(buffers, 0, None, datetime.timedelta(seconds=0.2))  # (gloo unused: small sums only)
     with pytest.raises(RuntimeError, match="rank 1 did not reach all-reduce step 1"):
         reduce(torch.ones(4))
+
+
+def test_a_dead_peer_ends_the_wait_at_once() -> None:
+    reduce = ShmAllReduce(SharedBuffers(2, max_numel=8), 0, None, datetime.timedelta(seconds=60), lambda: False)
+    with pytest.raises(RuntimeError, match="a tensor-parallel rank died before all-reduce step 1"):
+        reduce(torch.ones(4))
