@@ -19,11 +19,11 @@ mkdir -p "$RESULTS"
 # hearth's model argument for a variant: the bf16 safetensors folder, or the GGUF of that type.
 hearth_model() { if [[ $2 == bf16 ]]; then echo "$MODELS/$1"; else echo "$MODELS/$1-${2^^}.gguf"; fi; }
 
-# bench_meta NAME: the machine, the date, the hearth commit that PY imports (PYTHONPATH decides) and the load, for
-# summarize.py's headers.
+# bench_meta NAME: the machine, the date, the load and the hearth commit that PY imports, for summarize.py's headers
+# (PYTHONPATH decides; -P keeps the current folder off sys.path, as it is for the hearth script).
 bench_meta() {
   local src
-  src=$("$PY" -c "import hearth, os; print(os.path.dirname(os.path.dirname(hearth.__file__)))")
+  src=$("$PY" -P -c "import hearth, os; print(os.path.dirname(os.path.dirname(hearth.__file__)))")
   "$PY" - "$src" "$RESULTS/meta_$1.json" <<'PYEOF'
 import json, os, platform, subprocess, sys, time
 src, out = sys.argv[1], sys.argv[2]
