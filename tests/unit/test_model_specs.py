@@ -55,6 +55,28 @@ def test_models_config(tmp_path: Path) -> None:
         check_names(specs_from_toml(str(cfg)))
 
 
+def test_models_config_serving_flags(tmp_path: Path) -> None:
+    """reasoning-parser / reasoning-budget are per model (over the command line's), checked before any load."""
+    import argparse
+
+    from hearth.entrypoints.openai.cli_models import check_serving
+
+    (tmp_path / "a.gguf").write_bytes(b"")
+    cfg = tmp_path / "m.toml"
+    cfg.write_text('[[models]]\nname = "r1"\npath = "a.gguf"\nreasoning-parser = "deepseek_r1"\n'
+                   'reasoning_budget = 8\n[[models]]\nname = "plain"\npath = "a.gguf"\n')
+    r1, plain = specs_from_toml(str(cfg))
+    assert r1.serving == {"reasoning_parser": "deepseek_r1", "reasoning_budget": 8} and not r1.engine_args
+    assert plain.serving == {}
+    flags = argparse.Namespace(reasoning_parser=None, reasoning_budget=None)
+    check_serving([r1, plain], flags)
+    with pytest.raises(ValueError, match="model 'plain': reasoning-budget needs reasoning-parser"):
+        check_serving([r1, plain], argparse.Namespace(reasoning_parser=None, reasoning_budget=4))
+    cfg.write_text('[[models]]\nname = "x"\npath = "a.gguf"\nreasoning-parser = "nope"\n')
+    with pytest.raises(ValueError, match="model 'x': --reasoning-parser must be one of"):
+        check_serving(specs_from_toml(str(cfg)), flags)
+
+
 def _render(model: str, engine: str, n: int) -> bytes:
     r = CollectorRegistry()
     c = Counter("vllm:generation_tokens", "Number of generation tokens processed.", ["model_name", "engine"],

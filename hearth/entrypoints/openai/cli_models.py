@@ -60,6 +60,7 @@ def build_router(ns: argparse.Namespace) -> ModelRouter | None:
             names = {s.name for s in config_specs}
             specs = [s for s in specs if s.name not in names] + config_specs  # the config's entry wins
         check_names(specs)
+        check_serving(specs, ns)
     else:
         from hearth.loader.model_loader import default_model_path
 
@@ -75,7 +76,26 @@ def build_router(ns: argparse.Namespace) -> ModelRouter | None:
     else:
         binds = [None]
     base = engine_args_from(ns)
+    serving = {"reasoning_parser": ns.reasoning_parser, "reasoning_budget": ns.reasoning_budget}
     config = RouterConfig(ns.max_loaded_models, ns.models_memory, ns.idle_unload_seconds, ns.model_load_timeout,
                           ns.data_parallel_size, binds, ns.max_waiting_requests, ns.refill_wait_ms / 1000,
-                          ns.drain_timeout)
+                          ns.drain_timeout, {k: v for k, v in serving.items() if v is not None})
     return ModelRouter(specs, base, config)
+
+
+def check_serving(specs: list, ns: argparse.Namespace) -> None:
+    """A model's reasoning-parser / reasoning-budget (its TOML entry, else the flag) fail now, not at its load."""
+    from hearth.entrypoints.openai.reasoning import get_parser
+
+    for s in specs:
+        parser = s.serving.get("reasoning_parser", ns.reasoning_parser)
+        budget = s.serving.get("reasoning_budget", ns.reasoning_budget)
+        where = f"model {s.name!r}"
+        try:
+            get_parser(parser)
+        except ValueError as e:
+            raise ValueError(f"{where}: {e}") from None
+        if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 0):
+            raise ValueError(f"{where}: reasoning-budget must be a whole number >= 0, got {budget!r}")
+        if budget is not None and parser is None:
+            raise ValueError(f"{where}: reasoning-budget needs reasoning-parser (qwen3 or deepseek_r1)")

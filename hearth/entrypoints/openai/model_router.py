@@ -21,6 +21,8 @@ from hearth.engine.engine_worker import WorkerOptions
 from hearth.engine.llm_engine import EngineStats
 from hearth.entrypoints.openai.errors import APIError
 from hearth.entrypoints.openai.model_specs import ModelSpec
+from hearth.entrypoints.openai.reasoning import get_parser
+from hearth.entrypoints.openai.served_models import Listing
 from hearth.entrypoints.openai.serving_common import ServingContext
 from hearth.metrics_merge import merge_expositions
 
@@ -42,6 +44,7 @@ class RouterConfig:
     max_waiting_requests: int | None = None
     refill_wait_s: float = 0.0
     drain_timeout: float = 30.0
+    serving: dict = field(default_factory=dict)  # --reasoning-parser / --reasoning-budget (model_specs.SERVING_KEYS)
 
 
 @dataclass
@@ -190,8 +193,19 @@ class ModelRouter:
             raise
         finally:
             entry.load_task = None
-        entry.ctx = ServingContext(engine, info.tokenizer, entry.spec.name, entry.spec.path, info.max_model_len,
-                                   aliases=tuple(entry.spec.aliases))
+        serving = {**self.config.serving, **entry.spec.serving}  # the model's own entry wins
+        ctx = ServingContext(engine, info.tokenizer, entry.spec.name, entry.spec.path, info.max_model_len,
+                             aliases=tuple(entry.spec.aliases),
+                             reasoning_parser=get_parser(serving.get("reasoning_parser")),
+                             reasoning_budget=serving.get("reasoning_budget"))
+        try:
+            ctx.check_reasoning()  # (needs the vocabulary: only now)
+        except ValueError as e:
+            entry.engine, entry.error = None, f"model {entry.spec.name!r}: {e}"
+            logger.error("%s", entry.error)
+            await asyncio.to_thread(engine.shutdown, 0.0)
+            raise
+        entry.ctx = ctx
         entry.last_used = time.monotonic()
         logger.info("model %r loaded in %.1f s (%d engine%s, pid %s)", entry.spec.name, time.perf_counter() - t0,
                     engine.size, "s" if engine.size > 1 else "", ",".join(map(str, engine.pids)))
@@ -286,6 +300,9 @@ class ModelRouter:
             "kv_used_blocks": stats.num_used_blocks if stats else 0,
             "error": entry.error,
         }
+
+    def listings(self) -> list[Listing]:
+        return [Listing(e.spec.name, e.spec.path, e.ctx if e.state == "loaded" else None) for e in self.entries]
 
     def openai_list(self) -> dict:
         data = []

@@ -16,7 +16,8 @@ from hearth.engine.async_engine import EngineDeadError
 from hearth.entrypoints.openai.anthropic_protocol import CountTokensRequest, MessagesRequest, chat_request
 from hearth.entrypoints.openai.errors import APIError, _validation_message
 from hearth.entrypoints.openai.serving_chat import ChatRun, render_chat, start_chat
-from hearth.entrypoints.openai.serving_common import Guarded, ServingContext
+from hearth.entrypoints.openai.served_models import ServedModels
+from hearth.entrypoints.openai.serving_common import Guarded
 from hearth.entrypoints.openai.serving_tools import plan_tools
 
 # Anthropic's error types by HTTP status
@@ -98,17 +99,18 @@ class _Blocks:
 
 
 class MessagesAPI:
-    def __init__(self, ctx: ServingContext) -> None:
-        self.ctx = ctx
+    def __init__(self, models: ServedModels) -> None:
+        self.models = models
 
     async def create(self, req: MessagesRequest, raw: Request):
+        ctx = await self.models.context(req.model)
         thinking = req.thinking or {}
         budget = thinking.get("budget_tokens") if thinking.get("type") == "enabled" else None
         if budget is not None and (not isinstance(budget, int) or budget < 0):
             raise APIError(400, f"thinking.budget_tokens must be an integer >= 0, got {budget!r}")
-        run = await start_chat(self.ctx, chat_request(req), "msg", budget)
+        run = await start_chat(ctx, chat_request(req), "msg", budget)
         message_id = _new("msg")
-        head = {"id": message_id, "type": "message", "role": "assistant", "model": self.ctx.model_name}
+        head = {"id": message_id, "type": "message", "role": "assistant", "model": ctx.model_name}
         if req.stream:
             return StreamingResponse(self._events(run, raw, head), media_type="text/event-stream")
         text, n_out, reason, stop, cached = "", 0, None, None, 0
@@ -167,15 +169,15 @@ class MessagesAPI:
         yield _sse({"type": "message_stop"})
 
     async def count_tokens(self, req: CountTokensRequest) -> dict[str, int]:
-        self.ctx.check_model(req.model)
+        ctx = await self.models.context(req.model)
         chat = chat_request(req)
         plan = plan_tools(chat)
-        text = await render_chat(self.ctx, chat.messages, True, kwargs=chat.chat_template_kwargs, tools=plan)
-        return {"input_tokens": len(self.ctx.tokenizer.encode(text, add_special_tokens=False))}
+        text = await render_chat(ctx, chat.messages, True, kwargs=chat.chat_template_kwargs, tools=plan)
+        return {"input_tokens": len(ctx.tokenizer.encode(text, add_special_tokens=False))}
 
 
-def register(app: FastAPI, ctx: ServingContext, parse_body: Callable[[Request, type], Awaitable[Any]]) -> None:
-    api = MessagesAPI(ctx)
+def register(app: FastAPI, models: ServedModels, parse_body: Callable[[Request, type], Awaitable[Any]]) -> None:
+    api = MessagesAPI(models)
 
     async def anthropic_shaped(call: Awaitable[Any]) -> Any:
         try:

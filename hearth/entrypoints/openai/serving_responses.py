@@ -25,7 +25,8 @@ from hearth.entrypoints.openai.responses_events import (
 )
 from hearth.entrypoints.openai.responses_protocol import ResponsesRequest, chat_request, input_messages
 from hearth.entrypoints.openai.serving_chat import ChatRun, start_chat
-from hearth.entrypoints.openai.serving_common import Guarded, ServingContext
+from hearth.entrypoints.openai.served_models import ServedModels
+from hearth.entrypoints.openai.serving_common import Guarded
 
 STORE_SIZE = 1000  # responses kept for previous_response_id (oldest dropped first)
 
@@ -54,18 +55,19 @@ class ResponseStore:
         del self.items[response_id]
 
 class ResponsesAPI:
-    def __init__(self, ctx: ServingContext) -> None:
-        self.ctx = ctx
-        self.store = ResponseStore()
+    def __init__(self, models: ServedModels) -> None:
+        self.models = models
+        self.store = ResponseStore()  # NOTE: one for every model: a conversation may go on with another model
 
     async def create(self, req: ResponsesRequest, raw: Request):
+        ctx = await self.models.context(req.model)
         history = self.store.get(req.previous_response_id)[1] if req.previous_response_id else []
         conversation = history + input_messages(req.input)
         system = [{"role": "system", "content": req.instructions}] if req.instructions else []
         chat = chat_request(req, system + conversation)
         response_id = new_item_id("resp")
-        run = await start_chat(self.ctx, chat, "resp")
-        head = {"id": response_id, "object": "response", "created_at": int(time.time()), "model": self.ctx.model_name,
+        run = await start_chat(ctx, chat, "resp")
+        head = {"id": response_id, "object": "response", "created_at": int(time.time()), "model": ctx.model_name,
                 "instructions": req.instructions, "max_output_tokens": req.max_output_tokens,
                 "previous_response_id": req.previous_response_id, "parallel_tool_calls": req.parallel_tool_calls,
                 "temperature": req.temperature, "top_p": req.top_p, "tool_choice": req.tool_choice or "auto",
@@ -79,7 +81,7 @@ class ResponsesAPI:
                 body["status"], body["incomplete_details"] = "incomplete", {"reason": "max_output_tokens"}
             # NOTE: the thinking re-encoded (the engine counts tokens, not which part they fell in)
             thought = "".join(i["content"][0]["text"] for i in output if i["type"] == "reasoning")
-            reasoning_tokens = len(self.ctx.tokenizer.encode(thought, add_special_tokens=False)) if thought else 0
+            reasoning_tokens = len(ctx.tokenizer.encode(thought, add_special_tokens=False)) if thought else 0
             body["usage"] = {"input_tokens": len(run.prompt_ids), "input_tokens_details": {"cached_tokens": cached},
                              "output_tokens": n_out, "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
                              "total_tokens": len(run.prompt_ids) + n_out}
@@ -139,8 +141,8 @@ class ResponsesAPI:
         kind = "response.incomplete" if body["status"] == "incomplete" else "response.completed"
         yield sse_event(out_items.event(kind, response=body))
 
-def register(app: FastAPI, ctx: ServingContext, parse_body: Callable[[Request, type], Awaitable[Any]]) -> None:
-    api = ResponsesAPI(ctx)
+def register(app: FastAPI, models: ServedModels, parse_body: Callable[[Request, type], Awaitable[Any]]) -> None:
+    api = ResponsesAPI(models)
 
     @app.post("/v1/responses", openapi_extra=openapi_body(ResponsesRequest))
     async def responses(raw: Request):
