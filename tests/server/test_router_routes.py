@@ -58,6 +58,9 @@ def test_responses_and_messages_route_by_model(routed: ServerProcess) -> None:
     # weights would not write it) reached its model
     assert think.model == "think" and [o.type for o in think.output] == ["reasoning", "message"]
     assert {m: _served(routed, m) - before[m] for m in before} == {"plain": 1, "think": 1}
+    # two resident models compute on cores of their own (hearth.engine.core_slots), one each with --threads 1
+    cores = {m["name"]: m["bound_cores"] for m in routed.http.get("/models").json()["data"]}
+    assert len(cores["plain"][0]) == len(cores["think"][0]) == 1 and cores["plain"] != cores["think"]
 
     a = anthropic.Anthropic(base_url=routed.url, api_key="none", max_retries=0)
     msg = a.messages.create(model="think", max_tokens=12, messages=ASK, extra_body={**FREE, "temperature": 0})

@@ -106,3 +106,34 @@ def test_dp_core_sets() -> None:
         dp_core_sets(4096, "auto", None)
     sets = dp_core_sets(1, "auto", 1)
     assert len(sets) == 1 and len(sets[0].split(",")) == 1
+
+
+def test_core_slots(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Resident models get their own cores by default: one slot per model that may be resident."""
+    import hearth.engine.core_slots as cs
+    import hearth.engine.dp_cores as dc
+    from hearth.platform import CPUInfo
+
+    info = CPUInfo("test", frozenset(), physical_cores=4, numa_nodes=1)
+    monkeypatch.setattr(cs, "cpu_info", lambda: info)
+    monkeypatch.setattr(dc, "cpu_info", lambda: info)
+    monkeypatch.setattr(dc, "_PROCESS_AFFINITY", {0, 1, 2, 3})
+    monkeypatch.setattr(dc, "numa_core_lists", lambda: [])
+    assert cs.slot_count(3, None, 1) == 3 and cs.slot_count(3, 2, 1) == 2 and cs.slot_count(9, None, 1) == 4
+    assert cs.slot_count(5, None, 2) == 2 and cs.slot_count(1, None, 1) == 1
+    assert cs.core_slots(2, 1, None, None) == [["0,1"], ["2,3"]]
+    assert cs.core_slots(1, 1, "auto", None) == [["0,1,2,3"]]  # one resident model: every core
+    assert cs.core_slots(2, 1, "auto", 1) == [["0"], ["2"]]  # --threads caps each slot
+    assert cs.core_slots(2, 2, None, None) == [["0", "1"], ["2", "3"]]  # data parallel inside each slot
+    assert cs.core_slots(2, 1, "0|1-3", None) == [["0"], ["1-3"]]  # the lists make the slots
+    assert cs.core_slots(2, 1, "0-1", None) == [["0-1"]]  # one list: every model on it
+    assert cs.core_slots(2, 1, "nobind", None) == [["nobind"]]
+    with pytest.raises(ValueError, match="one per engine"):
+        cs.core_slots(2, 2, "0|1|2", None)
+
+    slots = cs.CoreSlots([["0,1"], ["2,3"]])
+    assert slots.take("a") == ["0,1"] and slots.take("b") == ["2,3"]
+    assert slots.take("c") == ["0,1"]  # every slot taken: shares the least shared (the lowest on a tie)
+    slots.release("b")
+    assert slots.take("d") == ["2,3"]  # b's slot went back
+    assert slots.take("a") == ["0,1"] and slots.slot_of("a") == 0 and slots.slot_of("b") is None

@@ -17,7 +17,8 @@ def add_models_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--models-config", default=None,
                    help="TOML file of [[models]] entries: name, path, aliases, pinned, engine flags")
     g.add_argument("--max-loaded-models", type=int, default=None,
-                   help="at most N models resident; the least recently used idle unpinned one is unloaded first")
+                   help="at most N models resident; the least recently used idle unpinned one is unloaded first. "
+                        "The cores are split into N slots, one per resident model (default: one per model)")
     g.add_argument("--models-memory", type=float, default=None,
                    help="GiB budget for resident models (weights + KV cache)")
     g.add_argument("--idle-unload-seconds", type=float, default=None,
@@ -32,6 +33,7 @@ def add_models_args(p: argparse.ArgumentParser) -> None:
 def build_router(ns: argparse.Namespace) -> ModelRouter | None:
     """The router the flags ask for, or None for the plain in-process `hearth serve MODEL`."""
     from hearth import envs
+    from hearth.engine.core_slots import core_slots, slot_count
     from hearth.engine.dp_cores import dp_core_sets
     from hearth.entrypoints.cli import engine_args_from
     from hearth.entrypoints.openai.model_router import ModelRouter, RouterConfig
@@ -70,15 +72,16 @@ def build_router(ns: argparse.Namespace) -> ModelRouter | None:
         # NOTE: the loader's own default name (model_loader), so the API name is the same as without -dp
         name = ns.served_model_name or os.path.basename(os.path.normpath(path)).removesuffix(".gguf")
         specs = [ModelSpec(name, path, pinned=True)]
-    if ns.data_parallel_size > 1:
-        binds: list[str | None] = list(dp_core_sets(ns.data_parallel_size,
-                                                    ns.omp_threads_bind or envs.omp_threads_bind(), ns.threads))
+    bind = ns.omp_threads_bind or envs.omp_threads_bind()
+    if multi:  # the cores are split between the models that may be resident (hearth.engine.core_slots)
+        slots = core_slots(slot_count(len(specs), ns.max_loaded_models, ns.data_parallel_size),
+                           ns.data_parallel_size, bind, ns.threads)
     else:
-        binds = [None]
+        slots = [list(dp_core_sets(ns.data_parallel_size, bind, ns.threads))]
     base = engine_args_from(ns)
     serving = {"reasoning_parser": ns.reasoning_parser, "reasoning_budget": ns.reasoning_budget}
     config = RouterConfig(ns.max_loaded_models, ns.models_memory, ns.idle_unload_seconds, ns.model_load_timeout,
-                          ns.data_parallel_size, binds, ns.max_waiting_requests, ns.refill_wait_ms / 1000,
+                          ns.data_parallel_size, slots, ns.max_waiting_requests, ns.refill_wait_ms / 1000,
                           ns.drain_timeout, {k: v for k, v in serving.items() if v is not None})
     return ModelRouter(specs, base, config)
 

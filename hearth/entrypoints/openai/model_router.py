@@ -16,6 +16,8 @@ import time
 from dataclasses import dataclass, field
 
 from hearth.config import EngineArgs
+from hearth.engine.core_slots import CoreSlots
+from hearth.engine.dp_cores import dp_core_sets
 from hearth.engine.dp_engine import DataParallelEngine
 from hearth.engine.engine_worker import WorkerOptions
 from hearth.engine.llm_engine import EngineStats
@@ -40,7 +42,8 @@ class RouterConfig:
     idle_unload_seconds: float | None = None
     load_timeout: float = 300.0
     data_parallel_size: int = 1
-    binds: list[str | None] = field(default_factory=lambda: [None])  # one per data-parallel engine
+    # per core slot (hearth.engine.core_slots), one --omp-threads-bind value per data-parallel engine
+    core_slots: list[list[str | None]] = field(default_factory=lambda: [[None]])
     max_waiting_requests: int | None = None
     refill_wait_s: float = 0.0
     drain_timeout: float = 30.0
@@ -109,6 +112,7 @@ class ModelRouter:
                     args = dataclasses.replace(args, kv_cache_space=DEFAULT_KV_SPACE_GIB)
             self.entries.append(_Entry(spec, args))
         self._names = {n: e for e in self.entries for n in [e.spec.name, *e.spec.aliases]}
+        self.cores = CoreSlots(config.core_slots)
         self._lock = asyncio.Lock()
         self._janitor: asyncio.Task | None = None
         self._warmed = False
@@ -161,12 +165,13 @@ class ModelRouter:
         async with self._lock:
             if entry.engine is not None and entry.engine.dead is not None and not entry.engine.loading:
                 entry.engine, entry.ctx = None, None  # every engine stayed down after its restarts: start afresh
+                self.cores.release(entry.spec.name)
             if entry.engine is None:
                 await self._make_room(entry, deadline)
                 entry.error = None
                 entry.engine = DataParallelEngine(entry.args, WorkerOptions(
                     entry.spec.name, "0", self.config.max_waiting_requests, self.config.refill_wait_s),
-                    self.config.binds, self.config.load_timeout)
+                    self._binds(entry), self.config.load_timeout)
                 entry.load_task = asyncio.create_task(self._load(entry))
         task = entry.load_task
         if task is None:
@@ -182,6 +187,13 @@ class ModelRouter:
             raise APIError(503, f"the model {entry.spec.name!r} failed to load: {e}", "server_error",
                            code="model_load_failed") from None
 
+    def _binds(self, entry: _Entry) -> list[str | None]:
+        """Its own omp-threads-bind (TOML), else a core slot's."""
+        own = entry.spec.engine_args.get("omp_threads_bind")
+        if own is not None:
+            return list(dp_core_sets(self.config.data_parallel_size, own, entry.args.threads))
+        return self.cores.take(entry.spec.name)
+
     async def _load(self, entry: _Entry) -> None:
         t0 = time.perf_counter()
         engine = entry.engine
@@ -189,6 +201,7 @@ class ModelRouter:
             info = await engine.load()
         except BaseException as e:
             entry.engine, entry.error = None, str(e)
+            self.cores.release(entry.spec.name)
             logger.error("loading model %r failed: %s", entry.spec.name, e)
             raise
         finally:
@@ -202,6 +215,7 @@ class ModelRouter:
             ctx.check_reasoning()  # (needs the vocabulary: only now)
         except ValueError as e:
             entry.engine, entry.error = None, f"model {entry.spec.name!r}: {e}"
+            self.cores.release(entry.spec.name)
             logger.error("%s", entry.error)
             await asyncio.to_thread(engine.shutdown, 0.0)
             raise
@@ -255,6 +269,7 @@ class ModelRouter:
         if entry.load_task is not None:
             entry.load_task.cancel()
         entry.engine, entry.ctx = None, None
+        self.cores.release(entry.spec.name)
         entry.unloads += 1
         logger.info("unloading model %r %s", entry.spec.name, reason)
         await asyncio.to_thread(engine.shutdown, self.config.drain_timeout)
@@ -295,6 +310,7 @@ class ModelRouter:
             "idle_seconds": None if entry.busy else round(time.monotonic() - entry.last_used, 1),
             "pids": engine.pids if engine is not None else [],
             "restarts": sum(engine.restarts) if engine is not None else 0,
+            "bound_cores": [r.info.bound_cores for r in engine.ranks if r.info is not None] if engine else [],
             "num_requests_running": stats.num_running if stats else 0,
             "num_requests_waiting": stats.num_waiting if stats else 0,
             "kv_used_blocks": stats.num_used_blocks if stats else 0,
