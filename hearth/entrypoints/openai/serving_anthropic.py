@@ -14,15 +14,11 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from hearth.entrypoints.openai.body import openapi_body
 from hearth.engine.async_engine import EngineDeadError
 from hearth.entrypoints.openai.anthropic_protocol import CountTokensRequest, MessagesRequest, chat_request
-from hearth.entrypoints.openai.errors import APIError, _validation_message
+from hearth.entrypoints.openai.errors import APIError, _validation_message, anthropic_body
 from hearth.entrypoints.openai.serving_chat import ChatRun, render_chat, start_chat
 from hearth.entrypoints.openai.served_models import ServedModels
 from hearth.entrypoints.openai.serving_common import Guarded
 from hearth.entrypoints.openai.serving_tools import plan_tools
-
-# Anthropic's error types by HTTP status
-_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-                404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error"}
 
 
 def _stop_reason(finish_reason: str | None, stop: int | str | None) -> tuple[str | None, str | None]:
@@ -48,8 +44,7 @@ def _input(arguments: str) -> dict[str, Any]:
 
 
 def anthropic_error(status: int, message: str) -> JSONResponse:
-    kind = _ERROR_TYPES.get(status, "api_error")
-    return JSONResponse({"type": "error", "error": {"type": kind, "message": message}}, status_code=status)
+    return JSONResponse(anthropic_body(status, message), status_code=status)
 
 
 def _sse(event: dict[str, Any]) -> str:
