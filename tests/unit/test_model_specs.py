@@ -50,6 +50,11 @@ def test_models_config(tmp_path: Path) -> None:
     cfg.write_text("models = [")
     with pytest.raises(ValueError, match="not valid TOML"):
         specs_from_toml(str(cfg))
+    with pytest.raises(FileNotFoundError, match="no such file"):
+        specs_from_toml(str(tmp_path / "none.toml"))
+    cfg.write_text('model = "a.gguf"\n')
+    with pytest.raises(ValueError, match=r"unknown top-level field\(s\) \['model'\]"):
+        specs_from_toml(str(cfg))
     cfg.write_text('[[models]]\npath = "a.gguf"\n[[models]]\nname = "x"\npath = "a.gguf"\naliases = ["a"]\n')
     with pytest.raises(ValueError, match="'a' is used by both"):
         check_names(specs_from_toml(str(cfg)))

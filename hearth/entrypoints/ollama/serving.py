@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import aclosing
 from datetime import UTC, datetime
 from typing import Any
 
@@ -16,7 +17,8 @@ from pydantic import ValidationError
 
 from hearth import __version__
 from hearth.entrypoints.openai.body import openapi_body
-from hearth.engine.async_engine import EngineDeadError, RequestStream
+from hearth.entrypoints.openai.chat_drive import Tally, drive, run_whole
+from hearth.engine.async_engine import RequestStream
 from hearth.entrypoints.ollama import embed
 from hearth.entrypoints.ollama.model_info import ModelInfo, ollama_name
 from hearth.entrypoints.ollama.protocol import (
@@ -31,7 +33,7 @@ from hearth.entrypoints.openai.fim import fim_prompt_ids
 from hearth.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest, FieldError
 from hearth.entrypoints.openai.serving_chat import ChoiceStream, start_chat
 from hearth.entrypoints.openai.served_models import ServedModels
-from hearth.entrypoints.openai.serving_common import SAMPLING_PARAMS, Guarded, ServingContext, new_id
+from hearth.entrypoints.openai.serving_common import SAMPLING_PARAMS, ServingContext, new_id
 
 OLLAMA_API_VERSION = "0.9.0"  # the Ollama release whose API this follows (clients gate features on it)
 NOT_HERE = ("hearth serves the models it was started with and never downloads or stores models: start "
@@ -198,51 +200,36 @@ class OllamaAPI:
                        shape: Callable[[dict[str, Any]], dict[str, Any]], generate_ids: list[int] | None = None):
         """One NDJSON line per engine output (or one object when stream is false), then the done line."""
         head = {"model": req.model}
-        state = {"text": "", "n_out": 0, "first": None, "reason": None, "out_ids": []}
+        t = Tally(keep_ids=generate_ids is not None)
 
         def done_line() -> dict[str, Any]:
-            reason = state["reason"]
             line = {**head, "created_at": _now(), "done": True,
-                    "done_reason": "length" if reason == "length" else "stop",
-                    **_timings(t0, state["first"], n_prompt, state["n_out"])}
+                    "done_reason": "length" if t.reason == "length" else "stop",
+                    **_timings(t0, t.first_at, n_prompt, t.n_out)}
             if generate_ids is not None:
-                line["context"] = generate_ids + state["out_ids"]
+                line["context"] = generate_ids + t.out_ids
             return line
 
         if req.stream:
             async def lines() -> AsyncIterator[str]:
                 try:
-                    async with Guarded(raw, stream) as outputs:
-                        async for out in outputs:
-                            state["n_out"] += len(out.new_token_ids)
-                            state["out_ids"] += out.new_token_ids
-                            state["first"] = state["first"] or time.monotonic()
-                            delta = cs.delta(out.new_text, out.finished) if cs is not None else {
-                                "content": out.new_text}
-                            if out.finished:
-                                state["reason"] = out.finish_reason
+                    async with aclosing(drive(stream, raw, t, cs)) as outputs:
+                        async for delta, _, _ in outputs:
                             if delta:
                                 yield json.dumps({**head, "created_at": _now(), **shape(delta), "done": False}) + "\n"
-                except (APIError, EngineDeadError) as e:
-                    yield json.dumps({"error": e.message if isinstance(e, APIError) else str(e)}) + "\n"
+                except APIError as e:
+                    yield json.dumps({"error": e.message}) + "\n"
                     return
-                if not stream.aborted:
+                if not t.aborted:
                     last = done_line()
                     last.update(shape({}))
                     yield json.dumps(last) + "\n"
             return StreamingResponse(lines(), media_type="application/x-ndjson")
 
-        async with Guarded(raw, stream) as outputs:
-            async for out in outputs:
-                state["text"] += out.new_text
-                state["n_out"] += len(out.new_token_ids)
-                state["out_ids"] += out.new_token_ids
-                state["first"] = state["first"] or time.monotonic()
-                if out.finished:
-                    state["reason"] = out.finish_reason
-        if stream.aborted:
+        await run_whole(stream, raw, t)
+        if t.aborted:
             return JSONResponse({}, status_code=499)
-        message, _ = final(state["text"], state["reason"])
+        message, _ = final(t.text, t.reason)
         return {**done_line(), **shape(message)}
 
     def tags(self) -> dict[str, Any]:

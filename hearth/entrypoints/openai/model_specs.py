@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import os
 import re
-import tomllib
 from dataclasses import dataclass, field
 
 from hearth.entrypoints.cli import ENGINE_ARG_NAMES
+from hearth.entrypoints.openai.toml_file import check_fields, read_toml, str_list, tables
 
 _SPLIT_SHARD = re.compile(r"-(\d{5})-of-(\d{5})$")  # llama.cpp's split GGUF names: model-00001-of-00003.gguf
 _SPEC_KEYS = {"name", "path", "aliases", "pinned"}
@@ -61,15 +61,10 @@ def specs_from_dir(folder: str) -> list[ModelSpec]:
 
 
 def specs_from_toml(path: str) -> list[ModelSpec]:
-    try:
-        with open(path, "rb") as f:
-            data = tomllib.load(f)
-    except FileNotFoundError:
-        raise ValueError(f"--models-config {path!r} does not exist") from None
-    except tomllib.TOMLDecodeError as e:
-        raise ValueError(f"--models-config {path!r} is not valid TOML: {e}") from None
-    entries = data.get("models")
-    if not isinstance(entries, list) or not entries:
+    data = read_toml("--models-config", path)
+    check_fields(data, {"models"}, f"--models-config {path}", "top-level field(s)")
+    entries = tables(data, "models", f"--models-config {path}")
+    if not entries:
         raise ValueError(f"--models-config {path!r} has no [[models]] entries")
     base = os.path.dirname(os.path.abspath(path))
     specs = []
@@ -94,9 +89,7 @@ def specs_from_toml(path: str) -> list[ModelSpec]:
                 raise ValueError(f"{where}: unknown key {key!r}; use name, path, aliases, pinned or an engine "
                                  f"flag ({', '.join(flags)})")
             engine_args[arg] = value
-        aliases = entry.get("aliases", [])
-        if not isinstance(aliases, list) or not all(isinstance(a, str) for a in aliases):
-            raise ValueError(f"{where}: aliases must be a list of strings")
+        aliases = str_list(entry, "aliases", where) or []
         specs.append(ModelSpec(str(name), model_path, aliases, bool(entry.get("pinned", False)), engine_args,
                                serving))
     return specs

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import aclosing
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -12,12 +13,11 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from hearth.entrypoints.openai.body import openapi_body
-from hearth.engine.async_engine import EngineDeadError
+from hearth.entrypoints.openai.chat_drive import Tally, drive, run_whole
 from hearth.entrypoints.openai.anthropic_protocol import CountTokensRequest, MessagesRequest, chat_request
 from hearth.entrypoints.openai.errors import APIError, _validation_message, anthropic_body
 from hearth.entrypoints.openai.serving_chat import ChatRun, render_chat, start_chat
 from hearth.entrypoints.openai.served_models import ServedModels
-from hearth.entrypoints.openai.serving_common import Guarded
 from hearth.entrypoints.openai.serving_tools import plan_tools
 
 
@@ -108,17 +108,10 @@ class MessagesAPI:
         head = {"id": message_id, "type": "message", "role": "assistant", "model": ctx.model_name}
         if req.stream:
             return StreamingResponse(self._events(run, raw, head), media_type="text/event-stream")
-        text, n_out, reason, stop, cached = "", 0, None, None, 0
-        async with Guarded(raw, run.stream) as outputs:
-            async for out in outputs:
-                text += out.new_text
-                n_out += len(out.new_token_ids)
-                cached = max(cached, out.num_cached_tokens)
-                if out.finished:
-                    reason, stop = out.finish_reason, out.stop_reason
-        if run.stream.aborted:
+        t = await run_whole(run.stream, raw, Tally())
+        if t.aborted:
             return JSONResponse({}, status_code=499)
-        message, reason = run.final_message(text, reason)
+        message, reason = run.final_message(t.text, t.reason)
         content: list[dict[str, Any]] = []
         if message.get("reasoning_content"):
             content.append({"type": "thinking", "thinking": message["reasoning_content"], "signature": ""})
@@ -127,40 +120,36 @@ class MessagesAPI:
         for call in message.get("tool_calls") or []:
             content.append({"type": "tool_use", "id": _new("toolu"), "name": call["function"]["name"],
                             "input": _input(call["function"]["arguments"])})
-        stop_reason, stop_sequence = _stop_reason(reason, stop)
+        stop_reason, stop_sequence = _stop_reason(reason, t.stop)
         return JSONResponse({**head, "content": content, "stop_reason": stop_reason, "stop_sequence": stop_sequence,
                              # NOTE: Anthropic counts prompt tokens read from the cache apart from input_tokens
-                             "usage": {"input_tokens": len(run.prompt_ids) - cached, "output_tokens": n_out,
-                                       "cache_read_input_tokens": cached}})
+                             "usage": {"input_tokens": len(run.prompt_ids) - t.cached, "output_tokens": t.n_out,
+                                       "cache_read_input_tokens": t.cached}})
 
     async def _events(self, run: ChatRun, raw: Request, head: dict[str, Any]) -> AsyncIterator[str]:
         start = {**head, "content": [], "stop_reason": None, "stop_sequence": None,
                  "usage": {"input_tokens": len(run.prompt_ids), "output_tokens": 0}}
         yield _sse({"type": "message_start", "message": start})
         yield _sse({"type": "ping"})
-        blocks, cs = _Blocks(), run.choice_stream()
-        n_out, reason, stop, cached = 0, None, None, 0
+        blocks, t, reason = _Blocks(), Tally(), None
         try:
-            async with Guarded(raw, run.stream) as outputs:
-                async for out in outputs:
-                    n_out += len(out.new_token_ids)
-                    cached = max(cached, out.num_cached_tokens)
-                    for event in blocks.add(cs.delta(out.new_text, out.finished)):
+            async with aclosing(drive(run.stream, raw, t, run.choice_stream())) as outputs:
+                async for delta, finished, finish_reason in outputs:
+                    for event in blocks.add(delta):
                         yield _sse(event)
-                    if out.finished:
-                        reason, stop = cs.finish_reason(out.finish_reason), out.stop_reason
-        except (APIError, EngineDeadError) as e:
-            message = e.message if isinstance(e, APIError) else str(e)
-            yield _sse({"type": "error", "error": {"type": "api_error", "message": message}})
+                    if finished:
+                        reason = finish_reason
+        except APIError as e:
+            yield _sse({"type": "error", "error": {"type": "api_error", "message": e.message}})
             return
-        if run.stream.aborted:
+        if t.aborted:
             return
         for event in blocks.close():
             yield _sse(event)
-        stop_reason, stop_sequence = _stop_reason(reason, stop)
+        stop_reason, stop_sequence = _stop_reason(reason, t.stop)
         yield _sse({"type": "message_delta", "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence},
-                    "usage": {"output_tokens": n_out, "input_tokens": len(run.prompt_ids) - cached,
-                              "cache_read_input_tokens": cached}})
+                    "usage": {"output_tokens": t.n_out, "input_tokens": len(run.prompt_ids) - t.cached,
+                              "cache_read_input_tokens": t.cached}})
         yield _sse({"type": "message_stop"})
 
     async def count_tokens(self, req: CountTokensRequest) -> dict[str, int]:

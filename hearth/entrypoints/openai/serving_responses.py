@@ -6,13 +6,14 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import aclosing
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from hearth.entrypoints.openai.body import openapi_body
-from hearth.engine.async_engine import EngineDeadError
+from hearth.entrypoints.openai.chat_drive import Tally, drive, run_whole
 from hearth.entrypoints.openai.errors import APIError
 from hearth.entrypoints.openai.responses_events import (
     OutputItems,
@@ -26,7 +27,6 @@ from hearth.entrypoints.openai.responses_events import (
 from hearth.entrypoints.openai.responses_protocol import ResponsesRequest, chat_request, input_messages
 from hearth.entrypoints.openai.serving_chat import ChatRun, start_chat
 from hearth.entrypoints.openai.served_models import ServedModels
-from hearth.entrypoints.openai.serving_common import Guarded
 
 STORE_SIZE = 1000  # responses kept for previous_response_id (oldest dropped first)
 
@@ -91,17 +91,10 @@ class ResponsesAPI:
 
         if req.stream:
             return StreamingResponse(self._events(run, raw, head, finish), media_type="text/event-stream")
-        text, n_out, reason, cached = "", 0, None, 0
-        async with Guarded(raw, run.stream) as outputs:
-            async for out in outputs:
-                text += out.new_text
-                n_out += len(out.new_token_ids)
-                cached = max(cached, out.num_cached_tokens)
-                if out.finished:
-                    reason = out.finish_reason
-        if run.stream.aborted:
+        t = await run_whole(run.stream, raw, Tally())
+        if t.aborted:
             return JSONResponse({}, status_code=499)
-        message, reason = run.final_message(text, reason)
+        message, reason = run.final_message(t.text, t.reason)
         items = []
         if message.get("reasoning_content"):
             items.append({**reasoning_item(message["reasoning_content"]), "status": "completed"})
@@ -110,7 +103,7 @@ class ResponsesAPI:
         for call in message.get("tool_calls") or []:
             items.append({**call_item(call["id"], call["function"]["name"], call["function"]["arguments"]),
                           "status": "completed"})
-        return JSONResponse(finish(items, reason, n_out, cached))
+        return JSONResponse(finish(items, reason, t.n_out, t.cached))
 
     async def _events(self, run: ChatRun, raw: Request, head: dict[str, Any],
                       finish: Callable[[list[dict[str, Any]], str | None, int, int], dict[str, Any]]
@@ -118,26 +111,22 @@ class ResponsesAPI:
         out_items = OutputItems()
         yield sse_event(out_items.event("response.created", response=head))
         yield sse_event(out_items.event("response.in_progress", response=head))
-        cs = run.choice_stream()
-        n_out, reason, cached = 0, None, 0
+        t, reason = Tally(), None
         try:
-            async with Guarded(raw, run.stream) as outputs:
-                async for out in outputs:
-                    n_out += len(out.new_token_ids)
-                    cached = max(cached, out.num_cached_tokens)
-                    for event in out_items.add(cs.delta(out.new_text, out.finished)):
+            async with aclosing(drive(run.stream, raw, t, run.choice_stream())) as outputs:
+                async for delta, finished, finish_reason in outputs:
+                    for event in out_items.add(delta):
                         yield sse_event(event)
-                    if out.finished:
-                        reason = cs.finish_reason(out.finish_reason)
-        except (APIError, EngineDeadError) as e:
-            message = e.message if isinstance(e, APIError) else str(e)
-            yield sse_event(out_items.event("error", code="server_error", message=message, param=None))
+                    if finished:
+                        reason = finish_reason
+        except APIError as e:
+            yield sse_event(out_items.event("error", code="server_error", message=e.message, param=None))
             return
-        if run.stream.aborted:
+        if t.aborted:
             return
         for event in out_items.close():
             yield sse_event(event)
-        body = finish(out_items.items, reason, n_out, cached)
+        body = finish(out_items.items, reason, t.n_out, t.cached)
         kind = "response.incomplete" if body["status"] == "incomplete" else "response.completed"
         yield sse_event(out_items.event(kind, response=body))
 
