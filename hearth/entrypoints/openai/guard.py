@@ -64,7 +64,7 @@ class Guard:
         receive = self._counted(receive)
         if spec.models is not None:
             try:
-                receive, refusal = await self._check_model(spec, receive)
+                receive, refusal = await self._check_model(spec, receive, path.startswith("/api/"))
             except BodyTooLarge:  # raised here, outside the app's handlers, so answered here
                 return await self._reply_too_large(send, scope["path"])
             if refusal is not None:
@@ -109,7 +109,7 @@ class Guard:
 
         return counted
 
-    async def _check_model(self, spec: KeySpec, receive: Receive) -> tuple[Receive, dict | None]:
+    async def _check_model(self, spec: KeySpec, receive: Receive, ollama: bool) -> tuple[Receive, dict | None]:
         """Read the whole body to see its `model`; hand the app a receive that replays it. Unparsable bodies go
         on to the app, which answers them with its 400."""
         chunks: list[bytes] = []
@@ -139,6 +139,8 @@ class Guard:
         if model is None:
             return replay, error_body(f"key {spec.name!r} may use only the models {allowed}: name one in 'model'",
                                       "permission_error", "model", "model_not_allowed")
+        if ollama and isinstance(model, str) and model not in allowed:
+            model = model.removesuffix(":latest")  # Ollama's clients' name for the same model
         if model not in allowed:
             return replay, error_body(f"key {spec.name!r} may not use the model {model!r}; it may use {allowed}",
                                       "permission_error", "model", "model_not_allowed")
