@@ -72,6 +72,9 @@ def test_responses_and_messages_route_by_model(routed: ServerProcess) -> None:
         a.messages.create(model="nope", max_tokens=2, messages=ASK)
     assert "plain, think, bert" in e.value.body["error"]["message"]
     assert _served(routed, "think") - before["think"] == 2 and _served(routed, "plain") - before["plain"] == 2
+    status = {m["name"]: m for m in routed.http.get("/status").json()["models"]}  # the web page's status view
+    assert status["think"]["generation_tokens_total"] == 12 + 12 and status["bert"]["state"] == "unloaded"
+    assert status["think"]["generation_tokens_per_s"] is not None
 
 
 def test_ollama_routes_list_and_route(routed: ServerProcess) -> None:

@@ -216,6 +216,7 @@ def test_picker_switches_models(two_names, browser):
         served[name] = two_names.metric("vllm:request_success_total", model_name=name) - before
     assert served == {"smol-a": 1, "smol-b": 1}
     WebDriverWait(d, 10).until(lambda d: "smol-b (loaded)" in d.find_element("id", "status").text)
+    assert "tok/s out" in d.find_element("id", "status").text  # each model's output rate
     # the picker's labels follow the states (a model that is not loaded says so)
     WebDriverWait(d, 10).until(lambda _: [o.text for o in picker.options] == ["smol-a", "smol-b"])
     convs = d.execute_script("return window.hearth.conversations()")

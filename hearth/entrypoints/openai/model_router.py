@@ -26,6 +26,7 @@ from hearth.entrypoints.openai.model_specs import ModelSpec
 from hearth.entrypoints.openai.reasoning import get_parser
 from hearth.entrypoints.openai.served_models import Listing
 from hearth.entrypoints.openai.serving_common import ServingContext
+from hearth.entrypoints.web.routes import TokenRate
 from hearth.metrics_merge import merge_expositions
 
 logger = logging.getLogger("hearth")
@@ -113,6 +114,7 @@ class ModelRouter:
             self.entries.append(_Entry(spec, args))
         self._names = {n: e for e in self.entries for n in [e.spec.name, *e.spec.aliases]}
         self.cores = CoreSlots(config.core_slots)
+        self._rates: dict[str, TokenRate] = {}  # per model: the web page's output tokens/s
         self._lock = asyncio.Lock()
         self._janitor: asyncio.Task | None = None
         self._warmed = False
@@ -342,11 +344,16 @@ class ModelRouter:
         for e in self.entries:
             s = e.engine.stats if e.engine is not None else EngineStats(0, 0, 0.0, 0, 0, 0, 0)
             info = e.engine.info if e.engine is not None else None
+            generated = e.engine.generated if e.engine is not None else None
+            if generated is None:
+                self._rates.pop(e.spec.name, None)  # a reload counts from 0 again
+            rate = self._rates.setdefault(e.spec.name, TokenRate()) if generated is not None else None
             models.append({"name": e.spec.name, "state": e.state, "num_requests_running": s.num_running,
                            "num_requests_waiting": s.num_waiting, "kv_cache_usage_perc": s.kv_usage,
                            "kv_cache_used_blocks": s.num_used_blocks,
                            "kv_cache_total_blocks": info.num_blocks * e.engine.size if info is not None else None,
-                           "generation_tokens_total": None, "generation_tokens_per_s": None})
+                           "generation_tokens_total": generated,
+                           "generation_tokens_per_s": rate.update(generated) if rate is not None else None})
         return {"object": "status", "models": models,
                 "num_requests_running": sum(m["num_requests_running"] for m in models),
                 "num_requests_waiting": sum(m["num_requests_waiting"] for m in models)}
