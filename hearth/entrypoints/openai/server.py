@@ -110,9 +110,7 @@ def build_app(engine: AsyncEngine, ctx: ServingContext | None, config: ServerCon
     app.state.engine, app.state.ctx = engine, ctx
 
     served: ServedModels = OneModel(ctx) if router is None else router  # (not `models`: a route below)
-
-    async def context(model: str | None) -> ServingContext:
-        return ctx if router is None else await router.context(model)
+    context = served.context  # the request's model's ServingContext (an unknown name: 404)
 
     @app.exception_handler(ShutdownError)
     async def shutting_down(_: Request, exc: ShutdownError) -> JSONResponse:
