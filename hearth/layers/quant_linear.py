@@ -1,6 +1,7 @@
 """Weight-only quantized linear layers, swapped in for Linear before loading (`quantize_model`).
 
 Schemes (EngineArgs.quantization):
+  nf4           (--quantization bitsandbytes) bitsandbytes' NF4, blocks of 64 (hearth.weights.formats.bitsandbytes)
   int8          symmetric per-output-channel int8, computed at load from float checkpoint weights
   int4          asymmetric group-wise int4 (scale + min per group), group 128 (int4-g32 / -g64 / -g128 to choose);
                 a layer whose K is not a multiple of the group takes the largest of 128/64/32 that divides it
@@ -92,7 +93,7 @@ class QuantLinear(Linear):
         parts = [self._pending[name] for name in order]
         self._pending = {}
         k = self.in_features
-        qw = prepare.pack_parts(parts, self.scheme, k, None if self.scheme in ("gguf", "int8")
+        qw = prepare.pack_parts(parts, self.scheme, k, None if self.scheme in ("gguf", "int8", "nf4")
                                 else _int4_group(self.scheme, k))
         if qw is None:  # dense: exactly what Linear would hold
             dense = torch.cat([p.dequantize() if isinstance(p, (GGUFBlocks, PackedSource)) else p for p in parts])
@@ -124,6 +125,8 @@ class QuantLinear(Linear):
 
     def extra_repr(self) -> str:
         fmt = "dense" if self.qweight is None else f"int{self.qweight.bits} group {self.qweight.group}"
+        if self.qweight is not None and self.qweight.codebook is not None:
+            fmt = f"4-bit codebook, blocks of {self.qweight.group}"
         return f"in={self.in_features}, out={self.out_features}, {self.scheme}: {fmt}"
 
 
