@@ -4,10 +4,11 @@
 // j = code[j] | code[j + 16] << 4), absmax fp32 [N][K / group] (row stride ldg), codebook fp32 [16]. group: a multiple
 // of 32 dividing K.
 //
-// hq_nf4_linear: out[m][n] = sum_k x[m][k] w[n][k] (+ bias), x fp32 or bf16. AVX-512 only: the 16 codebook values sit
-// in one register and vpermps looks a code up (it reads an index's low 4 bits, so a byte's high nibble needs only a
-// shift); each block's products are summed first and scaled by its absmax once. Rows of x go 4 at a time over the
-// same decoded weights.
+// hq_nf4_linear: out[m][n] = sum_k x[m][k] w[n][k] (+ bias), x fp32 or bf16. AVX-512 only. fp32 x: the 16 codebook
+// values sit in one register and vpermps looks a code up (it reads an index's low 4 bits, so a byte's high nibble
+// needs only a shift); each block's products are summed first and scaled by its absmax once; rows of x 4 at a time.
+// bf16 x with AVX512-BF16: per block the 16 values times its absmax, rounded to bf16 (bitsandbytes' bf16 weights),
+// are looked up 32 at a time by vpermw and dotted with x by vdpbf16ps; rows of x 8 at a time.
 // hq_nf4_dequant: rows [n0, n1) of w into fp32 or bf16 (torch's rounding), for the GEMM of long prompts.
 #include <immintrin.h>
 
@@ -149,6 +150,81 @@ void dequant_rows_avx512(const Nf4& p, int64_t n0, int64_t n1, void* out, int ou
 
 #pragma GCC pop_options
 
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512bf16")
+
+// A block's 16 values codebook * absmax rounded to bf16 (torch's rounding, as bitsandbytes' bf16 dequantize), twice
+// over: vpermw reads 5 index bits, and a byte's low-nibble lane carries its high nibble's lowest bit as bit 4.
+inline __m512i block_table(__m512 cb, float absmax) {
+  const __m256i t = (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(cb, _mm512_set1_ps(absmax)));
+  return _mm512_inserti64x4(_mm512_castsi256_si512(t), t, 1);
+}
+
+// 32 weights' codes (16 bytes) -> their 32 bf16 values, in element order.
+inline __m512i decode32_bf16(const uint8_t* p, __m512i table) {
+  const __m256i v = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  const __m512i idx = _mm512_inserti64x4(_mm512_castsi256_si512(v), _mm256_srli_epi16(v, 4), 1);
+  return _mm512_permutexvar_epi16(idx, table);
+}
+
+// bf16 x (MB rows) against NB weight rows decoded to bf16: one vdpbf16ps per 32 weights and row of x.
+template <int MB, int NB>
+void tile_bf16(const Nf4& p, const uint16_t* x, int64_t ldx, int64_t n, float* out, int64_t ldo, const float* bias) {
+  const __m512 cb = _mm512_loadu_ps(p.codebook);
+  __m512 acc[MB][NB];
+  for (int m = 0; m < MB; ++m)
+    for (int j = 0; j < NB; ++j) acc[m][j] = _mm512_setzero_ps();
+  const int64_t blocks = p.K / p.group;
+  for (int64_t g = 0; g < blocks; ++g) {
+    __m512i table[NB];
+    for (int j = 0; j < NB; ++j) table[j] = block_table(cb, p.absmax[(n + j) * p.ldg + g]);
+    for (int64_t k = g * p.group; k < (g + 1) * p.group; k += 32) {
+      __m512i w[NB];
+      for (int j = 0; j < NB; ++j) w[j] = decode32_bf16(p.w + (n + j) * p.ldw + k / 2, table[j]);
+      for (int m = 0; m < MB; ++m) {
+        const __m512i xv = _mm512_loadu_si512(x + m * ldx + k);
+        for (int j = 0; j < NB; ++j) acc[m][j] = _mm512_dpbf16_ps(acc[m][j], (__m512bh)xv, (__m512bh)w[j]);
+      }
+    }
+  }
+  for (int m = 0; m < MB; ++m)
+    for (int j = 0; j < NB; ++j)
+      out[m * ldo + n + j] = _mm512_reduce_add_ps(acc[m][j]) + (bias ? bias[n + j] : 0.0f);
+}
+
+template <int MB>
+void rows_mb_bf16(const Nf4& p, const uint16_t* x, int64_t ldx, int64_t n0, int64_t n1, float* out, int64_t ldo,
+                  const float* bias) {
+  constexpr int NB = MB <= 2 ? 4 : 2;
+  int64_t n = n0;
+  for (; n + NB <= n1; n += NB) tile_bf16<MB, NB>(p, x, ldx, n, out, ldo, bias);
+  for (; n < n1; ++n) tile_bf16<MB, 1>(p, x, ldx, n, out, ldo, bias);
+}
+
+void linear_rows_bf16(const Nf4& p, const uint16_t* x, int64_t ldx, int64_t M, int64_t n0, int64_t n1, float* out,
+                      int64_t ldo, const float* bias) {
+  const int64_t slice = std::max<int64_t>(4, (int64_t(256) << 10) / std::max<int64_t>(1, p.K / 2) / 4 * 4);
+  for (int64_t s0 = n0; s0 < n1; s0 += slice) {
+    const int64_t s1 = std::min(n1, s0 + slice);
+    int64_t m = 0;
+    for (; m + 8 <= M; m += 8) rows_mb_bf16<8>(p, x + m * ldx, ldx, s0, s1, out + m * ldo, ldo, bias);
+    const uint16_t* xm = x + m * ldx;
+    float* om = out + m * ldo;
+    switch (M - m) {
+      case 7: rows_mb_bf16<7>(p, xm, ldx, s0, s1, om, ldo, bias); break;
+      case 6: rows_mb_bf16<6>(p, xm, ldx, s0, s1, om, ldo, bias); break;
+      case 5: rows_mb_bf16<5>(p, xm, ldx, s0, s1, om, ldo, bias); break;
+      case 4: rows_mb_bf16<4>(p, xm, ldx, s0, s1, om, ldo, bias); break;
+      case 3: rows_mb_bf16<3>(p, xm, ldx, s0, s1, om, ldo, bias); break;
+      case 2: rows_mb_bf16<2>(p, xm, ldx, s0, s1, om, ldo, bias); break;
+      case 1: rows_mb_bf16<1>(p, xm, ldx, s0, s1, om, ldo, bias); break;
+      default: break;
+    }
+  }
+}
+
+#pragma GCC pop_options
+
 void dequant_rows_scalar(const Nf4& p, int64_t n0, int64_t n1, void* out, int out_bf16) {
   for (int64_t n = n0; n < n1; ++n)
     for (int64_t k = 0; k < p.K; ++k) {
@@ -180,10 +256,16 @@ int hq_nf4_linear(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx,
   if (!has_avx512()) return -1;
   if (x_dtype != kF32 && x_dtype != kBF16) return -2;
   if (bad_shape(K, group)) return -3;
+  const Nf4 p{w, ldw, absmax, ldg, group, K, codebook};
+  if (x_dtype == kBF16 && hk::cpu_has_bf16_dot()) {  // bf16 x: the weights as bf16 too, dotted by vdpbf16ps
+    const uint16_t* xb = static_cast<const uint16_t*>(x);
+    hk_par::parallel_dynamic(N, 64, nthreads,
+                             [&](int64_t b, int64_t e) { linear_rows_bf16(p, xb, ldx, M, b, e, out, N, bias); });
+    return 0;
+  }
   std::vector<float> buf;
   int64_t ld;
   const float* xf = x_f32(x, x_dtype, M, K, ldx, buf, &ld);
-  const Nf4 p{w, ldw, absmax, ldg, group, K, codebook};
   // chunks of weight rows handed out as threads free up (one thread's slower memory does not hold the other)
   hk_par::parallel_dynamic(N, 64, nthreads, [&](int64_t b, int64_t e) { linear_rows(p, xf, ld, M, b, e, out, N, bias); });
   return 0;
