@@ -49,6 +49,14 @@ const float* x_f32(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx
   return buf.data();
 }
 
+// The next NB weight rows' cache line at column k: a tile reads NB rows of K / 2 bytes side by side, runs too short
+// for the hardware prefetcher to pick up before they end. (A prefetch past the weight's end does not fault.)
+template <int NB>
+inline void prefetch_next(const Nf4& p, int64_t n, int64_t k) {
+  for (int j = 0; j < NB; ++j) _mm_prefetch(reinterpret_cast<const char*>(p.w + (n + NB + j) * p.ldw + k / 2),
+                                            _MM_HINT_T0);
+}
+
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl")
 
@@ -74,6 +82,7 @@ void tile(const Nf4& p, const float* x, int64_t ldx, int64_t n, float* out, int6
       for (int j = 0; j < NB; ++j) lo_s[m][j] = hi_s[m][j] = _mm512_setzero_ps();
     for (int64_t k = g * p.group; k < (g + 1) * p.group; k += 32) {
       __m512 lo[NB], hi[NB];
+      if (!(k & 127)) prefetch_next<NB>(p, n, k);
       for (int j = 0; j < NB; ++j) decode32(p.w + (n + j) * p.ldw + k / 2, lut, lo[j], hi[j]);
       for (int m = 0; m < MB; ++m) {
         const __m512 x0 = _mm512_loadu_ps(x + m * ldx + k), x1 = _mm512_loadu_ps(x + m * ldx + k + 16);
@@ -180,6 +189,7 @@ void tile_bf16(const Nf4& p, const uint16_t* x, int64_t ldx, int64_t n, float* o
     for (int j = 0; j < NB; ++j) table[j] = block_table(cb, p.absmax[(n + j) * p.ldg + g]);
     for (int64_t k = g * p.group; k < (g + 1) * p.group; k += 32) {
       __m512i w[NB];
+      if (!(k & 127)) prefetch_next<NB>(p, n, k);
       for (int j = 0; j < NB; ++j) w[j] = decode32_bf16(p.w + (n + j) * p.ldw + k / 2, table[j]);
       for (int m = 0; m < MB; ++m) {
         const __m512i xv = _mm512_loadu_si512(x + m * ldx + k);
