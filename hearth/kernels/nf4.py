@@ -46,3 +46,19 @@ def dequant_rows(data: torch.Tensor, absmax: torch.Tensor, group: int, codebook:
     if rc != 0:
         raise RuntimeError(f"hq_nf4_dequant failed with code {rc}")
     return out
+
+
+def quantize(w: torch.Tensor, group: int, bounds: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """w fp32 [N, K] (unit stride along K) -> (codes uint8 [N, K / 2] in hearth's int4 order, absmax fp32
+    [N, K / group]) as bitsandbytes' quantize_4bit computes them with these 15 bucket bounds; None without AVX-512."""
+    n, k = w.shape
+    codes = torch.empty(n, k // 2, dtype=torch.uint8)
+    absmax = torch.empty(n, k // group, dtype=torch.float32)
+    bounds = bounds.float().contiguous()
+    rc = _build.load().hq_nf4_quantize(w.data_ptr(), n, k, w.stride(0), group, bounds.data_ptr(), codes.data_ptr(),
+                                       codes.stride(0), absmax.data_ptr(), absmax.stride(0), torch.get_num_threads())
+    if rc == -1:
+        return None
+    if rc != 0:
+        raise RuntimeError(f"hq_nf4_quantize failed with code {rc}")
+    return codes, absmax

@@ -28,9 +28,9 @@ def _weight(n: int, k: int, seed: int = 0) -> torch.Tensor:
 
 def test_quantize_nf4_equals_bitsandbytes_quantize_4bit() -> None:
     F = pytest.importorskip("bitsandbytes.functional")
-    for dtype in (torch.float32, torch.bfloat16):
+    for dtype, kernel in ((torch.float32, True), (torch.bfloat16, True), (torch.float32, False)):
         w = _weight(48, 192).to(dtype)
-        qw = bnb.quantize_nf4(w)
+        qw = bnb.quantize_nf4(w.float(), kernel=kernel)  # (hq_nf4_quantize, or its torch form)
         packed, state = F.quantize_4bit(w, blocksize=64, quant_type="nf4")
         flat = packed.reshape(-1)
         codes = torch.stack([flat >> 4, flat & 0x0F], 1).reshape(w.shape)

@@ -233,6 +233,38 @@ void linear_rows_bf16(const Nf4& p, const uint16_t* x, int64_t ldx, int64_t M, i
   }
 }
 
+// bitsandbytes' quantize_4bit on CPU, per block: absmax = max |w|, scaled = clamp(w * (1 / max(absmax, 1e-38)), -1, 1)
+// in fp32 (the same two roundings as its torch code), code = the bounds below scaled (torch.bucketize, right=False).
+void quantize_rows(const float* w, int64_t ldw, int64_t K, int64_t group, const float* bounds, int64_t n0, int64_t n1,
+                   uint8_t* out, int64_t ldo, float* absmax, int64_t ldg) {
+  const __m512i one = _mm512_set1_epi32(1);
+  const __m512 lo_clamp = _mm512_set1_ps(-1.0f), hi_clamp = _mm512_set1_ps(1.0f);
+  for (int64_t n = n0; n < n1; ++n) {
+    const float* row = w + n * ldw;
+    for (int64_t g = 0; g < K / group; ++g) {
+      __m512 mx = _mm512_setzero_ps();
+      for (int64_t k = g * group; k < (g + 1) * group; k += 16)
+        mx = _mm512_max_ps(mx, _mm512_abs_ps(_mm512_loadu_ps(row + k)));
+      const float am = _mm512_reduce_max_ps(mx);
+      absmax[n * ldg + g] = am;
+      const __m512 inv = _mm512_set1_ps(1.0f / std::max(am, 1e-38f));
+      for (int64_t k = g * group; k < (g + 1) * group; k += 32) {
+        __m512i c[2];
+        for (int h = 0; h < 2; ++h) {
+          const __m512 x = _mm512_min_ps(_mm512_max_ps(_mm512_mul_ps(_mm512_loadu_ps(row + k + 16 * h), inv),
+                                                       lo_clamp), hi_clamp);
+          c[h] = _mm512_setzero_si512();
+          for (int b = 0; b < 15; ++b)
+            c[h] = _mm512_mask_add_epi32(c[h], _mm512_cmp_ps_mask(_mm512_set1_ps(bounds[b]), x, _CMP_LT_OQ), c[h],
+                                         one);
+        }
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(out + n * ldo + k / 2),
+                         _mm512_cvtepi32_epi8(_mm512_or_si512(c[0], _mm512_slli_epi32(c[1], 4))));
+      }
+    }
+  }
+}
+
 #pragma GCC pop_options
 
 void dequant_rows_scalar(const Nf4& p, int64_t n0, int64_t n1, void* out, int out_bf16) {
@@ -293,6 +325,19 @@ int hq_nf4_dequant(const uint8_t* w, int64_t K, int64_t ldw, const float* absmax
       dequant_rows_avx512(p, n0 + b, n0 + e, o, out_bf16);
     else
       dequant_rows_scalar(p, n0 + b, n0 + e, o, out_bf16);
+  });
+  return 0;
+}
+
+// w fp32 [N][K] (row stride ldw) -> codes [N][K / 2] (hearth's int4 order, row stride ldo) and absmax [N][K / group]
+// (row stride ldg), as bitsandbytes quantizes with the 15 ascending bucket bounds given. -1: no AVX-512 here (the
+// caller's torch form then), -3: a bad group.
+int hq_nf4_quantize(const float* w, int64_t N, int64_t K, int64_t ldw, int64_t group, const float* bounds,
+                    uint8_t* out, int64_t ldo, float* absmax, int64_t ldg, int nthreads) {
+  if (!has_avx512()) return -1;
+  if (bad_shape(K, group) || group % 16) return -3;
+  hk_par::parallel(N, nthreads, [&](int64_t b, int64_t e) {
+    quantize_rows(w, ldw, K, group, bounds, b, e, out, ldo, absmax, ldg);
   });
   return 0;
 }

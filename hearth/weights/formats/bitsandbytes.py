@@ -17,6 +17,7 @@ import json
 
 import torch
 
+from hearth.kernels import nf4 as nf4_kernels
 from hearth.weights.formats.source import PackedSource
 from hearth.weights.packed import QWeight, pack_u4
 
@@ -69,12 +70,16 @@ def pack_4bit(src: PackedSource) -> QWeight:
                    codebook=src.tensors["quant_map"].float().contiguous())
 
 
-def quantize_nf4(w: torch.Tensor, blocksize: int = BLOCKSIZE) -> QWeight:
+def quantize_nf4(w: torch.Tensor, blocksize: int = BLOCKSIZE, kernel: bool = True) -> QWeight:
     """Float [N, K] (K % blocksize == 0) -> the "nf4" layout, the codes and absmax bitsandbytes'
     quantize_4bit(w, blocksize, quant_type="nf4") computes on CPU (the same fp32 operations, in the same order)."""
     n, k = w.shape
     code = torch.tensor(NF4, dtype=torch.float32)
     bounds = (code[:-1] + code[1:]) / 2  # NF4 is sorted: its midpoints are bitsandbytes' bucket bounds
+    if kernel and w.dtype == torch.float32 and w.stride(-1) == 1 and nf4_kernels.available():
+        done = nf4_kernels.quantize(w, blocksize, bounds)  # (the same fp32 operations, in C)
+        if done is not None:
+            return QWeight(4, blocksize, done[0], done[1], None, codebook=code)
     flat = w.reshape(-1, blocksize)
     codes = torch.empty(flat.shape, dtype=torch.uint8)
     absmax = torch.empty(flat.shape[0], dtype=torch.float32)
