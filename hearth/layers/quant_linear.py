@@ -1,6 +1,7 @@
 """Weight-only quantized linear layers, swapped in for Linear before loading (`quantize_model`).
 
 Schemes (EngineArgs.quantization):
+  nf4           (--quantization bitsandbytes) bitsandbytes' NF4, blocks of 64 (hearth.weights.formats.bitsandbytes)
   int8          symmetric per-output-channel int8, computed at load from float checkpoint weights
   int4          asymmetric group-wise int4 (scale + min per group), group 128 (int4-g32 / -g64 / -g128 to choose);
                 a layer whose K is not a multiple of the group takes the largest of 128/64/32 that divides it
@@ -97,7 +98,7 @@ class QuantLinear(Linear):
         if tp is not None and tp.drop:  # another rank's expert
             self.weight = nn.Parameter(torch.empty(0, k, dtype=self.weight.dtype), requires_grad=False)
             return
-        group = None if self.scheme in ("gguf", "int8") else _int4_group(self.scheme, k)
+        group = None if self.scheme in ("gguf", "int8", "nf4") else _int4_group(self.scheme, k)
         in_perm = prepare.input_perm(parts)
         qw = prepare.pack_parts(parts, self.scheme, k, group) if tp is None else self._pack_slice(parts, group, in_perm)
         if qw is None:  # dense: exactly what Linear would hold
@@ -146,6 +147,8 @@ class QuantLinear(Linear):
 
     def extra_repr(self) -> str:
         fmt = "dense" if self.qweight is None else f"int{self.qweight.bits} group {self.qweight.group}"
+        if self.qweight is not None and self.qweight.codebook is not None:
+            fmt = f"4-bit codebook, blocks of {self.qweight.group}"
         return f"in={self.in_features}, out={self.out_features}, {self.scheme}: {fmt}"
 
 

@@ -167,10 +167,9 @@ def _load_hf_folder(folder: str, args: EngineArgs,
     if spec is not None:  # pre-quantized layers arrive packed and stay so
         scheme, weights = "prequant", hf_quant.assemble(weights, spec)
     elif args.quantization == "bitsandbytes":
-        # NF4's 16-value codebook has no hearth kernel: the nearest layout at the same bits a weight (4 + a 16-bit
-        # scale per 64, as bitsandbytes' default blocks) is int4 with a scale and min per 64
-        logger.info("--quantization bitsandbytes: weights quantized at load to hearth's int4, group 64")
-        scheme = "int4-g64"
+        # NF4 as bitsandbytes' quantize_4bit(quant_type="nf4", blocksize=64) writes it (hearth.weights.formats)
+        logger.info("--quantization bitsandbytes: weights quantized at load to NF4, blocks of 64")
+        scheme = "nf4"
     else:
         scheme = _quantization(args.quantization, False)
     if scheme == "gguf":

@@ -37,7 +37,7 @@ def pack(source: str, layout: str, *args) -> QWeight:
 
 def can_panel(qw: QWeight) -> bool:
     """int8 or int4 in rows or tiles, groups of 32 or more, where the VNNI panel kernels run (dispatch.panels_take)."""
-    return not qw.panel_rows and qw.shape[0] > 0 and dispatch.panels_take(qw.bits, qw.group, qw.shape[1])
+    return (not qw.panel_rows and qw.codebook is None and qw.shape[0] > 0 and dispatch.panels_take(qw.bits, qw.group, qw.shape[1]))
 
 
 def relayout(qw: QWeight) -> QWeight:
@@ -54,8 +54,8 @@ def pack_parts(parts: list, scheme: str, k: int, int4_group: int | None, final: 
     """One layer's shards (rows in order) -> its QWeight in its final layout; None: keep the layer dense.
     scheme "gguf": the parts are GGUFBlocks of one kept type (else None); "prequant": PackedSources of a
     pre-quantized checkpoint (or QWeights already repacked from them: a tensor-parallel slice), each through its
-    format's pack (else None); "int8" / "int4*": float tensors. final=False: plain rows, not re-laid (a layer
-    tensor parallelism cuts by columns next)."""
+    format's pack (else None); "int8" / "int4*" / "nf4": float tensors. final=False: plain rows, not re-laid (a
+    layer tensor parallelism cuts by columns next)."""
     done = relayout if final else _as_is
     if scheme == "prequant":
         if not all(isinstance(p, (PackedSource, QWeight)) for p in parts) or not supports(k, parts[0].group):
@@ -76,6 +76,8 @@ def pack_parts(parts: list, scheme: str, k: int, int4_group: int | None, final: 
     whole = torch.cat([p.dequantize() if isinstance(p, gguf.GGUFBlocks) else p.float() for p in parts])
     if scheme == "int8":
         return done(pack("float", "int8", whole)) if k % 32 == 0 else None
+    if scheme == "nf4":  # (--quantization bitsandbytes)
+        return pack("float", "nf4", whole) if k % 64 == 0 else None
     return None if int4_group is None else done(pack("float", "int4", whole, int4_group))
 
 
@@ -99,8 +101,11 @@ def cat(parts: list[QWeight]) -> QWeight:
     """Shards of one layer (plain rows, one bits / group) as one QWeight."""
     if len(parts) == 1:
         return parts[0]
-    if len({(p.bits, p.group) for p in parts}) != 1:
+    if len({(p.bits, p.group) for p in parts}) != 1 or len({_codebook_key(p) for p in parts}) != 1:
         raise ValueError("shards of one layer quantized differently")
+    if parts[0].codebook is not None:  # (absmax scales stay fp32: bitsandbytes' own)
+        return QWeight(4, parts[0].group, torch.cat([p.data for p in parts]), torch.cat([p.scales for p in parts]),
+                       None, codebook=parts[0].codebook)
     # fp16 scales (GGUF Q8_0/Q4_0/Q4_1) stay fp16 only when every shard has them; widening to fp32 is exact.
     dt = torch.float16 if all(p.scale_f16 for p in parts) else torch.float32
     mins = None  # symmetric int4 shards stay without mins; mixed with asymmetric ones, theirs are spelled out
@@ -108,6 +113,10 @@ def cat(parts: list[QWeight]) -> QWeight:
         mins = torch.cat([implied_mins(p).to(dt) for p in parts]) if parts[0].bits == 4 else None
     return QWeight(parts[0].bits, parts[0].group, torch.cat([p.data for p in parts]),
                    torch.cat([p.scales.to(dt) for p in parts]), mins)
+
+
+def _codebook_key(qw: QWeight) -> tuple[float, ...] | None:
+    return None if qw.codebook is None else tuple(qw.codebook.tolist())
 
 
 def embedding_blocks(blocks: gguf.GGUFBlocks) -> QWeight | None:

@@ -80,7 +80,7 @@ def cols(qw: QWeight, start: int, size: int, name: str) -> QWeight:
                          "use a --tensor-parallel-size that divides the groups evenly")
     data = qw.data[:, start // per:(start + size) // per].contiguous()
     if g == k:  # one scale (and min) per row: every column keeps it
-        return QWeight(qw.bits, size, data, qw.scales, qw.mins)
+        return QWeight(qw.bits, size, data, qw.scales, qw.mins, codebook=qw.codebook)
     scales = qw.scales[:, start // g:(start + size) // g].contiguous()
     mins = None if qw.mins is None else qw.mins[:, start // g:(start + size) // g].contiguous()
-    return QWeight(qw.bits, g, data, scales, mins)
+    return QWeight(qw.bits, g, data, scales, mins, codebook=qw.codebook)
