@@ -4,6 +4,7 @@
 # usage: benchmarks/batch1.sh [ROUNDS]
 set -e
 source "$(dirname "$0")/env.sh"
+bench_meta batch1
 for r in $(seq "${1:-1}"); do
   for m in $QW $TL; do
     for v in bf16 q8_0 q4_0; do

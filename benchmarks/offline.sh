@@ -18,8 +18,10 @@ hearth_rows() {
     done
   done
 }
+bench_meta offline
 for r in $(seq "${1:-1}"); do
   hearth_rows r${r}before
-  "${VLLM_ENV[@]}" "$VLLM_VENV/bin/python" "$HERE/vllm_offline.py" "$MODELS/$QW" "$RESULTS/offline_vllm_r$r.json"
+  wait_mem 12
+  "${VLLM_ENV[@]}" PYTHONPATH="$SHARED/peers" "$VLLM_VENV/bin/python" "$HERE/vllm_offline.py" "$MODELS/$QW" "$RESULTS/offline_vllm_r$r.json"
   hearth_rows r${r}after
 done

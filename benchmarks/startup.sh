@@ -4,6 +4,7 @@
 # usage: benchmarks/startup.sh [STARTS]
 set -e
 source "$(dirname "$0")/env.sh"
+bench_meta startup
 for i in $(seq "${1:-3}"); do
   for v in q8_0 q4_0 bf16; do
     "$HEARTH" bench serve --launch "$HEARTH serve $(hearth_model $TL $v) --port 8012 --max-model-len 2048" \

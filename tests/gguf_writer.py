@@ -26,7 +26,8 @@ _ARCHS = {
 _GEMMAS = (gguf.MODEL_ARCH.GEMMA, gguf.MODEL_ARCH.GEMMA2, gguf.MODEL_ARCH.GEMMA3)
 # Every 2-D weight of these tiny models has rows of a multiple of 32 elements (the Q8_0 / Q4_0 block).
 _FILE_TYPE = {Q.F32: gguf.LlamaFileType.ALL_F32, Q.F16: gguf.LlamaFileType.MOSTLY_F16,
-              Q.Q8_0: gguf.LlamaFileType.MOSTLY_Q8_0, Q.Q4_0: gguf.LlamaFileType.MOSTLY_Q4_0}
+              Q.Q8_0: gguf.LlamaFileType.MOSTLY_Q8_0, Q.Q4_0: gguf.LlamaFileType.MOSTLY_Q4_0,
+              Q.Q4_1: gguf.LlamaFileType.MOSTLY_Q4_1}
 
 
 def llama_permute(w: torch.Tensor, n_head: int) -> torch.Tensor:

@@ -1,6 +1,9 @@
-"""`hearth bench serve --launch "COMMAND"`: start a server, time it to /health OK, sample its peak RSS, stop it."""
+"""`hearth bench serve|soak --launch "COMMAND"`: start a server, time it to /health OK, sample its peak RSS, stop it;
+and the /health poll and process-tree RSS both modes use."""
 from __future__ import annotations
 
+import argparse
+import contextlib
 import os
 import shlex
 import signal
@@ -10,7 +13,54 @@ import threading
 import time
 from typing import Self
 
-import httpx
+
+def health_url(base_url: str) -> str:
+    """A server's /health from its --base-url (a trailing /v1 is fine)."""
+    return base_url.rstrip("/").removesuffix("/v1") + "/health"
+
+
+def wait_healthy(url: str, timeout_s: float, proc: subprocess.Popen | None = None) -> None:
+    """Poll URL until it answers 200; RuntimeError when PROC exits first or TIMEOUT_S passes."""
+    import httpx  # here: every command imports the bench modules to build the CLI
+
+    deadline = time.perf_counter() + timeout_s
+    with httpx.Client(timeout=5.0) as client:
+        while True:
+            if proc is not None and proc.poll() is not None:
+                raise RuntimeError(f"the launched server exited with code {proc.returncode} before {url} answered")
+            try:
+                if client.get(url).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            if time.perf_counter() > deadline:
+                raise RuntimeError(f"{url} did not answer OK within {timeout_s:.0f} s")
+            time.sleep(0.1)
+
+
+def tree_rss_bytes(pid: int) -> int:
+    """RSS of a process and all its children (a server's engine workers count too); 0 once it is gone."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return 0
+    total = 0
+    for p in procs:
+        try:
+            total += p.memory_info().rss
+        except psutil.Error:
+            pass
+    return total
+
+
+def launched(ns: argparse.Namespace) -> contextlib.AbstractContextManager[LaunchedServer | None]:
+    """`hearth bench serve|soak`: the server of --launch (started, healthy, stopped on exit), or None without it."""
+    if not ns.launch:
+        return contextlib.nullcontext()
+    return LaunchedServer(ns.launch, health_url(ns.base_url), ns.launch_timeout)
 
 
 class LaunchedServer:
@@ -47,45 +97,17 @@ class LaunchedServer:
                                      stdin=subprocess.DEVNULL, start_new_session=True)
         self._sampler = threading.Thread(target=self._sample, name="rss-sampler", daemon=True)
         self._sampler.start()
-        deadline = t0 + self.timeout_s
-        with httpx.Client(timeout=5.0) as client:
-            while True:
-                if self.proc.poll() is not None:
-                    tail = self.log_tail()
-                    self.stop()
-                    raise RuntimeError(f"the launched server exited with code {self.proc.returncode} before "
-                                       f"{self.health_url} answered; its log ({self.log_path}) ends:\n{tail}")
-                try:
-                    if client.get(self.health_url).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                if time.perf_counter() > deadline:
-                    self.stop()
-                    raise RuntimeError(f"{self.health_url} did not answer OK within {self.timeout_s:.0f} s "
-                                       f"(log: {self.log_path})")
-                time.sleep(0.1)
-        self.startup_s = time.perf_counter() - t0
-
-    def _rss(self) -> int:
-        import psutil
-
         try:
-            root = psutil.Process(self.proc.pid)
-            procs = [root] + root.children(recursive=True)
-        except psutil.Error:
-            return 0
-        total = 0
-        for p in procs:
-            try:
-                total += p.memory_info().rss
-            except psutil.Error:
-                pass
-        return total
+            wait_healthy(self.health_url, self.timeout_s, self.proc)
+        except RuntimeError as e:
+            tail = self.log_tail()
+            self.stop()
+            raise RuntimeError(f"{e}; its log ({self.log_path}) ends:\n{tail}") from None
+        self.startup_s = time.perf_counter() - t0
 
     def _sample(self) -> None:
         while not self._stop.is_set():
-            self.peak_rss_bytes = max(self.peak_rss_bytes, self._rss())
+            self.peak_rss_bytes = max(self.peak_rss_bytes, tree_rss_bytes(self.proc.pid))
             self._stop.wait(self.sample_every_s)
 
     def log_tail(self, lines: int = 20) -> str:

@@ -31,6 +31,7 @@ from hearth.benchmarks.common import (
     random_text_prompts,
     write_json,
 )
+from hearth.benchmarks.launch import launched
 
 
 @dataclass
@@ -216,16 +217,13 @@ def run(ns: argparse.Namespace) -> dict:
         require_matplotlib()
     ns._sampler = _sampler(ns) if ns.prompt_mode == "token-ids" else None
     launch_info = None
-    if ns.launch:
-        from hearth.benchmarks.launch import LaunchedServer
-
-        with LaunchedServer(ns.launch, f"{_root(ns.base_url)}/health", ns.launch_timeout) as server:
+    with launched(ns) as server:
+        if server:
             print(f"server up in {server.startup_s:.1f} s (log: {server.log_path})")
-            model, runs = asyncio.run(_bench(ns, levels))
+        model, runs = asyncio.run(_bench(ns, levels))
+    if server:
         launch_info = {"command": ns.launch, "startup_s": server.startup_s,
                        "peak_rss_mb": server.peak_rss_bytes / 2**20, "log": server.log_path}
-    else:
-        model, runs = asyncio.run(_bench(ns, levels))
     data = {"mode": "serve", "base_url": ns.base_url, "model": model, "prompt_mode": ns.prompt_mode,
             "num_prompts": ns.num_prompts, "input_len": ns.input_len, "output_len": ns.output_len,
             "launch": launch_info, "runs": runs}

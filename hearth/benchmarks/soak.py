@@ -15,8 +15,12 @@ import json
 import random
 import time
 from collections import Counter
+from typing import TYPE_CHECKING
 
-import httpx
+from hearth.benchmarks.launch import launched, tree_rss_bytes
+
+if TYPE_CHECKING:
+    import httpx
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
@@ -28,23 +32,6 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="request mix seed")
     p.add_argument("--launch", default=None, metavar="COMMAND", help="start this server command first, stop it after")
     p.add_argument("--launch-timeout", type=float, default=600.0, help="seconds to wait for /health")
-
-
-def _rss_bytes(pid: int) -> int:
-    import psutil
-
-    try:
-        root = psutil.Process(pid)
-        procs = [root, *root.children(recursive=True)]
-    except psutil.Error:
-        return 0
-    total = 0
-    for proc in procs:
-        try:
-            total += proc.memory_info().rss
-        except psutil.Error:
-            pass
-    return total
 
 
 async def _one(client: httpx.AsyncClient, rng: random.Random, statuses: Counter) -> None:
@@ -70,6 +57,8 @@ async def _one(client: httpx.AsyncClient, rng: random.Random, statuses: Counter)
 
 
 async def _soak(ns: argparse.Namespace, pid: int | None) -> dict:
+    import httpx  # here: every command imports the bench modules to build the CLI
+
     statuses: Counter = Counter()
     errors: Counter = Counter()
     samples: list[dict] = []
@@ -90,7 +79,7 @@ async def _soak(ns: argparse.Namespace, pid: int | None) -> dict:
             while True:
                 h = (await client.get("/health")).json()
                 samples.append({"t_s": round(time.monotonic() - t0, 1),
-                                "rss_mb": round(_rss_bytes(pid) / 2**20, 1) if pid else None,
+                                "rss_mb": round(tree_rss_bytes(pid) / 2**20, 1) if pid else None,
                                 "kv_used_blocks": h.get("kv_used_blocks"), "running": h.get("num_requests_running")})
                 print(f"t={samples[-1]['t_s']:7.1f} s  rss={samples[-1]['rss_mb']} MB  "
                       f"kv_used_blocks={samples[-1]['kv_used_blocks']}  requests={sum(statuses.values())}",
@@ -109,13 +98,8 @@ async def _soak(ns: argparse.Namespace, pid: int | None) -> dict:
 def run(ns: argparse.Namespace) -> dict:
     if ns.concurrency < 1 or ns.duration <= 0 or ns.rss_every <= 0:
         raise ValueError("--concurrency must be >= 1, --duration and --rss-every > 0")
-    if ns.launch:
-        from hearth.benchmarks.launch import LaunchedServer
-
-        with LaunchedServer(ns.launch, ns.base_url.rstrip("/") + "/health", ns.launch_timeout) as server:
-            data = asyncio.run(_soak(ns, server.proc.pid))
-    else:
-        data = asyncio.run(_soak(ns, ns.pid))
+    with launched(ns) as server:
+        data = asyncio.run(_soak(ns, server.proc.pid if server else ns.pid))
     rss = [s["rss_mb"] for s in data["samples"] if s["rss_mb"] is not None]
     print(f"requests by status: {data['statuses']}; client errors: {data['client_errors'] or 'none'}")
     if rss:

@@ -5,16 +5,22 @@ Row-parallel: o_proj and down_proj keep the matching input columns and all-reduc
 rank 0 only). MoE: each rank keeps every world-th expert and all-reduces the weighted sum. Embedding, norms, router
 and LM head stay whole (every rank computes the same hidden state between layers). A layer this does not know is
 an error naming it, never a silently wrong shard.
+
+Quantized layers (GGUF blocks, pre-quantized checkpoints, --quantization int8/int4) are cut as they load, from their
+source tensors before packing (Sharder.before_load, hearth.weights.split); dense ones once loaded.
 """
 from __future__ import annotations
 
 import time
 
+from collections.abc import Callable
+
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from hearth.layers.linear import Linear
+from hearth.layers.quant_linear import QuantLinear
+from hearth.weights import split
 
 
 class AllReduceStats:
@@ -28,12 +34,15 @@ class AllReduceStats:
         self.seconds, self.calls = 0.0, 0
 
 
-class RowParallel(nn.Module):
-    """inner(x) on this rank's input slice, summed over the group."""
+AllReduce = Callable[[torch.Tensor], None]  # sums an fp32 tensor over the ranks, in place (shm_allreduce.py)
 
-    def __init__(self, inner: nn.Module, group: dist.ProcessGroup, stats: AllReduceStats, widen: bool = True) -> None:
+
+class RowParallel(nn.Module):
+    """inner(x) on this rank's input slice, summed over the ranks."""
+
+    def __init__(self, inner: nn.Module, reduce: AllReduce, stats: AllReduceStats, widen: bool = True) -> None:
         super().__init__()
-        self.inner, self.group, self.stats, self.widen = inner, group, stats, widen
+        self.inner, self.reduce, self.stats, self.widen = inner, reduce, stats, widen
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # NOTE: 16-bit activations go in widened (exact), so each rank's partial sum comes out in fp32 unrounded and
@@ -42,23 +51,23 @@ class RowParallel(nn.Module):
         wide = self.widen and dtype in (torch.bfloat16, torch.float16)
         y = self.inner(x.float() if wide else x).float().contiguous()
         t0 = time.perf_counter()
-        self.group.allreduce([y]).wait()
+        self.reduce(y)
         self.stats.seconds += time.perf_counter() - t0
         self.stats.calls += 1
         return y.to(dtype)
 
 
-def _rows(lin: Linear, keep: list[tuple[int, int]], shard_sizes: dict[str, int] | None) -> None:
-    """Keep the given (start, size) output row ranges of a dense layer, in order."""
-    blocks = lin.row_blocks()
-    merged = torch.cat(blocks) if len(blocks) > 1 else blocks[0]  # [out, in]
-    parts = [merged[s:s + n].contiguous() for s, n in keep]
+def _rows(lin: Linear, keep: tuple[tuple[int, int], ...], shard_sizes: dict[str, int] | None) -> None:
+    """Keep the given (start, size) output row ranges of a layer, in order (a quantized layer's weight was cut as
+    it loaded: only its shape, shards and bias follow)."""
+    if not isinstance(lin, QuantLinear):
+        blocks = lin.row_blocks()
+        merged = torch.cat(blocks) if len(blocks) > 1 else blocks[0]  # [out, in]
+        lin.weight = nn.Parameter(split.dense_rows(merged, keep).contiguous(), requires_grad=False)
+        lin.parts = None
     lin.out_features = sum(n for _, n in keep)
-    lin.weight = nn.Parameter(torch.cat(parts), requires_grad=False)
-    lin.parts = None
     if lin.bias is not None:
-        lin.bias = nn.Parameter(torch.cat([lin.bias.data[s:s + n] for s, n in keep]).contiguous(),
-                                requires_grad=False)
+        lin.bias = nn.Parameter(split.dense_rows(lin.bias.data, keep).contiguous(), requires_grad=False)
     lin.shards = {}
     offset = 0
     for name, size in (shard_sizes or {}).items():
@@ -67,20 +76,21 @@ def _rows(lin: Linear, keep: list[tuple[int, int]], shard_sizes: dict[str, int] 
 
 
 def _cols(lin: Linear, start: int, size: int, rank: int) -> None:
-    blocks = lin.row_blocks()
-    merged = torch.cat(blocks) if len(blocks) > 1 else blocks[0]
-    lin.weight = nn.Parameter(merged[:, start:start + size].contiguous(), requires_grad=False)
-    lin.parts = None
+    if not isinstance(lin, QuantLinear):
+        blocks = lin.row_blocks()
+        merged = torch.cat(blocks) if len(blocks) > 1 else blocks[0]
+        lin.weight = nn.Parameter(merged[:, start:start + size].contiguous(), requires_grad=False)
+        lin.parts = None
     lin.in_features = size
     if lin.bias is not None and rank != 0:
         lin.bias = None  # NOTE: added once, after the sum, by rank 0
 
 
-def _check_dense(name: str, lin: nn.Module) -> Linear:
-    if type(lin) is not Linear or lin.panels is not None:
-        raise ValueError(f"tensor parallelism needs dense weights; {name} is {type(lin).__name__}: "
-                         "pass --quantization none (GGUF files are then dequantized at load)")
-    return lin
+def _drop(lin: Linear) -> None:
+    lin.weight = nn.Parameter(torch.empty(0, lin.in_features, dtype=lin.weight.dtype), requires_grad=False)
+    lin.parts = None
+    if isinstance(lin, QuantLinear):
+        lin.qweight = lin.scales = lin.mins = None
 
 
 def _split(n: int, world: int, what: str) -> int:
@@ -89,15 +99,17 @@ def _split(n: int, world: int, what: str) -> int:
     return n // world
 
 
-def shard_model(model: nn.Module, rank: int, world: int, group: dist.ProcessGroup) -> AllReduceStats:
-    """Shard `model` (loaded, not yet packed or quantized) for `rank` of `world`. Returns its all-reduce stats."""
-    from hearth.models.blocks import DecoderModel, QKVAttention
+def plan(model: nn.Module, rank: int, world: int) -> dict[str, split.Slice]:
+    """Each split linear layer's slice for `rank`, by module name, from the model's shape alone (no weights read):
+    qkv and gate_up keep rows, o_proj and down_proj columns, another rank's expert nothing. Raises ValueError on a
+    layer the sharding does not cover."""
+    from hearth.models.blocks import QKVAttention
     from hearth.models.llama import LlamaMLP
     from hearth.models.mixtral import SparseMoE
 
-    stats = AllReduceStats()
-    handled: set[int] = set()
-    for name, m in list(model.named_modules()):
+    out: dict[str, split.Slice] = {}
+    experts: set[str] = set()
+    for name, m in model.named_modules():
         if isinstance(m, QKVAttention):
             if m.q_norm is not None and not m.per_head_norm:
                 raise ValueError(f"tensor parallelism does not cover {name}: its q/k norm spans all heads")
@@ -105,37 +117,100 @@ def shard_model(model: nn.Module, rank: int, world: int, group: dist.ProcessGrou
                 raise ValueError(f"tensor parallelism does not cover {name}: ALiBi attention")
             h, kv, d = (_split(m.num_heads, world, "attention heads"),
                         _split(m.num_kv_heads, world, "KV heads"), m.head_dim)
-            qkv = _check_dense(f"{name}.qkv_proj", m.qkv_proj)
             q_total, kv_total = m.q_size, m.kv_size
-            _rows(qkv, [(rank * h * d, h * d), (q_total + rank * kv * d, kv * d),
-                        (q_total + kv_total + rank * kv * d, kv * d)], {"q": h * d, "k": kv * d, "v": kv * d})
-            _cols(_check_dense(f"{name}.o_proj", m.o_proj), rank * h * d, h * d, rank)
-            m.o_proj = RowParallel(m.o_proj, group, stats)
+            out[f"{name}.qkv_proj"] = split.Slice(f"{name}.qkv_proj", rows=(
+                (rank * h * d, h * d), (q_total + rank * kv * d, kv * d), (q_total + kv_total + rank * kv * d, kv * d)))
+            out[f"{name}.o_proj"] = split.Slice(f"{name}.o_proj", cols=(rank * h * d, h * d))
+        elif isinstance(m, SparseMoE):
+            for e in range(len(m.experts)):
+                experts.add(f"{name}.experts.{e}")
+                if e % world != rank:  # another rank's: dropped (every rank routes alike and runs its own)
+                    for proj in ("gate_up_proj", "down_proj"):
+                        out[f"{name}.experts.{e}.{proj}"] = split.Slice(f"{name}.experts.{e}.{proj}")
+        elif isinstance(m, LlamaMLP) and name not in experts:
+            full = m.gate_up_proj.out_features // 2
+            inter = _split(full, world, "intermediate size")
+            out[f"{name}.gate_up_proj"] = split.Slice(f"{name}.gate_up_proj", rows=(
+                (rank * inter, inter), (full + rank * inter, inter)))
+            out[f"{name}.down_proj"] = split.Slice(f"{name}.down_proj", cols=(rank * inter, inter))
+    return out
+
+
+class Sharder:
+    """One rank's sharding, in two steps around the weights' loading: `before_load` gives each quantized layer its
+    slice, cut from the source tensors before they are packed (so each rank packs, re-lays and holds only its part);
+    calling it on the loaded model cuts the dense layers and splits the heads, MLPs and experts."""
+
+    def __init__(self, rank: int, world: int, reduce: AllReduce) -> None:
+        self.rank, self.world, self.reduce = rank, world, reduce
+        self.stats = AllReduceStats()
+
+    def before_load(self, model: nn.Module) -> None:
+        for name, s in plan(model, self.rank, self.world).items():
+            lin = model.get_submodule(name)
+            if isinstance(lin, QuantLinear):
+                lin.tp_slice = s
+
+    def __call__(self, model: nn.Module) -> AllReduceStats:
+        self.stats = shard_model(model, self.rank, self.world, self.reduce)
+        return self.stats
+
+
+def _check_layer(name: str, lin: nn.Module, want: split.Slice | None) -> Linear:
+    if isinstance(lin, QuantLinear):
+        if lin.tp_slice != want:
+            raise ValueError(f"{name} was loaded quantized without its tensor-parallel slice (Sharder.before_load "
+                             "runs before the weights load)")
+        return lin
+    if type(lin) is not Linear or lin.panels is not None:
+        raise ValueError(f"tensor parallelism does not cover {name} ({type(lin).__name__})")
+    return lin
+
+
+def shard_model(model: nn.Module, rank: int, world: int, reduce: AllReduce) -> AllReduceStats:
+    """Shard `model` (loaded; quantized layers already cut by Sharder.before_load) for `rank` of `world`. Returns
+    its all-reduce stats."""
+    from hearth.models.blocks import DecoderModel, QKVAttention
+    from hearth.models.llama import LlamaMLP
+    from hearth.models.mixtral import SparseMoE
+
+    slices = plan(model, rank, world)
+    stats = AllReduceStats()
+    handled: set[int] = set()
+    for name, m in list(model.named_modules()):
+        if isinstance(m, QKVAttention):
+            h, kv, d = m.num_heads // world, m.num_kv_heads // world, m.head_dim
+            qkv = _check_layer(f"{name}.qkv_proj", m.qkv_proj, slices[f"{name}.qkv_proj"])
+            o = _check_layer(f"{name}.o_proj", m.o_proj, slices[f"{name}.o_proj"])
+            _rows(qkv, slices[f"{name}.qkv_proj"].rows, {"q": h * d, "k": kv * d, "v": kv * d})
+            _cols(o, *slices[f"{name}.o_proj"].cols, rank)
+            m.o_proj = RowParallel(o, reduce, stats)
             m.num_heads, m.num_kv_heads, m.q_size, m.kv_size = h, kv, h * d, kv * d
             m.attn.num_heads, m.attn.num_kv_heads = h, kv
-            handled.update(id(x) for x in (qkv, m.o_proj.inner))
+            handled.update(id(x) for x in (qkv, o))
         elif isinstance(m, SparseMoE):
             m.local_experts = [e % world == rank for e in range(len(m.experts))]
             for e, expert in enumerate(m.experts):
-                handled.update(id(x) for x in (expert.gate_up_proj, expert.down_proj))
-                if not m.local_experts[e]:  # another rank's: drop its weights
-                    for lin in (expert.gate_up_proj, expert.down_proj):
-                        lin.weight = nn.Parameter(torch.empty(0, lin.in_features), requires_grad=False)
-                        lin.parts = None
+                for proj in ("gate_up_proj", "down_proj"):
+                    lin = _check_layer(f"{name}.experts.{e}.{proj}", getattr(expert, proj),
+                                       slices.get(f"{name}.experts.{e}.{proj}"))
+                    handled.add(id(lin))
+                    if not m.local_experts[e]:
+                        _drop(lin)
             handled.add(id(m.gate))  # the router: replicated, every rank routes alike
             # (not widened: the router and experts see the activations as one rank does; the block's own fp32 sum
             # is what gets all-reduced)
             m.fp32_out = True
             parent, attr = _parent(model, name)
-            setattr(parent, attr, RowParallel(m, group, stats, widen=False))
+            setattr(parent, attr, RowParallel(m, reduce, stats, widen=False))
         elif isinstance(m, LlamaMLP) and id(m.gate_up_proj) not in handled:
-            gu = _check_dense(f"{name}.gate_up_proj", m.gate_up_proj)
-            inter = _split(gu.out_features // 2, world, "intermediate size")
-            full = gu.out_features // 2
-            _rows(gu, [(rank * inter, inter), (full + rank * inter, inter)], {"gate": inter, "up": inter})
-            _cols(_check_dense(f"{name}.down_proj", m.down_proj), rank * inter, inter, rank)
-            m.down_proj = RowParallel(m.down_proj, group, stats)
-            handled.update(id(x) for x in (gu, m.down_proj.inner))
+            gu = _check_layer(f"{name}.gate_up_proj", m.gate_up_proj, slices[f"{name}.gate_up_proj"])
+            down = _check_layer(f"{name}.down_proj", m.down_proj, slices[f"{name}.down_proj"])
+            inter = slices[f"{name}.gate_up_proj"].rows[0][1]
+            _rows(gu, slices[f"{name}.gate_up_proj"].rows, {"gate": inter, "up": inter})
+            _cols(down, *slices[f"{name}.down_proj"].cols, rank)
+            m.down_proj = RowParallel(down, reduce, stats)
+            handled.update(id(x) for x in (gu, down))
         elif isinstance(m, DecoderModel):
             m.tensor_parallel = True  # NOTE: the whole-stack C decode program cannot all-reduce between layers
     head = getattr(model, "lm_head", None)

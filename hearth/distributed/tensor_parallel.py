@@ -1,7 +1,8 @@
 """Tensor parallelism over torch.distributed's gloo: rank 0 is the engine (scheduler, sampler, KV bookkeeping);
 ranks 1..N-1 are worker processes holding their shard (shard.py) and their slice of every layer's KV heads. Each
 model forward on rank 0 first sends its flat inputs and attention metadata to the workers over a pipe, then all
-ranks run the same forward, meeting at the row-parallel all-reduces. Only rank 0 computes logits and samples.
+ranks run the same forward, meeting at the row-parallel all-reduces (through shared memory, shm_allreduce.py; gloo
+for sums past its buffers). Only rank 0 computes logits and samples.
 
 A process group is built directly on a TCPStore (not torch.distributed's default group), so one process may hold
 several engines (tests, a draft model later) without global state.
@@ -16,13 +17,18 @@ import os
 import pickle
 import socket
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from hearth.distributed.shard import AllReduceStats, shard_model
+from hearth import envs
+from hearth.distributed.shard import AllReduce, AllReduceStats, Sharder
+from hearth.distributed.shm_allreduce import GlooAllReduce, SharedBuffers, ShmAllReduce
+
+if TYPE_CHECKING:
+    from hearth.engine.dp_cores import Topology
 
 logger = logging.getLogger("hearth")
 
@@ -30,25 +36,40 @@ logger = logging.getLogger("hearth")
 COLLECTIVE_TIMEOUT = datetime.timedelta(seconds=300)
 
 
-def rank_threads(threads: int | None, bind: str, rank: int, world: int) -> tuple[int, str]:
-    """This rank's thread count and binding: the physical cores split evenly between ranks (a given core list
-    split the same way); nobind stays unbound. NOTE: one NUMA node per rank is the better split on multi-socket
-    machines; hearth does not read the NUMA layout yet, so on those pass the core lists yourself."""
-    from hearth.platform import cpu_info, parse_core_list
+def rank_threads(threads: int | None, bind: str, rank: int, world: int,
+                 topo: Topology | None = None) -> tuple[int, str]:
+    """This rank's thread count and binding: one NUMA node per rank where there are several (a multiple of the
+    ranks), else the physical cores split evenly (dp_cores.dp_core_sets, shared with --data-parallel-size); a
+    '|'-separated --omp-threads-bind gives one list per rank, a single list is split evenly; nobind stays unbound.
+    More --threads than the rank's cores: unbound."""
+    from hearth.engine.dp_cores import dp_core_sets
+    from hearth.platform import parse_core_list
 
     bind = (bind or "auto").strip()
-    if bind not in ("auto", "nobind"):
+    if bind not in ("auto", "nobind") and "|" not in bind:
         cores = parse_core_list(bind)
         per = len(cores) // world
         if per < 1:
             raise ValueError(f"--omp-threads-bind {bind!r} has fewer cores than --tensor-parallel-size {world}")
         return per, ",".join(map(str, cores[rank * per:(rank + 1) * per]))
-    per = threads or max(1, cpu_info().physical_cores // world)
-    if bind == "nobind":
-        return per, "nobind"
-    allowed = sorted(os.sched_getaffinity(0))
-    cores = allowed[rank * per:(rank + 1) * per]
-    return per, ",".join(map(str, cores)) if len(cores) == per else "nobind"
+    try:
+        mine = dp_core_sets(world, bind, None, topo, "--tensor-parallel-size")[rank]
+    except ValueError:
+        if bind != "auto":
+            raise
+        mine = "nobind"  # more ranks than cores: they share them, unpinned
+    if mine == "nobind":
+        return threads or max(1, _physical(topo) // world), "nobind"
+    cores = parse_core_list(mine)
+    if threads is not None and threads > len(cores):
+        return threads, "nobind"
+    return threads or len(cores), ",".join(map(str, cores[:threads or len(cores)]))
+
+
+def _physical(topo: Topology | None) -> int:
+    from hearth.platform import cpu_info
+
+    return topo.physical if topo is not None else cpu_info().physical_cores
 
 
 def _free_port() -> int:
@@ -60,6 +81,14 @@ def _free_port() -> int:
 def _group(rank: int, world: int, port: int) -> dist.ProcessGroup:
     store = dist.TCPStore("127.0.0.1", port, world, rank == 0, timeout=COLLECTIVE_TIMEOUT)
     return dist.ProcessGroupGloo(store, rank, world, COLLECTIVE_TIMEOUT)
+
+
+def _all_reduce(buffers: SharedBuffers | None, rank: int, group: dist.ProcessGroup,
+                peers_alive: Callable[[], bool]) -> AllReduce:
+    """Shared memory where it was made (HEARTH_TP_SHM_ALLREDUCE, the default), else gloo."""
+    if buffers is None:
+        return GlooAllReduce(group)
+    return ShmAllReduce(buffers, rank, group, COLLECTIVE_TIMEOUT, peers_alive)
 
 
 def _portable_meta(meta: Any) -> Any:
@@ -81,19 +110,21 @@ class TensorParallel:
         self.world = args.tensor_parallel_size
         if args.speculative_config:
             raise ValueError("speculative decoding is not available with --tensor-parallel-size > 1 yet")
-        if args.quantization not in (None, "auto", "none"):  # (GGUF blocks kept by "auto" are refused by the shard)
-            raise ValueError(f"tensor parallelism needs dense weights, not --quantization {args.quantization}")
         from hearth.platform import release_calling_thread
 
         # The workers inherit this thread's core mask when spawned: the process's whole set, not an earlier pin.
         release_calling_thread()
         self.threads, self.bind = rank_threads(args.threads, bind, 0, self.world)
+        logger.info("tensor parallel: %d ranks, threads and cores %s", self.world,
+                    " | ".join("%d on %s" % rank_threads(args.threads, bind, r, self.world) for r in range(self.world)))
         port = _free_port()
+        # (made before the workers: they map the same tensors, handed to them as arguments)
+        self.buffers = SharedBuffers(self.world) if envs.tp_shm_allreduce() else None
         ctx = mp.get_context("spawn")  # (a forked copy of a process with OpenMP pools and threads is not safe)
         self.conns, self.procs = [], []
         for rank in range(1, self.world):
             ours, theirs = ctx.Pipe()
-            p = ctx.Process(target=_worker_main, args=(args, bind, rank, self.world, port, theirs), daemon=True,
+            p = ctx.Process(target=_worker_main, args=(args, bind, rank, self.world, port, self.buffers, theirs), daemon=True,
                             name=f"hearth-tp{rank}")
             p.start()
             theirs.close()
@@ -104,11 +135,14 @@ class TensorParallel:
         except BaseException:
             self.close()
             raise
-        self.stats = AllReduceStats()
+        procs = self.procs
+        self.shard = Sharder(0, self.world, _all_reduce(self.buffers, 0, self.group,
+                                                        lambda: all(p.is_alive() for p in procs)))  # (load_model's hook: before and after the weights load)
         self.forwards = 0
 
-    def shard(self, model: nn.Module) -> None:
-        self.stats = shard_model(model, 0, self.world, self.group)
+    @property
+    def stats(self) -> AllReduceStats:
+        return self.shard.stats
 
     def attach(self, model: nn.Module, num_blocks: int, block_size: int, kv_dtype: torch.dtype) -> None:
         """Give the workers the KV cache size rank 0 chose, wait for them, then mirror every forward."""
@@ -154,7 +188,8 @@ class TensorParallel:
         self.conns, self.procs = [], []
 
 
-def _worker_main(args: Any, bind: str, rank: int, world: int, port: int, conn: Any) -> None:
+def _worker_main(args: Any, bind: str, rank: int, world: int, port: int, buffers: SharedBuffers | None,
+                 conn: Any) -> None:
     """A worker rank: load and shard the model, allocate its KV heads, then run every forward rank 0 sends."""
     from hearth.engine.model_runner import ModelRunner
     from hearth.loader.model_loader import load_model
@@ -164,7 +199,9 @@ def _worker_main(args: Any, bind: str, rank: int, world: int, port: int, conn: A
         setup_threads(*rank_threads(args.threads, bind, rank, world))
         torch.manual_seed(args.seed)
         group = _group(rank, world, port)
-        loaded = load_model(args, lambda m: shard_model(m, rank, world, group))
+        parent = os.getppid()  # (rank 0: when it is gone, this process is re-parented)
+        loaded = load_model(args, Sharder(rank, world, _all_reduce(buffers, rank, group,
+                                                                   lambda: os.getppid() == parent)))
         num_blocks, block_size, kv_dtype = conn.recv()
         ModelRunner(loaded.model, num_blocks, block_size, kv_dtype, loaded.model_config.vocab_size, args.seed)
     except BaseException as e:  # noqa: BLE001 (reported to rank 0, which raises it)

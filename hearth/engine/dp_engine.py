@@ -90,6 +90,11 @@ class DataParallelEngine:
         return sum(r.in_flight for r in self.ranks)
 
     @property
+    def generated(self) -> int:
+        """Output tokens of the live ranks since they started (a restarted rank counts from 0)."""
+        return sum(r.generated for r in self.ranks)
+
+    @property
     def stats(self) -> EngineStats:
         stats = [r.stats for r in self.ranks]
         total = EngineStats(0, 0, 0.0, 0, 0, 0, 0)

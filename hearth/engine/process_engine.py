@@ -70,6 +70,7 @@ class ProcessEngine:
         self._sids = itertools.count()
         self._metrics = _Metrics()
         self.in_flight = 0  # sequences submitted and not finished: the data-parallel router's load measure
+        self.generated = 0  # output tokens streamed back since the start (the web page's tokens/s)
         self.exited = asyncio.Event()
 
     # ---- lifecycle ----
@@ -237,6 +238,7 @@ class ProcessEngine:
                     p.state.queue.put_nowait(item)
                     self._forget(sid)
                 else:
+                    self.generated += sum(len(o.new_token_ids) for o in item)
                     done = sum(1 for o in item if o.finished)
                     p.state.remaining -= done
                     self.in_flight -= done

@@ -62,10 +62,10 @@ def add_engine_args(p: argparse.ArgumentParser, model_optional: bool = False, ma
                    help="weight-only quantization: int8 (per channel) / int4[-gN] (group-wise, default group 128) "
                         "computed at load; auto (default) keeps GGUF Q8_0/Q4_0/Q4_1/Q4_K weights and a checkpoint's "
                         "own GPTQ / AWQ / compressed-tensors / bitsandbytes quantization; bitsandbytes on a float "
-                        "checkpoint: 4-bit at load (int4 group 64); none dequantizes GGUF weights")
+                        "checkpoint: NF4 at load (blocks of 64, as bitsandbytes); none dequantizes GGUF weights")
     g.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
-                   help="split every layer over N processes on this host (torch.distributed gloo all-reduce); "
-                        "dense weights only (--quantization none for GGUF files); default 1")
+                   help="split every layer over N processes on this host, one per NUMA node by default "
+                        "(dense and quantized weights; shared-memory all-reduce); default 1")
     g.add_argument("--speculative-config", default=None,
                    help='speculative decoding, as JSON: {"method": "ngram", "num_speculative_tokens": 4, '
                         '"prompt_lookup_max": 4, "prompt_lookup_min": 2} (prompt lookup) or {"model": "DRAFT", '

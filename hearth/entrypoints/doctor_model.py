@@ -25,7 +25,8 @@ def model_rows(path: str) -> list[str]:
         options = [("as stored", fp.weight_bytes("stored"))]
     else:
         options = [("float32", fp.weight_bytes("dense", 4)), ("bf16 / fp16", fp.weight_bytes("dense", 2)),
-                   ("int8", fp.weight_bytes("int8")), ("int4 (group 128)", fp.weight_bytes("int4"))]
+                   ("int8", fp.weight_bytes("int8")), ("int4 (group 128)", fp.weight_bytes("int4")),
+                   ("nf4 (bitsandbytes)", fp.weight_bytes("nf4"))]
     lines = [f"model {path}: {(cfg.get('architectures') or ['?'])[0]}, max_position_embeddings {fp.max_len}",
              f"KV cache per token: {fp.kv_per_token / 1024:.1f} KiB (bf16), {fp.kv_per_token_int8 / 1024:.1f} KiB "
              "(--kv-cache-dtype int8)",

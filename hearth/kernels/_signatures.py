@@ -29,6 +29,10 @@ SIGNATURES: dict[str, tuple[list, type]] = {
     "hq_pack_panels_blocks": ([ptr, i32, i64, i64, i64, i64, i64, ptr, i32], i32),
     "hq_dequant": ([ptr, i32, i64, i64, ptr, ptr, i64, i64, i64, i64, ptr, i32, i32, i32], i32),
     "hq_dequant_gather": ([ptr, i32, i64, i64, ptr, ptr, i64, i64, i64, ptr, i64, ptr, i32, i32, i32], i32),
+    # 4-bit codebook weights, bitsandbytes NF4 / FP4 (nf4.cpp)
+    "hq_nf4_linear": ([ptr, i32, i64, i64, i64, ptr, i64, i64, ptr, i64, i64, ptr, ptr, ptr, i32], i32),
+    "hq_nf4_dequant": ([ptr, i64, i64, ptr, i64, i64, ptr, i64, i64, ptr, i32, i32], i32),
+    "hq_nf4_quantize": ([ptr, i64, i64, i64, i64, ptr, ptr, i64, ptr, i64, i32], i32),
     # attention (attention.cpp)
     "hk_paged_attention": ([
         ptr, i64,  # q, q token stride

@@ -1,6 +1,7 @@
 """Weight-only quantized linear layers, swapped in for Linear before loading (`quantize_model`).
 
 Schemes (EngineArgs.quantization):
+  nf4           (--quantization bitsandbytes) bitsandbytes' NF4, blocks of 64 (hearth.weights.formats.bitsandbytes)
   int8          symmetric per-output-channel int8, computed at load from float checkpoint weights
   int4          asymmetric group-wise int4 (scale + min per group), group 128 (int4-g32 / -g64 / -g128 to choose);
                 a layer whose K is not a multiple of the group takes the largest of 128/64/32 that divides it
@@ -24,7 +25,7 @@ from torch import nn
 
 from hearth.kernels.decoder import LinearSpec
 from hearth.layers.linear import Linear
-from hearth.weights import apply, prepare
+from hearth.weights import apply, prepare, split
 from hearth.weights.formats.source import PackedSource
 from hearth.weights.gguf import GGUFBlocks
 from hearth.weights.packed import QWeight, supports
@@ -65,6 +66,8 @@ class QuantLinear(Linear):
         self.register_buffer("mins", None, persistent=False)
         # GPTQ act-order: the packed weight's columns are in this order, so x is gathered by it (None: as is)
         self.register_buffer("in_perm", None, persistent=False)
+        # Tensor parallelism (hearth/distributed/shard.py): this rank's slice, cut before packing; None: whole.
+        self.tp_slice: split.Slice | None = None
         # Shards received so far (gguf: kept until all are in, then packed together).
         self._pending: dict[str | None, torch.Tensor | GGUFBlocks | PackedSource] = {}
         # The float weight is allocated lazily (dense fallback only): quantized layers never hold it.
@@ -91,18 +94,38 @@ class QuantLinear(Linear):
         order = [None] if None in self._pending else (list(self.shards) or [None])
         parts = [self._pending[name] for name in order]
         self._pending = {}
-        k = self.in_features
-        qw = prepare.pack_parts(parts, self.scheme, k, None if self.scheme in ("gguf", "int8")
-                                else _int4_group(self.scheme, k))
+        k, tp = self.in_features, self.tp_slice
+        if tp is not None and tp.drop:  # another rank's expert
+            self.weight = nn.Parameter(torch.empty(0, k, dtype=self.weight.dtype), requires_grad=False)
+            return
+        group = None if self.scheme in ("gguf", "int8", "nf4") else _int4_group(self.scheme, k)
+        in_perm = prepare.input_perm(parts)
+        qw = prepare.pack_parts(parts, self.scheme, k, group) if tp is None else self._pack_slice(parts, group, in_perm)
         if qw is None:  # dense: exactly what Linear would hold
             dense = torch.cat([p.dequantize() if isinstance(p, (GGUFBlocks, PackedSource)) else p for p in parts])
+            if tp is not None:
+                dense = split.dense_rows(dense, tp.rows) if tp.rows else dense[:, tp.cols[0]:sum(tp.cols)]
             self.weight = nn.Parameter(torch.empty(dense.shape, dtype=self.weight.dtype), requires_grad=False)
-            Linear.load_shard(self, "weight", None, dense)
+            Linear.load_shard(self, "weight", None, dense.contiguous())
             return
         self.qweight = qw
-        self.in_perm = prepare.input_perm(parts)
+        self.in_perm = in_perm
         self.weight = nn.Parameter(qw.data, requires_grad=False)
         self.scales, self.mins = qw.scales, qw.mins
+
+    def _pack_slice(self, parts: list, group: int | None, in_perm: torch.Tensor | None) -> QWeight | None:
+        """This rank's rows (cut from the sources) or columns (cut from the whole layer in plain rows), packed."""
+        tp, k = self.tp_slice, self.in_features
+        if tp.rows is not None:
+            return prepare.pack_parts(split.rows(parts, tp.rows), self.scheme, k, group)
+        start, size = tp.cols
+        if in_perm is not None:
+            raise ValueError(f"tensor parallelism cannot split {tp.name} by its inputs: GPTQ act-order (desc_act) "
+                             "groups are not contiguous columns; use a desc_act=false checkpoint")
+        if self.scheme.startswith("int4"):  # quantized here: groups that fall within this rank's columns
+            group = _int4_group(self.scheme, size)
+        qw = prepare.pack_parts(parts, self.scheme, k, group, final=False)
+        return None if qw is None else prepare.relayout(split.cols(qw, start, size, tp.name))
 
     def program_spec(self) -> LinearSpec | None:
         if self.qweight is None:
@@ -124,6 +147,8 @@ class QuantLinear(Linear):
 
     def extra_repr(self) -> str:
         fmt = "dense" if self.qweight is None else f"int{self.qweight.bits} group {self.qweight.group}"
+        if self.qweight is not None and self.qweight.codebook is not None:
+            fmt = f"4-bit codebook, blocks of {self.qweight.group}"
         return f"in={self.in_features}, out={self.out_features}, {self.scheme}: {fmt}"
 
 

@@ -1,5 +1,5 @@
 """Pre-quantized HF checkpoints: read quantization_config, then hand each quantized layer its tensors as one
-PackedSource (hearth.weights.formats), which the layer repacks into hearth's int4 / int8 layouts."""
+PackedSource (hearth.weights.formats), which the layer repacks into hearth's int4 / int8 / nf4 layouts."""
 from __future__ import annotations
 
 import os
@@ -145,7 +145,8 @@ def _source(spec: QuantSpec, prefix: str, t: dict[str, torch.Tensor]) -> PackedS
 
 
 def _assemble_bnb4(weights: Iterator[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, object]]:
-    """bitsandbytes 4-bit: each layer's `W.weight` (uint8) and `W.weight.*` statistics -> (`W.weight`, fp32)."""
+    """bitsandbytes 4-bit: each layer's `W.weight` (uint8) and `W.weight.*` statistics -> (`W.weight`, PackedSource),
+    which the layer keeps in the "nf4" layout (bitsandbytes' floats, dense, where its blocks straddle rows)."""
     pending: dict[str, dict[str, torch.Tensor]] = {}
     for name, tensor in weights:
         base, dot, rest = name.partition(".weight.")
@@ -159,7 +160,10 @@ def _assemble_bnb4(weights: Iterator[tuple[str, torch.Tensor]]) -> Iterator[tupl
         parts = pending.setdefault(key, {})
         parts[suffix] = tensor
         if _bnb4_complete(parts):
-            yield key, bnb.dequantize_4bit(pending.pop(key))
+            t = pending.pop(key)
+            state = bnb.quant_state(t)
+            n, k = (int(d) for d in state["shape"])
+            yield key, PackedSource("bitsandbytes", 4, int(state["blocksize"]), (n, k), t)
     if pending:
         key, parts = next(iter(pending.items()))
         raise LoadError(f"bitsandbytes checkpoint: {key} lacks some of its statistics (has {', '.join(sorted(parts))})"

@@ -31,12 +31,15 @@ class Footprint:
     max_len: int
 
     def weight_bytes(self, option: str, elem: int = 2) -> int:
-        """Resident weight bytes under `option`: "stored", "dense" (elem bytes a weight), "int8", "int4"."""
+        """Resident weight bytes under `option`: "stored", "dense" (elem bytes a weight), "int8", "int4",
+        "nf4"."""
         if option == "stored" or self.prequantized:
             return self.stored_bytes
         if option == "int8":  # a byte a weight + an fp32 scale a row
             return self.linear + 4 * self.linear_rows + elem * self.other
         if option == "int4":  # half a byte a weight + fp32 scale and min per 128
+            return self.linear // 2 + self.linear // 16 + elem * self.other
+        if option == "nf4":  # (--quantization bitsandbytes) half a byte a weight + an fp32 absmax per 64
             return self.linear // 2 + self.linear // 16 + elem * self.other
         return elem * (self.linear + self.other)
 
@@ -73,7 +76,7 @@ def footprint(path: str, cfg: HFConfig, elem: int = 2) -> Footprint:
     from hearth.loader.hf_folder import safetensors_files
 
     qc = cfg.get("quantization_config") or {}
-    # bitsandbytes 4-bit layers load dense (hearth.weights.formats.bitsandbytes): two weights a stored byte
+    # bitsandbytes 4-bit layers stay packed (the "nf4" layout), a double-quantized absmax decoded to fp32
     bnb4 = qc.get("quant_method") == "bitsandbytes" and bool(qc.get("load_in_4bit") or qc.get("_load_in_4bit"))
     linear = rows = other = stored = 0
     for name, info in _safetensors_headers(safetensors_files(path)).items():
@@ -81,8 +84,8 @@ def footprint(path: str, cfg: HFConfig, elem: int = 2) -> Footprint:
         numel = 1
         for d in shape:
             numel *= d
-        unpacked = bnb4 and info["dtype"] == "U8" and name.endswith(".weight")
-        stored += numel * (2 * elem if unpacked else _ELEM.get(info["dtype"], 2))
+        decoded = bnb4 and info["dtype"] == "U8" and name.endswith(".absmax")
+        stored += numel * (4 if decoded else _ELEM.get(info["dtype"], 2))
         if len(shape) == 2 and not any(s in name for s in _DENSE_NAMES):
             linear, rows = linear + numel, rows + shape[0]
         else:
@@ -103,6 +106,8 @@ def option_of(scheme: str | None) -> str:
     """The Footprint option a quant_linear scheme loads as."""
     if scheme in ("prequant", "gguf"):
         return "stored"
+    if scheme == "nf4":
+        return "nf4"
     return "int8" if scheme == "int8" else "int4" if scheme and scheme.startswith("int4") else "dense"
 
 

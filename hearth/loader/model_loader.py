@@ -72,7 +72,8 @@ def _eos_ids(gen_cfg: dict, hf_cfg: HFConfig, tokenizer: Tokenizer) -> list[int]
 
 
 def _build(arch: str, hf_cfg: HFConfig, max_len: int, dtype: torch.dtype,
-           weights: Iterator[tuple[str, torch.Tensor]], quantization: str | None = None) -> nn.Module:
+           weights: Iterator[tuple[str, torch.Tensor]], quantization: str | None = None,
+           before_load: Callable[[nn.Module], None] | None = None) -> nn.Module:
     cls = get_model_class(arch)
     old = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
@@ -84,6 +85,8 @@ def _build(arch: str, hf_cfg: HFConfig, max_len: int, dtype: torch.dtype,
             quantize_model(model, quantization)
     finally:
         torch.set_default_dtype(old)
+    if before_load is not None:
+        before_load(model)
     # A progress bar on a terminal; logs (servers, CI) get the one summary line instead.
     model.load_weights(tqdm(weights, desc="loading weights", unit=" tensors", disable=not sys.stderr.isatty(),
                             leave=False))
@@ -118,18 +121,21 @@ def _max_len(hf_cfg: HFConfig, requested: int | None) -> int:
 
 
 def load_model(args: EngineArgs, shard: Callable[[nn.Module], object] | None = None) -> LoadedModel:
-    """shard: tensor parallelism's in-place slicing of the loaded weights, before they are repacked."""
+    """shard: tensor parallelism's in-place slicing of the loaded weights, before they are repacked; its
+    `before_load(model)`, if it has one, runs on the built model before any weight arrives."""
     path = _check_path(args.model) if args.model else default_model_path()
     t0 = time.perf_counter()
+    before = getattr(shard, "before_load", None)
     if os.path.isfile(path):
-        loaded = _load_gguf(path, args)
+        loaded = _load_gguf(path, args, before)
     else:
-        loaded = _load_hf_folder(path, args)
+        loaded = _load_hf_folder(path, args, before)
     if shard is not None:
         shard(loaded.model)
     checks.chat_template_present(loaded.tokenizer, path)
     # (a rank's slice must not be cached under the whole checkpoint's name)
-    prepare.prepare_model(loaded.model, path if shard is None else None, loaded.model_config.dtype)
+    prepare.prepare_model(loaded.model, path if shard is None else None, loaded.model_config.dtype,
+                          getattr(shard, "world", 1))
     logger.info("loaded %s (%s, %s) in %.1f s", path, loaded.model_config.architecture,
                 str(loaded.model_config.dtype).removeprefix("torch."), time.perf_counter() - t0)
     return loaded
@@ -144,7 +150,8 @@ def _arch_of(hf_cfg: HFConfig, where: str) -> str:
     return arch
 
 
-def _load_hf_folder(folder: str, args: EngineArgs) -> LoadedModel:
+def _load_hf_folder(folder: str, args: EngineArgs,
+                    before_load: Callable[[nn.Module], None] | None = None) -> LoadedModel:
     hf_cfg = read_hf_config(folder)
     arch = _arch_of(hf_cfg, folder)
     files = safetensors_files(folder)
@@ -160,10 +167,9 @@ def _load_hf_folder(folder: str, args: EngineArgs) -> LoadedModel:
     if spec is not None:  # pre-quantized layers arrive packed and stay so
         scheme, weights = "prequant", hf_quant.assemble(weights, spec)
     elif args.quantization == "bitsandbytes":
-        # NF4's 16-value codebook has no hearth kernel: the nearest layout at the same bits a weight (4 + a 16-bit
-        # scale per 64, as bitsandbytes' default blocks) is int4 with a scale and min per 64
-        logger.info("--quantization bitsandbytes: weights quantized at load to hearth's int4, group 64")
-        scheme = "int4-g64"
+        # NF4 as bitsandbytes' quantize_4bit(quant_type="nf4", blocksize=64) writes it (hearth.weights.formats)
+        logger.info("--quantization bitsandbytes: weights quantized at load to NF4, blocks of 64")
+        scheme = "nf4"
     else:
         scheme = _quantization(args.quantization, False)
     if scheme == "gguf":
@@ -175,7 +181,7 @@ def _load_hf_folder(folder: str, args: EngineArgs) -> LoadedModel:
         tokenizer_job = pool.submit(Tokenizer.from_folder, args.tokenizer or folder,
                                     resolve_chat_template(args.chat_template))
         try:
-            model = _build(arch, hf_cfg, max_len, dtype, weights, scheme)
+            model = _build(arch, hf_cfg, max_len, dtype, weights, scheme, before_load)
         except BaseException:
             tokenizer_job.cancel()
             raise
@@ -219,7 +225,7 @@ def _resolve_model_dtype(requested: str, hf_cfg: HFConfig) -> torch.dtype:
     return dtype
 
 
-def _load_gguf(path: str, args: EngineArgs) -> LoadedModel:
+def _load_gguf(path: str, args: EngineArgs, before_load: Callable[[nn.Module], None] | None = None) -> LoadedModel:
     from hearth.loader.gguf import load_gguf
     from hearth.weights.gguf import KEPT_NAMES
 
@@ -243,7 +249,7 @@ def _load_gguf(path: str, args: EngineArgs) -> LoadedModel:
     head_kept = bool(keep) and ckpt.has_output_weight and ckpt.head_shape(keep) == (hf_cfg["vocab_size"],
                                                                                     hf_cfg["hidden_size"])
     placeholders = frozenset({"lm_head.weight"}) if head_kept else frozenset()
-    model = _build(arch, hf_cfg, max_len, dtype, ckpt.tensors(dtype, keep, placeholders), scheme)
+    model = _build(arch, hf_cfg, max_len, dtype, ckpt.tensors(dtype, keep, placeholders), scheme, before_load)
     embed_q = getattr(getattr(getattr(model, "model", None), "embed_tokens", None), "qweight", None)
     if embed_q is not None and not ckpt.has_output_weight:
         embed_q = model.model.embed_tokens.qweight = prepare.tied_head(embed_q)

@@ -6,6 +6,7 @@ import dataclasses
 from typing import Any
 
 from hearth.entrypoints.openai.cli_ray import DEFAULT_TARGET_ONGOING_REQUESTS
+from hearth.entrypoints.openai.gateway import GatewayConfig
 from hearth.ray.ingress import HearthIngress
 from hearth.ray.replica import HearthModel, ReplicaServerConfig
 
@@ -22,6 +23,7 @@ def _physical_cores() -> int:
 def build_app(model: str | None = None, *, num_replicas: int | None = None, min_replicas: int | None = None,
               max_replicas: int | None = None, target_ongoing_requests: float = DEFAULT_TARGET_ONGOING_REQUESTS,
               num_cpus_per_replica: float | None = None, api_key: str | None = None,
+              api_key_file: str | None = None, gateway: GatewayConfig | None = None,
               max_waiting_requests: int | None = None, refill_wait_ms: float = 30.0,
               max_request_body_bytes: int = 16 * 1024 * 1024, drain_timeout: float = 30.0,
               **engine_args: Any) -> Any:
@@ -31,11 +33,15 @@ def build_app(model: str | None = None, *, num_replicas: int | None = None, min_
     num_cpus_per_replica: CPUs each replica reserves (default: `threads` if given, else this machine's physical
     cores); each replica's engine uses that many threads unless `threads` says otherwise. min_replicas /
     max_replicas turn on Ray Serve autoscaling on ongoing requests per replica (target_ongoing_requests), starting
-    from num_replicas (default 1; with autoscaling, min_replicas). Raises ValueError on bad values.
+    from num_replicas (default 1; with autoscaling, min_replicas). api_key_file: per-user keys and limits (TOML,
+    read here, enforced by the ingress: 401, 403, 429 as in `hearth serve`). gateway: hearth's gateway mode
+    (upstream, blocklist, answer cache) in every replica (gateway.gateway_config_from builds one from the CLI
+    flags). Raises ValueError on bad values.
     """
     from ray import serve
 
     from hearth.config import EngineArgs
+    from hearth.entrypoints.openai.api_keys import parse_key_file
 
     if engine_args.get("tensor_parallel_size", 1) != 1:
         raise ValueError("tensor parallelism is not available with Ray Serve replicas")
@@ -77,9 +83,13 @@ def build_app(model: str | None = None, *, num_replicas: int | None = None, min_
             raise ValueError(f"--num-replicas must be >= 1, got {num_replicas}")
         options["num_replicas"] = num_replicas
 
-    server = ReplicaServerConfig(max_waiting_requests, refill_wait_ms / 1000, max_request_body_bytes, drain_timeout)
+    if api_key and api_key_file:
+        raise ValueError("--api-key and --api-key-file both given: pass one (put a shared key in the file)")
+    keys = parse_key_file(api_key_file) if api_key_file else None  # (a broken file fails here, not in the ingress)
+    server = ReplicaServerConfig(max_waiting_requests, refill_wait_ms / 1000, max_request_body_bytes, drain_timeout,
+                                 gateway if gateway is not None and gateway.enabled else None)
     model_deployment = serve.deployment(HearthModel, **options)
     ingress = serve.deployment(serve.ingress()(HearthIngress), name=INGRESS_NAME,
                                ray_actor_options={"num_cpus": 0}, max_ongoing_requests=10_000)
     return ingress.bind(model_deployment.bind(engine_args, server), api_key,
-                        max_request_body_bytes)
+                        max_request_body_bytes, keys)

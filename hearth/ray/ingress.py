@@ -1,4 +1,5 @@
-"""The ingress deployment: the HTTP face of a Ray Serve hearth. It checks the API key and body size (hearth's Guard),
+"""The ingress deployment: the HTTP face of a Ray Serve hearth. It checks the API key, its limits (--api-key-file:
+requests, tokens the replicas report back, models) and body size (hearth's Guard),
 relays every route to a model replica through a Ray handle (Ray Serve picks the least-loaded), streams SSE through,
 and serves /metrics merged from what the replicas push."""
 from __future__ import annotations
@@ -10,6 +11,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from hearth import __version__
+from hearth.entrypoints.openai.api_keys import KeyRing, KeySpec, Meter, current_meter
 from hearth.entrypoints.openai.errors import error_body, install_handlers
 from hearth.entrypoints.openai.serving_common import sse
 from hearth.metrics import CONTENT_TYPE
@@ -26,9 +28,11 @@ def _unavailable(e: BaseException) -> JSONResponse:
 class HearthIngress:
     """Ray Serve deployment class (wrapped by serve.ingress and serve.deployment in build_app)."""
 
-    async def __init__(self, model: Any, api_key: str | None, max_body_bytes: int) -> None:
+    async def __init__(self, model: Any, api_key: str | None, max_body_bytes: int,
+                       key_specs: list[KeySpec] | None = None) -> None:
         self.model = model  # DeploymentHandle of HearthModel
         self.api_key, self.max_body_bytes = api_key, max_body_bytes
+        self.key_specs = key_specs  # --api-key-file's keys and limits (read by build_app)
         from ray import serve
 
         self.board = MetricsBoard.options(name=board_name(serve.get_replica_context().app_name),
@@ -36,11 +40,14 @@ class HearthIngress:
 
     def __serve_build_asgi_app__(self) -> FastAPI:
         from hearth.entrypoints.openai.guard import Guard
+        from hearth.entrypoints.openai import serving_keys
         from hearth.entrypoints.openai.serving_keys import key_ring
 
         app = FastAPI(title="hearth (Ray Serve)", version=__version__)
         install_handlers(app)
-        app.add_middleware(Guard, keys=key_ring(self.api_key, None, None), max_body_bytes=self.max_body_bytes)
+        keys = KeyRing(self.key_specs) if self.key_specs else key_ring(self.api_key, None, None)
+        app.add_middleware(Guard, keys=keys, max_body_bytes=self.max_body_bytes)
+        serving_keys.register(app, keys)  # GET /keys/usage (the admin key), before the relay's catch-all
 
         @app.get("/metrics")
         async def metrics() -> Response:
@@ -59,8 +66,9 @@ class HearthIngress:
     async def _relay(self, raw: Request) -> Response:
         body = await raw.body()
         headers = [(k, v) for k, v in raw.headers.raw if k != b"authorization"]
+        meter = current_meter.get()  # (set by the Guard for a keyed generating request: count its tokens)
         gen = self.model.options(stream=True).remote(raw.method, raw.url.path, raw.url.query.encode(), headers,
-                                                     body)
+                                                     body, meter is not None)
         try:
             head = await gen.__anext__()
         except Exception as e:  # noqa: BLE001 (a dead or overloaded replica, whatever Ray calls it)
@@ -68,20 +76,20 @@ class HearthIngress:
             return _unavailable(e)
         out_headers = {k.decode(): v.decode() for k, v in head["headers"] if k not in _HOP_HEADERS}
         if out_headers.get("content-type", "").startswith("text/event-stream"):
-            return StreamingResponse(self._stream(gen), status_code=head["status"], headers=out_headers)
+            return StreamingResponse(self._stream(gen, meter), status_code=head["status"], headers=out_headers)
         try:
-            data = b"".join([chunk async for chunk in gen])
+            data = b"".join([chunk async for chunk in _counted(gen, meter)])
         except Exception as e:  # noqa: BLE001
             return _unavailable(e)
         return Response(data, status_code=head["status"], headers=out_headers)
 
     @staticmethod
-    async def _stream(gen: Any) -> AsyncIterator[bytes]:
+    async def _stream(gen: Any, meter: Meter | None) -> AsyncIterator[bytes]:
         """NOTE: a client that goes away closes this generator; cancelling the handle call then reaches the replica,
         whose app sees a disconnect and aborts the request (freeing its KV blocks)."""
         finished = False
         try:
-            async for chunk in gen:
+            async for chunk in _counted(gen, meter):
                 yield chunk
             finished = True
         except Exception as e:  # noqa: BLE001 (the replica died mid-stream)
@@ -91,3 +99,13 @@ class HearthIngress:
         finally:
             if not finished:
                 gen.cancel()
+
+
+async def _counted(gen: Any, meter: Meter | None) -> AsyncIterator[bytes]:
+    """The body chunks; the replica's last {"usage": [prompt, completion]} goes to the key's counters."""
+    async for item in gen:
+        if isinstance(item, dict):
+            if meter is not None:
+                meter.ring.add_tokens(meter.name, meter.usage, *item["usage"])
+            continue
+        yield item

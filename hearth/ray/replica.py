@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
+from hearth.entrypoints.openai.gateway import GatewayConfig
 from hearth.ray.asgi_bridge import call_asgi
 from hearth.ray.metrics_board import BOARD_NAMESPACE, board_name
 
@@ -23,6 +24,7 @@ class ReplicaServerConfig:
     refill_wait_s: float = 0.03
     max_body_bytes: int = 16 * 1024 * 1024
     drain_timeout: float = 30.0
+    gateway: GatewayConfig | None = None  # gateway mode (--upstream, --blocklist, answer cache) in each replica
 
 
 def _load_on_own_thread(engine_args: Any) -> Any:
@@ -40,6 +42,7 @@ class HearthModel:
 
         from hearth.config import EngineArgs
         from hearth.engine.async_engine import AsyncEngine
+        from hearth.entrypoints.openai.gateway import Gateway
         from hearth.entrypoints.openai.server import ServerConfig, build_app
         from hearth.entrypoints.openai.serving_common import ServingContext
         from hearth.metrics import ServerMetrics
@@ -52,7 +55,9 @@ class HearthModel:
         self.engine = AsyncEngine(llm, self.metrics, server.max_waiting_requests, server.refill_wait_s)
         ctx = ServingContext(self.engine, llm.tokenizer, mc.served_model_name, mc.model, mc.max_model_len)
         # NOTE: no API key here: the ingress checks it; a replica is reached only through a Ray handle.
-        self.app = build_app(self.engine, ctx, ServerConfig(None, server.max_body_bytes, server.drain_timeout))
+        gateway = Gateway(server.gateway, ctx, self.metrics.registry) if server.gateway is not None else None
+        self.app = build_app(self.engine, ctx, ServerConfig(None, server.max_body_bytes, server.drain_timeout),
+                             gateway)
         self.drain_timeout = server.drain_timeout
         self.engine.start()  # (the app's lifespan does not run under in-process calls)
         self.board_name = board_name(context.app_name)
@@ -60,10 +65,20 @@ class HearthModel:
         logger.info("replica %s serving %r", self.name, mc.served_model_name)
 
     async def __call__(self, method: str, path: str, query: bytes, headers: list[tuple[bytes, bytes]],
-                       body: bytes) -> AsyncIterator[dict[str, Any] | bytes]:
+                       body: bytes, metered: bool = False) -> AsyncIterator[dict[str, Any] | bytes]:
+        """The response's head, its body chunks, and (metered: the ingress counts a key's tokens) a last
+        {"usage": [prompt, completion]} of the tokens this request used, for the key's limits."""
+        from hearth.entrypoints.openai.api_keys import KeyRing, KeyUsage, Meter, current_meter
+
+        usage = KeyUsage()
+        if metered:  # (the serving layer adds each request's tokens to the current meter, as under hearth serve)
+            # NOTE: not reset: each handle call runs in its own task, whose context ends with it
+            current_meter.set(Meter(KeyRing([]), "ray", usage))
         async for item in call_asgi(self.app, method, path, query, headers, body,
                                     [(REPLICA_HEADER, self.name.encode())]):
             yield item
+        if metered:
+            yield {"usage": [usage.prompt_tokens, usage.completion_tokens]}
 
     async def _push_metrics(self) -> None:
         import ray

@@ -85,7 +85,7 @@ def one_term_pays(weights: int) -> bool:
     return weights >= ONE_TERM_MIN_WEIGHTS
 
 
-def set_model_activations(qweights: Iterable[QWeight], head: QWeight | None = None) -> str | None:
+def set_model_activations(qweights: Iterable[QWeight], head: QWeight | None = None, ranks: int = 1) -> str | None:
     """HEARTH_QUANT_ACT=auto: a model whose quantized weights are mostly 4-bit (by count) rounds x to single-term int8
     for every row of every quantized linear (each QWeight.activations = "int8") but its LM head `head`; returns
     "int8", or None where ACTIVATIONS stays (models mostly of 8-bit or 6-bit weights, or another setting). A model
@@ -95,13 +95,14 @@ def set_model_activations(qweights: Iterable[QWeight], head: QWeight | None = No
     Why: there int8's rounding of x is lost in the 4-bit rounding of the weights (about 1% of its KL), and it halves
     the integer work of decode steps of many rows. Per model, not per step: a sequence's tokens do not depend on
     what runs beside it. The head keeps ACTIVATIONS: its outputs are the logits themselves, where a near tie decides
-    a greedy token."""
+    a greedy token. ranks: tensor-parallel ranks, each holding 1/ranks of the weights (the choice is the whole
+    model's, as one rank makes it)."""
     unique = [q for q in {id(q): q for q in qweights}.values() if q is not head]
     total = sum(q.shape[0] * q.shape[1] for q in unique)
     four = sum(q.shape[0] * q.shape[1] for q in unique if q.bits == 4)
     if not (AUTO_ACTIVATIONS and ACTIVATIONS == "int8x2"):
         return None
-    if not one_term_pays(total):  # two terms for every row, prompt rows and the head's included (see int8_from)
+    if not one_term_pays(total * ranks):  # two terms for every row, prompt rows and the head's included (see int8_from)
         for q in unique + ([head] if head is not None else []):
             q.activations = "int8x2"
         return "int8x2"

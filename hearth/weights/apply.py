@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from hearth import envs, kernels
+from hearth.kernels import nf4 as nf4_kernels
 from hearth.kernels import panels as dense_panels
 from hearth.kernels import quant as qkernels
 from hearth.platform import cpu_info
@@ -56,6 +57,8 @@ def linear(x: torch.Tensor, qw: QWeight, bias: torch.Tensor | None = None) -> to
         y = run_panels(x2, qw, b, split, x2.dtype == torch.bfloat16, layout.code)
     elif kernel is Kernel.DOT or kernel is Kernel.GEMM or kernel is Kernel.BCAST:
         y = run(x2, qw, b, call=None if kernel is Kernel.DOT else kernel.value, code=layout.code)
+    elif kernel is Kernel.CODEBOOK:
+        y = nf4_kernels.linear(x2, qw.data, qw.scales, qw.group, qw.codebook, b)
     elif kernel is Kernel.TILED:
         y = tiled(x2, qw, b)
     else:
@@ -104,7 +107,11 @@ def tiled(x: torch.Tensor, qw: QWeight, bias: torch.Tensor | None) -> torch.Tens
     tile = max(16, _TILE_ELEMS // k)
     for n0 in range(0, n, tile):
         n1 = min(n, n0 + tile)
-        w = dequantize_rows(qw, n0, n1)
+        if qw.codebook is not None:  # (straight into bf16: rounded as .to(torch.bfloat16) rounds)
+            w = nf4_kernels.dequant_rows(qw.data, qw.scales, qw.group, qw.codebook, k, n0, n1,
+                                         torch.bfloat16 if bf16 else torch.float32)
+        else:
+            w = dequantize_rows(qw, n0, n1)
         out[:, n0:n1] = torch.mm(xs, (w.to(torch.bfloat16) if bf16 else w).t())
     if bias is not None:
         out += bias
@@ -113,7 +120,9 @@ def tiled(x: torch.Tensor, qw: QWeight, bias: torch.Tensor | None) -> torch.Tens
 
 def dequantize_rows(qw: QWeight, start: int, end: int, isa_code: int | None = None) -> torch.Tensor:
     """Rows [start, end) of the dequantized weight, fp32, by the kernel library (the torch reference without it)."""
-    if not qkernels.available() or qw.panel_rows:
+    if qw.codebook is not None and qkernels.available():
+        return nf4_kernels.dequant_rows(qw.data, qw.scales, qw.group, qw.codebook, qw.shape[1], start, end)
+    if not qkernels.available() or qw.panel_rows or qw.codebook is not None:
         return dequantize(plain(qw).rows(start, end - start))
     return qkernels.dequant_rows(qw.data, of(qw).code, qw.shape[1], qw.scales, qw.mins, qw.group, start, end,
                                  isa_code)
@@ -125,7 +134,7 @@ def dequantize_gather(qw: QWeight, ids: torch.Tensor) -> torch.Tensor:
     n_rows, k = qw.shape
     if qw.panel_rows:
         return gather_panels(qw, ids)
-    if not qkernels.available():
+    if not qkernels.available() or qw.codebook is not None:
         return dequantize(plain(qw).index_rows(ids))
     ids = ids.to(torch.int64).contiguous()
     return qkernels.dequant_gather(qw.data, of(qw).code, n_rows, k, qw.scales, qw.mins, qw.group, ids)
@@ -138,7 +147,8 @@ def program_spec(qw: QWeight, bias: torch.Tensor | None) -> LinearSpec | None:
     act = activations.of(qw)
     layout = of(qw)
     c = dispatch.caps()
-    if not c.kernels or not supports(k, qw.group) or (layout.kernel == "panels" and act == "float"):
+    if (not c.kernels or not supports(k, qw.group) or (layout.kernel == "panels" and act == "float")
+            or layout.kernel == "codebook"):  # (the program has no codebook kernel: such layers run layer by layer)
         return None
     return LinearSpec(QUANT_KIND[act], layout.code, [(qw.data, n)], n, k, qw.data.stride(0), bias, qw.scales,
                       qw.mins, qw.group, plan=dispatch.program_plan(layout, c), any_rows=layout.kernel == "panels")

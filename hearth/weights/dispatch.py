@@ -11,6 +11,8 @@ choice is made in one place. Row-count rules, from the layout table's `kernel` /
       than BCAST_MIN_M rows (HEARTH_QUANT_GEMM=1: the GEMM from gemm_from rows anyway, 0: never).
   quantized, "panels": the VNNI panel kernel at every row count (its per-row sums do not depend on the other rows).
   dense rows: hk_linear up to caps.dense_max_rows rows, torch's GEMM above (prefill; fp32 where bf16 is emulated).
+  quantized, "codebook" (NF4 / FP4): the codebook kernel up to CODEBOOK_MAX_ROWS rows on AVX-512, else dequantized
+      tiles and torch's GEMM.
   dense panels: the panel kernel up to DENSE_PANEL_MAX_ROWS rows (fma layout; the dot layout at every count), then
       the panels widened to fp32 and torch's GEMM.
 """
@@ -30,6 +32,7 @@ from hearth.weights.layouts import BY_NAME, TABLE, Layout
 MAX_QUANT_ROWS = 128  # the quantized dot kernels' rows where the GEMM does not run; more: dequantized tiles + GEMM
 GEMM_MAX_M = 64  # the quantized fp32-x GEMM's rows; more: dequantized tiles + torch's GEMM
 BCAST_MIN_M = 32  # rows from which a step without prompt tokens takes the GEMM's broadcast form
+CODEBOOK_MAX_ROWS = 32  # hq_nf4_linear's rows; more: dequantized (bf16) tiles + torch's GEMM
 DENSE_PANEL_MAX_ROWS = 512  # the bf16 fma-panel GEMM's rows; more: widened weights + torch.mm
 
 
@@ -38,6 +41,7 @@ class Kernel(str, enum.Enum):
     GEMM = "gemm"  # hq_linear's GEMM: x in fp32, weights dequantized once per tile of rows
     BCAST = "bcast"  # hq_linear's GEMM in broadcast form
     PANELS = "panels"  # hq_linear_panels_out: VNNI panels, int8 / int8x2 activations
+    CODEBOOK = "codebook"  # hq_nf4_linear: codebook lookups in registers, fp32 x
     TILED = "tiled"  # dequantized row tiles + torch's GEMM (long prompts)
     REFERENCE = "reference"  # torch: the whole weight dequantized, F.linear (no kernels here)
     DENSE = "dense"  # hk_linear / hk_linear_parts on rows as loaded
@@ -93,6 +97,8 @@ def plan(layout: Layout, rows: int, c: Caps, prompt: bool = False) -> Kernel:
         return Kernel.PANELS
     if layout.kernel == "dense":
         return Kernel.DENSE if rows <= c.dense_max_rows else Kernel.TORCH
+    if layout.kernel == "codebook":
+        return Kernel.CODEBOOK if c.avx512 and rows <= CODEBOOK_MAX_ROWS else Kernel.TILED
     if layout.kernel == "dense-panels":
         if layout.name == "bf16-panels" and rows > DENSE_PANEL_MAX_ROWS:
             return Kernel.WIDEN

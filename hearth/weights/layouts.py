@@ -28,7 +28,8 @@ class Layout:
     packs: dict[str, Callable] = field(default_factory=dict)
     dequantize: Callable[[object], torch.Tensor] | None = None
     # few-row kernel family: "dot" (hq_linear / _dot / _dot2 by activation rounding), "panels" (hq_linear_panels_out
-    # at every row count), "dense" (hk_linear), "dense-panels" (hk_linear_parts / hk_linear_dot_panels_bf16)
+    # at every row count), "dense" (hk_linear), "dense-panels" (hk_linear_parts / hk_linear_dot_panels_bf16),
+    # "codebook" (hq_nf4_linear, AVX-512)
     kernel: str = "dot"
     gemm: bool = False  # the fp32-x GEMM (hq_linear's "gemm" / "bcast" kernels) reads it
     gemm_from: int = 0  # rows from which that GEMM beats the dot kernels on AVX-512 without VNNI
@@ -69,6 +70,9 @@ PANELS_INT8 = Layout("int8-panels", 5, True, "int8 in 64-column VNNI panels (AVX
 PANELS_INT4 = Layout("int4-panels", 6, True, "int4 in 64-column VNNI panels (AVX512-VNNI)",
                      {"int4": relayout.to_panels, "Q4_0": gguf.panels_from_blocks, "Q4_1": gguf.panels_from_blocks},
                      reference.dequantize, "panels")
+CODEBOOK_4 = Layout("nf4", 7, True, "4-bit indices into a 16-value codebook (bitsandbytes NF4 / FP4), fp32 absmax "
+                    "per block", {"bitsandbytes": bitsandbytes.pack_4bit, "float": bitsandbytes.quantize_nf4},
+                    reference.dequantize, "codebook")
 DENSE_F32 = Layout("f32", 0, False, "fp32 rows as loaded", {"f32": _as_loaded}, _dense, "dense")
 DENSE_BF16 = Layout("bf16", 1, False, "bf16 rows as loaded", {"bf16": _as_loaded}, _dense, "dense")
 DENSE_F16 = Layout("f16", 2, False, "fp16 rows as loaded", {"f16": _as_loaded}, _dense, "dense")
@@ -78,13 +82,15 @@ PANELS_BF16_DOT = Layout("bf16-dot-panels", 4, False, "bf16 pairs in 32-row pane
                          {"bf16": dense_panels.pack}, _panels_back, "dense-panels")
 
 TABLE: tuple[Layout, ...] = (ROWS_INT8, ROWS_INT8_G16, ROWS_INT4, TILES_INT4, TILES_INT4_MIN, TILES_Q6, PANELS_INT8,
-                             PANELS_INT4, DENSE_F32, DENSE_BF16, DENSE_F16, PANELS_BF16, PANELS_BF16_DOT)
+                             PANELS_INT4, CODEBOOK_4, DENSE_F32, DENSE_BF16, DENSE_F16, PANELS_BF16, PANELS_BF16_DOT)
 BY_NAME = {lay.name: lay for lay in TABLE}
 _DENSE_ROWS = {torch.float32: DENSE_F32, torch.bfloat16: DENSE_BF16, torch.float16: DENSE_F16}
 
 
 def of(qw: QWeight) -> Layout:
     """The table row of a quantized weight."""
+    if qw.codebook is not None:
+        return CODEBOOK_4
     if qw.panel_rows:
         return PANELS_INT8 if qw.bits == 8 else PANELS_INT4
     if qw.bits == 6:

@@ -31,6 +31,9 @@ class QWeight:
     # The rounding of x its kernels take ("int8x2", "int8", "float"); None: the process-wide default
     # (hearth.weights.activations). Set per model by the prepare pass.
     activations: str | None = None
+    # A 16-value fp32 codebook (bitsandbytes NF4 / FP4): 4-bit data are its indices and w = codebook[q] * scale
+    # (the block's absmax; mins None). None: the integer layouts above.
+    codebook: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         if self.scales.dtype not in (torch.float32, torch.float16) or (
@@ -62,7 +65,8 @@ class QWeight:
         if self.tiled and (start % 4 or size % 4):
             raise ValueError(f"rows({start}, {size}) of a 4-row-tiled weight must be whole tiles")
         return QWeight(self.bits, self.group, self.data.narrow(0, start, size), self.scales.narrow(0, start, size),
-                       None if self.mins is None else self.mins.narrow(0, start, size), tiled=self.tiled)
+                       None if self.mins is None else self.mins.narrow(0, start, size), tiled=self.tiled,
+                       codebook=self.codebook)
 
     def index_rows(self, index: torch.Tensor) -> QWeight:
         """Rows in `index` order (copies) of a weight in plain rows (relayout.plain first for tiles and panels):
@@ -70,7 +74,7 @@ class QWeight:
         if self.panel_rows or self.tiled:
             raise ValueError("index_rows() of a re-laid weight: take relayout.plain(qw) first")
         return QWeight(self.bits, self.group, self.data[index], self.scales[index],
-                       None if self.mins is None else self.mins[index])
+                       None if self.mins is None else self.mins[index], codebook=self.codebook)
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.data, self.scales, self.mins) if t is not None)

@@ -43,6 +43,7 @@ _MADV_DONTNEED = 4
 _MADV_POPULATE_READ = 22  # Linux >= 5.14; older kernels refuse it (EINVAL) and the pages fault in one by one
 _PAGE = 4096
 _DISK_MARGIN = 1 << 30  # leave this much free on the cache's disk
+_PACK_STEP_BYTES = 64 << 20  # checkpoint bytes packed (and released) per step of a first pack
 
 
 def _file_mappings() -> list[tuple[int, int]]:
@@ -74,6 +75,28 @@ def _madvise_each(tensors: list[torch.Tensor], advice: int, maps: list[tuple[int
         if end > start and libc.madvise(start, end - start, advice) == 0:
             done += end - start
     return done
+
+
+def release_file_pages(tensors: list[torch.Tensor]) -> int:
+    """Hand back this process's pages of the checkpoint file mappings the tensors lie in (never written: a later
+    read faults the same bytes in from the file). Returns the bytes advised."""
+    return _madvise_each(tensors, _MADV_DONTNEED, _file_mappings())
+
+
+def _pack_releasing(w: torch.Tensor, out: torch.Tensor, maps: list[tuple[int, int]]) -> int:
+    """panels.pack(w, out) _PACK_STEP_BYTES of rows at a time: each step's pages of a checkpoint file mapping are
+    mapped in with one call (packing threads faulting them in page by page took over twice as long) and handed back
+    once packed, so the process never holds both copies of more than one step (a 7B bf16 folder fits in 24 GB).
+    Returns the bytes handed back."""
+    n, k = w.shape
+    step = max(panels.ROWS, _PACK_STEP_BYTES // (w.element_size() * k) // panels.ROWS * panels.ROWS)
+    released = 0
+    for r0 in range(0, n, step):
+        rows = w[r0:r0 + step]
+        _madvise_each([rows], _MADV_POPULATE_READ, maps)
+        panels.pack(rows, out[r0 * k:])  # (panel r0 / ROWS starts at element r0 * k: ROWS rows of k each)
+        released += _madvise_each([rows], _MADV_DONTNEED, maps)
+    return released
 
 
 def _source_identity(path: str) -> list[str]:
@@ -224,14 +247,19 @@ def pack_dense_weights(model: nn.Module, source: str | None = None, compute_dtyp
 
     if tmp is not None:
         logger.info("packing %.2f GB of bf16 weights into panels, once for this checkpoint: %s", 2 * total / 1e9, path)
-    replaced = []
-    if not cached:
-        # Map the file pages in with one call each: faulted in by the packing threads instead, page by page, packing
-        # took over twice as long.
-        _madvise_each([b for _, m in named for b in m.row_blocks()], _MADV_POPULATE_READ, _file_mappings())
+    maps = _file_mappings()
+    dropped = 0
     with torch.no_grad():
         for _, m in named:
-            replaced += m.use_panels(alloc, pack=not cached)
+            first = offset
+            if not cached:  # packed here, a few rows at a time; use_panels then views the same slices of buf
+                for b in m.row_blocks():
+                    dropped += _pack_releasing(b, alloc(panels.numel(*b.shape)), maps)
+                offset = first
+            replaced = m.use_panels(alloc, pack=False)
+            if cached:
+                dropped += _madvise_each(replaced, _MADV_DONTNEED, maps)
+            del replaced
     if tmp is not None:
         try:
             mapped[1].flush()  # on disk before the name says complete: a crash must not leave a cache of zeros
@@ -241,8 +269,6 @@ def pack_dense_weights(model: nn.Module, source: str | None = None, compute_dtyp
             with contextlib.suppress(OSError):
                 os.remove(tmp)
             tmp = None
-    dropped = _madvise_each(replaced, _MADV_DONTNEED, _file_mappings())
-    del replaced
     hugepages.malloc_trim()
     how = f"mapped from {path}" if cached else f"packed into {path}" if tmp is not None else "packed in memory"
     logger.info("dense weights in panels: %.2f GB %s in %.2f s (%.2f GB of checkpoint pages released)",

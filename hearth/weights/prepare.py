@@ -37,7 +37,7 @@ def pack(source: str, layout: str, *args) -> QWeight:
 
 def can_panel(qw: QWeight) -> bool:
     """int8 or int4 in rows or tiles, groups of 32 or more, where the VNNI panel kernels run (dispatch.panels_take)."""
-    return not qw.panel_rows and qw.shape[0] > 0 and dispatch.panels_take(qw.bits, qw.group, qw.shape[1])
+    return (not qw.panel_rows and qw.codebook is None and qw.shape[0] > 0 and dispatch.panels_take(qw.bits, qw.group, qw.shape[1]))
 
 
 def relayout(qw: QWeight) -> QWeight:
@@ -50,30 +50,42 @@ def relayout(qw: QWeight) -> QWeight:
     return qw
 
 
-def pack_parts(parts: list, scheme: str, k: int, int4_group: int | None) -> QWeight | None:
+def pack_parts(parts: list, scheme: str, k: int, int4_group: int | None, final: bool = True) -> QWeight | None:
     """One layer's shards (rows in order) -> its QWeight in its final layout; None: keep the layer dense.
     scheme "gguf": the parts are GGUFBlocks of one kept type (else None); "prequant": PackedSources of a
-    pre-quantized checkpoint (else None), each through its format's pack; "int8" / "int4*": float tensors."""
+    pre-quantized checkpoint (or QWeights already repacked from them: a tensor-parallel slice), each through its
+    format's pack (else None); "int8" / "int4*" / "nf4": float tensors. final=False: plain rows, not re-laid (a
+    layer tensor parallelism cuts by columns next)."""
+    done = relayout if final else _as_is
     if scheme == "prequant":
-        if not all(isinstance(p, PackedSource) for p in parts) or not supports(k, parts[0].group):
+        if not all(isinstance(p, (PackedSource, QWeight)) for p in parts) or not supports(k, parts[0].group):
             return None
-        return relayout(cat([pack(p.method, p.layout, p) for p in parts]))
+        return done(cat([pack(p.method, p.layout, p) if isinstance(p, PackedSource) else p for p in parts]))
     if scheme == "gguf":
         if not all(isinstance(p, gguf.GGUFBlocks) for p in parts):
             return None
         bits = gguf.panel_block_bits(parts)
-        if bits and dispatch.panels_take(bits, 32, k):
+        if final and bits and dispatch.panels_take(bits, 32, k):
             qw = gguf.panels_from_blocks(parts)  # straight from the file's blocks: no plain-row copy
             if qw is not None:
                 return qw
         kinds = {(p.bits, p.group) for p in parts}
         if len(kinds) != 1 or not supports(k, 32):
             return None
-        return relayout(cat([p.repack() for p in parts]))
+        return done(cat([p.repack() for p in parts]))
     whole = torch.cat([p.dequantize() if isinstance(p, gguf.GGUFBlocks) else p.float() for p in parts])
+    # The copy is what gets packed: the parts' checkpoint pages go back now, else the mapping (kept alive by the
+    # embedding's and norms' views of it) holds every quantized layer's bf16 bytes resident beside its int8 / int4.
+    panel_pack.release_file_pages([p for p in parts if isinstance(p, torch.Tensor)])
     if scheme == "int8":
-        return relayout(pack("float", "int8", whole)) if k % 32 == 0 else None
-    return None if int4_group is None else relayout(pack("float", "int4", whole, int4_group))
+        return done(pack("float", "int8", whole)) if k % 32 == 0 else None
+    if scheme == "nf4":  # (--quantization bitsandbytes)
+        return pack("float", "nf4", whole) if k % 64 == 0 else None
+    return None if int4_group is None else done(pack("float", "int4", whole, int4_group))
+
+
+def _as_is(qw: QWeight) -> QWeight:
+    return qw
 
 
 def input_perm(parts: list) -> torch.Tensor | None:
@@ -92,8 +104,11 @@ def cat(parts: list[QWeight]) -> QWeight:
     """Shards of one layer (plain rows, one bits / group) as one QWeight."""
     if len(parts) == 1:
         return parts[0]
-    if len({(p.bits, p.group) for p in parts}) != 1:
+    if len({(p.bits, p.group) for p in parts}) != 1 or len({_codebook_key(p) for p in parts}) != 1:
         raise ValueError("shards of one layer quantized differently")
+    if parts[0].codebook is not None:  # (absmax scales stay fp32: bitsandbytes' own)
+        return QWeight(4, parts[0].group, torch.cat([p.data for p in parts]), torch.cat([p.scales for p in parts]),
+                       None, codebook=parts[0].codebook)
     # fp16 scales (GGUF Q8_0/Q4_0/Q4_1) stay fp16 only when every shard has them; widening to fp32 is exact.
     dt = torch.float16 if all(p.scale_f16 for p in parts) else torch.float32
     mins = None  # symmetric int4 shards stay without mins; mixed with asymmetric ones, theirs are spelled out
@@ -101,6 +116,10 @@ def cat(parts: list[QWeight]) -> QWeight:
         mins = torch.cat([implied_mins(p).to(dt) for p in parts]) if parts[0].bits == 4 else None
     return QWeight(parts[0].bits, parts[0].group, torch.cat([p.data for p in parts]),
                    torch.cat([p.scales.to(dt) for p in parts]), mins)
+
+
+def _codebook_key(qw: QWeight) -> tuple[float, ...] | None:
+    return None if qw.codebook is None else tuple(qw.codebook.tolist())
 
 
 def embedding_blocks(blocks: gguf.GGUFBlocks) -> QWeight | None:
@@ -129,12 +148,13 @@ def to_panels(qw: QWeight) -> QWeight:
     return pack(source, f"{source}-panels", qw)
 
 
-def prepare_model(model: nn.Module, source: str | None, dtype: torch.dtype) -> None:
+def prepare_model(model: nn.Module, source: str | None, dtype: torch.dtype, ranks: int = 1) -> None:
     """After every weight is in: the activation rounding per model (activations.set_model_activations), quantized
     weights into huge pages, dense bf16 projections into panels (mapped from the panel cache). Runs before anything
-    caches raw weight pointers (the decode program is built later, by the model runner)."""
+    caches raw weight pointers (the decode program is built later, by the model runner). ranks: the
+    tensor-parallel ranks the model is split over."""
     act = activations.set_model_activations((q for q in hugepages.held(model) if isinstance(q, QWeight)),
-                                            getattr(model, "lm_head_qweight", None))
+                                            getattr(model, "lm_head_qweight", None), ranks)
     if act == "int8x2":
         logger.info("a small quantized model: activations in two int8 terms for every row (HEARTH_QUANT_ACT=auto)")
     elif act:

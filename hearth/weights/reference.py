@@ -15,6 +15,8 @@ def dequantize(qw: QWeight) -> torch.Tensor:
     s = qw.scales.float()[..., None]
     if qw.bits == 8:
         return (qw.data.float().reshape(n, k // g, g) * s).reshape(n, k)
+    if qw.codebook is not None:  # codebook[q] * absmax: bitsandbytes' own fp32 product
+        return (qw.codebook[unpack_u4(qw.data).long()].reshape(n, k // g, g) * s).reshape(n, k)
     q = unpack_u4(qw.data).float().reshape(n, k // g, g)
     return torch.addcmul(implied_mins(qw)[..., None], q, s).reshape(n, k)  # q * s + min, like the kernel's fma
 

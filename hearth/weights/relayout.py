@@ -23,7 +23,7 @@ def plain(qw: QWeight) -> QWeight:
 def can_tile(qw: QWeight) -> bool:
     """int4, 32-weight groups, K % 64 == 0 and N % 4 == 0 (the tile layout's domain), not tiled yet."""
     n, k = qw.shape
-    return qw.bits == 4 and qw.group == 32 and not qw.tiled and k % 64 == 0 and n % 4 == 0 and n > 0
+    return qw.bits == 4 and qw.codebook is None and qw.group == 32 and not qw.tiled and k % 64 == 0 and n % 4 == 0 and n > 0
 
 
 def tile_rows4(qw: QWeight) -> QWeight:

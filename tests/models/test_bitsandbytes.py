@@ -12,7 +12,8 @@ import torch
 
 from hearth import LLM, SamplingParams
 from hearth.layers.quant_linear import QuantLinear
-from hearth.weights import activations
+from hearth.weights import activations, layouts
+from hearth.weights.packed import unpack_u4
 from hearth.weights.reference import dequantize
 from tests.models.parity import assert_greedy_parity
 from tests.tiny_models import build_checkpoint, hf_greedy, tiny_config
@@ -59,6 +60,18 @@ def _save_bnb(src: str, out: str, deq: str, **bnb) -> dict[str, torch.Tensor]:
     return weights
 
 
+def _hearth_qweight(llm: LLM, name: str):
+    """The QWeight rows hearth holds for checkpoint tensor `name`."""
+    model = llm.engine.model
+    parent, proj, _ = name.rsplit(".", 2)
+    merged_name, shard = model.merged.get(proj, (proj, None))
+    mod = model.get_submodule(f"{parent}.{merged_name}")
+    if shard is None:
+        return mod.qweight
+    start, size = mod.shards[shard]
+    return mod.qweight.rows(start, size)
+
+
 def _hearth_weight(llm: LLM, name: str) -> torch.Tensor:
     """The weight hearth holds for checkpoint tensor `name` (its rows of a merged layer), fp32."""
     model = llm.engine.model
@@ -84,6 +97,9 @@ def test_bnb_checkpoints_load_as_bitsandbytes_dequantizes_them(float_model: str,
     out, deq = str(tmp_path / "q"), str(tmp_path / "deq")
     weights = _save_bnb(float_model, out, deq, **bnb)
     llm = LLM(out, dtype="float32", kv_cache_space=0.05)
+    held = {layouts.of(m.qweight).name for m in llm.engine.model.modules()
+            if isinstance(m, QuantLinear) and m.qweight is not None}
+    assert held == ({"int8"} if "load_in_8bit" in bnb else {"nf4"})  # kept quantized, not dense
     for name, ref in weights.items():
         got = _hearth_weight(llm, name)
         if "load_in_8bit" in bnb:  # q * (SCB / 127) vs (q * SCB) / 127: each one fp32 rounding of the same value
@@ -95,9 +111,25 @@ def test_bnb_checkpoints_load_as_bitsandbytes_dequantizes_them(float_model: str,
 
 
 def test_quantization_bitsandbytes_quantizes_a_float_checkpoint_at_load(float_model: str) -> None:
+    """NF4 at load: each layer's codes and absmax are bitsandbytes' quantize_4bit(nf4, blocksize 64) of its
+    checkpoint weight, bit for bit, and the model generates."""
+    import bitsandbytes.functional as F
+    from safetensors.torch import load_file
+
     llm = LLM(float_model, quantization="bitsandbytes", kv_cache_space=0.05)
     layers = [m for m in llm.engine.model.modules() if isinstance(m, QuantLinear) and m.qweight is not None]
-    assert len(layers) == 8 and {(m.qweight.bits, m.qweight.group) for m in layers} == {(4, 64)}
+    assert len(layers) == 8 and {layouts.of(m.qweight).name for m in layers} == {"nf4"}
+    assert all(m.qweight.group == 64 for m in layers)
+    ckpt = load_file(os.path.join(float_model, "model.safetensors"))
+    for name in ("model.layers.0.self_attn.k_proj.weight", "model.layers.1.mlp.down_proj.weight"):
+        w = ckpt[name].to(llm.engine.model_config.dtype)
+        packed, state = F.quantize_4bit(w, blocksize=64, quant_type="nf4")
+        qw = _hearth_qweight(llm, name)
+        n, k = w.shape
+        codes = torch.stack([packed.reshape(-1) >> 4, packed.reshape(-1) & 0x0F], 1).reshape(n, k)
+        assert torch.equal(unpack_u4(qw.data), codes), name
+        assert torch.equal(qw.scales, state.absmax.reshape(n, k // 64)), name
+        assert torch.equal(qw.codebook, state.code.float()), name
     out = llm.generate([{"prompt_token_ids": PROMPTS[0]}], SamplingParams(temperature=0.0, max_tokens=8,
                                                                            ignore_eos=True))
     assert len(out[0].outputs[0].token_ids) == 8

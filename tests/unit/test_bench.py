@@ -197,3 +197,27 @@ def test_serve_launch(tmp_path):
     _positive(launch, ["startup_s", "peak_rss_mb"])
     with socket.socket() as s:  # the server was stopped: its port is free again
         assert s.connect_ex(("127.0.0.1", port)) != 0
+
+
+def test_soak_launch(tmp_path):
+    """soak --launch shares serve's launcher: started, healthy, its RSS sampled, stopped afterwards."""
+    port = _free_port()
+    out = tmp_path / "soak.json"
+    command = f"{sys.executable} {os.path.abspath(__file__)} --fake-server {port}"
+    data = cli_bench.main(["bench", "soak", "--base-url", f"http://127.0.0.1:{port}", "--launch", command,
+                           "--launch-timeout", "60", "--duration", "1", "--concurrency", "1", "--rss-every", "0.5",
+                           "--output-json", str(out)])
+    assert sum(data["statuses"].values()) > 0
+    assert json.loads(out.read_text())["samples"][0]["rss_mb"] > 0
+    with socket.socket() as s:
+        assert s.connect_ex(("127.0.0.1", port)) != 0
+
+
+def test_launch_failure_names_the_exit():
+    """A server command that dies before /health answers is reported with its exit code and log, not waited out."""
+    from hearth.benchmarks.launch import LaunchedServer, health_url
+
+    assert health_url("http://127.0.0.1:8000/v1/") == "http://127.0.0.1:8000/health"
+    command = f"{sys.executable} -c \"import sys; print('no model here'); sys.exit(3)\""
+    with pytest.raises(RuntimeError, match=r"exited with code 3 .*\n.*no model here"):
+        LaunchedServer(command, f"http://127.0.0.1:{_free_port()}/health", timeout_s=30).start()

@@ -50,9 +50,36 @@ def test_models_config(tmp_path: Path) -> None:
     cfg.write_text("models = [")
     with pytest.raises(ValueError, match="not valid TOML"):
         specs_from_toml(str(cfg))
+    with pytest.raises(FileNotFoundError, match="no such file"):
+        specs_from_toml(str(tmp_path / "none.toml"))
+    cfg.write_text('model = "a.gguf"\n')
+    with pytest.raises(ValueError, match=r"unknown top-level field\(s\) \['model'\]"):
+        specs_from_toml(str(cfg))
     cfg.write_text('[[models]]\npath = "a.gguf"\n[[models]]\nname = "x"\npath = "a.gguf"\naliases = ["a"]\n')
     with pytest.raises(ValueError, match="'a' is used by both"):
         check_names(specs_from_toml(str(cfg)))
+
+
+def test_models_config_serving_flags(tmp_path: Path) -> None:
+    """reasoning-parser / reasoning-budget are per model (over the command line's), checked before any load."""
+    import argparse
+
+    from hearth.entrypoints.openai.cli_models import check_serving
+
+    (tmp_path / "a.gguf").write_bytes(b"")
+    cfg = tmp_path / "m.toml"
+    cfg.write_text('[[models]]\nname = "r1"\npath = "a.gguf"\nreasoning-parser = "deepseek_r1"\n'
+                   'reasoning_budget = 8\n[[models]]\nname = "plain"\npath = "a.gguf"\n')
+    r1, plain = specs_from_toml(str(cfg))
+    assert r1.serving == {"reasoning_parser": "deepseek_r1", "reasoning_budget": 8} and not r1.engine_args
+    assert plain.serving == {}
+    flags = argparse.Namespace(reasoning_parser=None, reasoning_budget=None)
+    check_serving([r1, plain], flags)
+    with pytest.raises(ValueError, match="model 'plain': reasoning-budget needs reasoning-parser"):
+        check_serving([r1, plain], argparse.Namespace(reasoning_parser=None, reasoning_budget=4))
+    cfg.write_text('[[models]]\nname = "x"\npath = "a.gguf"\nreasoning-parser = "nope"\n')
+    with pytest.raises(ValueError, match="model 'x': --reasoning-parser must be one of"):
+        check_serving(specs_from_toml(str(cfg)), flags)
 
 
 def _render(model: str, engine: str, n: int) -> bytes:
@@ -84,3 +111,34 @@ def test_dp_core_sets() -> None:
         dp_core_sets(4096, "auto", None)
     sets = dp_core_sets(1, "auto", 1)
     assert len(sets) == 1 and len(sets[0].split(",")) == 1
+
+
+def test_core_slots(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Resident models get their own cores by default: one slot per model that may be resident."""
+    import hearth.engine.core_slots as cs
+    import hearth.engine.dp_cores as dc
+    from hearth.platform import CPUInfo
+
+    info = CPUInfo("test", frozenset(), physical_cores=4, numa_nodes=1)
+    monkeypatch.setattr(cs, "cpu_info", lambda: info)
+    monkeypatch.setattr(dc, "cpu_info", lambda: info)
+    monkeypatch.setattr(dc, "_PROCESS_AFFINITY", {0, 1, 2, 3})
+    monkeypatch.setattr(dc, "numa_core_lists", lambda: [])
+    assert cs.slot_count(3, None, 1) == 3 and cs.slot_count(3, 2, 1) == 2 and cs.slot_count(9, None, 1) == 4
+    assert cs.slot_count(5, None, 2) == 2 and cs.slot_count(1, None, 1) == 1
+    assert cs.core_slots(2, 1, None, None) == [["0,1"], ["2,3"]]
+    assert cs.core_slots(1, 1, "auto", None) == [["0,1,2,3"]]  # one resident model: every core
+    assert cs.core_slots(2, 1, "auto", 1) == [["0"], ["2"]]  # --threads caps each slot
+    assert cs.core_slots(2, 2, None, None) == [["0", "1"], ["2", "3"]]  # data parallel inside each slot
+    assert cs.core_slots(2, 1, "0|1-3", None) == [["0"], ["1-3"]]  # the lists make the slots
+    assert cs.core_slots(2, 1, "0-1", None) == [["0-1"]]  # one list: every model on it
+    assert cs.core_slots(2, 1, "nobind", None) == [["nobind"]]
+    with pytest.raises(ValueError, match="one per engine"):
+        cs.core_slots(2, 2, "0|1|2", None)
+
+    slots = cs.CoreSlots([["0,1"], ["2,3"]])
+    assert slots.take("a") == ["0,1"] and slots.take("b") == ["2,3"]
+    assert slots.take("c") == ["0,1"]  # every slot taken: shares the least shared (the lowest on a tie)
+    slots.release("b")
+    assert slots.take("d") == ["2,3"]  # b's slot went back
+    assert slots.take("a") == ["0,1"] and slots.slot_of("a") == 0 and slots.slot_of("b") is None

@@ -25,8 +25,13 @@ def test_build_app_accepts_autoscaling() -> None:
     assert build_app("some/model", min_replicas=1, max_replicas=4, num_cpus_per_replica=1) is not None
 
 
-def test_cli_ray_refuses_gateway_flags(capsys) -> None:
+@pytest.mark.parametrize("argv, message", [
+    (["--upstream", "gpu:8000"], "--upstream must be an http:// or https:// URL"),
+    (["--api-key-file", "/no/such/keys.toml"], "--api-key-file /no/such/keys.toml: no such file"),
+    (["--api-key", "k", "--api-key-file", "keys.toml"], "--api-key and --api-key-file both given"),
+])
+def test_cli_ray_checks_key_file_and_gateway_flags_before_ray(argv: list[str], message: str, capsys) -> None:
     from hearth.entrypoints.cli import main
 
-    assert main(["serve", "--ray", "--upstream", "http://gpu:8000/v1"]) == 2
-    assert "not available with --ray" in capsys.readouterr().err
+    assert main(["serve", "--ray", *argv]) == 2
+    assert message in capsys.readouterr().err

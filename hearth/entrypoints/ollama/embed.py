@@ -27,18 +27,16 @@ def _error(e: APIError | RequestValidationError) -> JSONResponse:
     return JSONResponse({"error": f"{where}: {first.get('msg', 'invalid request')}"}, status_code=400)
 
 
-def register(app: FastAPI, ctx: ServingContext, parse_body: Callable[[Request, type], Awaitable[Any]]) -> None:
-    def check_model(name: str | None) -> None:
-        # Ollama clients always send a model name; "name:latest" is the same model.
-        if name and name.removesuffix(":latest") != ctx.model_name:
-            raise APIError(404, f"model '{name}' not found; this server serves '{ctx.model_name}'")
+def register(app: FastAPI, context: Callable[[str | None], Awaitable[ServingContext]],
+             parse_body: Callable[[Request, type], Awaitable[Any]]) -> None:
+    """context: the model a request names, as Ollama's clients name it (OllamaAPI.context)."""
 
     @app.post("/api/embed", openapi_extra=openapi_body(OllamaEmbedRequest))
     async def embed(raw: Request):
         t0 = time.perf_counter_ns()
         try:
             req = await parse_body(raw, OllamaEmbedRequest)
-            check_model(req.model)
+            ctx = await context(req.model)
             prompts = tokenize_inputs(ctx, req.input, ctx.max_model_len if req.truncate else None)
             params = PoolingParams("embed", True, req.dimensions)
             vectors, tokens = await run_pooling(ctx, raw, [(ids, params) for ids in prompts], "embed")
@@ -51,7 +49,7 @@ def register(app: FastAPI, ctx: ServingContext, parse_body: Callable[[Request, t
     async def embeddings(raw: Request):
         try:
             req = await parse_body(raw, OllamaEmbeddingsRequest)
-            check_model(req.model)
+            ctx = await context(req.model)
             prompts = tokenize_inputs(ctx, req.prompt, ctx.max_model_len)
             vectors, _ = await run_pooling(ctx, raw, [(prompts[0], PoolingParams("embed"))], "embed")
         except (APIError, RequestValidationError) as e:

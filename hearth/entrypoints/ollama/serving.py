@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import aclosing
 from datetime import UTC, datetime
 from typing import Any
 
@@ -16,9 +17,10 @@ from pydantic import ValidationError
 
 from hearth import __version__
 from hearth.entrypoints.openai.body import openapi_body
-from hearth.engine.async_engine import EngineDeadError, RequestStream
+from hearth.entrypoints.openai.chat_drive import Tally, drive, run_whole
+from hearth.engine.async_engine import RequestStream
 from hearth.entrypoints.ollama import embed
-from hearth.entrypoints.ollama.model_info import ModelInfo
+from hearth.entrypoints.ollama.model_info import ModelInfo, ollama_name
 from hearth.entrypoints.ollama.protocol import (
     ChatRequest,
     GenerateRequest,
@@ -30,11 +32,13 @@ from hearth.entrypoints.openai.errors import APIError, _validation_message, bad_
 from hearth.entrypoints.openai.fim import fim_prompt_ids
 from hearth.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest, FieldError
 from hearth.entrypoints.openai.serving_chat import ChoiceStream, start_chat
-from hearth.entrypoints.openai.serving_common import SAMPLING_PARAMS, Guarded, ServingContext, new_id
+from hearth.entrypoints.openai.served_models import ServedModels
+from hearth.entrypoints.openai.serving_common import SAMPLING_PARAMS, ServingContext, new_id
 
 OLLAMA_API_VERSION = "0.9.0"  # the Ollama release whose API this follows (clients gate features on it)
-NOT_HERE = ("hearth serves the one model it was started with and never downloads or stores models: start "
-            "`hearth serve <model.gguf or HF folder>` with the model you want (see `hearth serve --help`)")
+NOT_HERE = ("hearth serves the models it was started with and never downloads or stores models: start "
+            "`hearth serve <model.gguf or HF folder>` (or `--models-dir DIR`) with the models you want (see "
+            "`hearth serve --help`)")
 
 
 def _error(status: int, message: str) -> JSONResponse:
@@ -90,15 +94,33 @@ def _chat_messages(messages: list[Any]) -> list[dict[str, Any]]:
 
 
 class OllamaAPI:
-    def __init__(self, ctx: ServingContext) -> None:
-        self.ctx = ctx
-        self._info: ModelInfo | None = None
+    def __init__(self, models: ServedModels) -> None:
+        self.models = models
+        self._infos: dict[tuple[str, str], ModelInfo] = {}
 
-    @property
-    def info(self) -> ModelInfo:
-        if self._info is None:
-            self._info = ModelInfo(self.ctx)
-        return self._info
+    def info(self, name: str, path: str) -> ModelInfo:
+        key = (name, path)
+        if key not in self._infos:
+            self._infos[key] = ModelInfo(name, path)
+        return self._infos[key]
+
+    async def context(self, name: str | None) -> ServingContext:
+        """The model a request names, as Ollama's clients name it ("name" or "name:latest"; none: the first)."""
+        if not name:
+            return await self.models.context(None)
+        try:
+            return await self.models.context(name)
+        except APIError as e:
+            if e.status != 404:
+                raise
+        if name.endswith(":latest"):
+            try:
+                return await self.models.context(name.removesuffix(":latest"))
+            except APIError as e:
+                if e.status != 404:
+                    raise
+        served = ", ".join(f"'{ollama_name(m.name)}'" for m in self.models.listings())
+        raise APIError(404, f"model '{name}' not found; this server serves {served}")
 
     def _chat_request(self, messages: list[dict[str, Any]], req: ChatRequest | GenerateRequest,
                       tools: list[dict[str, Any]] | None = None) -> ChatCompletionRequest:
@@ -107,13 +129,13 @@ class OllamaAPI:
         return _validated(ChatCompletionRequest, body)
 
     async def chat(self, req: ChatRequest, raw: Request):
-        self.info.check(req.model)
+        ctx = await self.context(req.model)
         if not req.messages:  # Ollama's way to load a model: nothing to generate
             return {"model": req.model, "created_at": _now(), "message": {"role": "assistant", "content": ""},
                     "done_reason": "load", "done": True}
         chat = self._chat_request(_chat_messages(req.messages), req, req.tools)
         t0 = time.monotonic()
-        run = await start_chat(self.ctx, chat, "ollama")
+        run = await start_chat(ctx, chat, "ollama")
 
         def message(delta: dict[str, Any]) -> dict[str, Any]:
             m: dict[str, Any] = {"role": "assistant", "content": delta.get("content") or ""}
@@ -128,7 +150,7 @@ class OllamaAPI:
                                    lambda delta: {"message": message(delta)})
 
     async def generate(self, req: GenerateRequest, raw: Request):
-        self.info.check(req.model)
+        ctx = await self.context(req.model)
         if not req.prompt and req.suffix is None:
             return {"model": req.model, "created_at": _now(), "response": "", "done_reason": "load", "done": True}
         t0 = time.monotonic()
@@ -140,13 +162,13 @@ class OllamaAPI:
         if not req.raw and req.suffix is None:  # the chat template formats the prompt
             messages = ([{"role": "system", "content": req.system}] if req.system else []) + [
                 {"role": "user", "content": req.prompt}]
-            run = await start_chat(self.ctx, self._chat_request(messages, req), "ollama")
+            run = await start_chat(ctx, self._chat_request(messages, req), "ollama")
             stream, ids, cs = run.stream, run.prompt_ids, run.choice_stream()
             final = lambda text, reason: run.final_message(text, reason)  # noqa: E731
         else:
-            ids = (req.context or []) + (fim_prompt_ids(self.ctx.fim, self.ctx.tokenizer, req.prompt, req.suffix)
-                                         if req.suffix is not None else self.ctx.tokenizer.encode(req.prompt))
-            stream = await self._submit_raw(ids, req)
+            ids = (req.context or []) + (fim_prompt_ids(ctx.fim, ctx.tokenizer, req.prompt, req.suffix)
+                                         if req.suffix is not None else ctx.tokenizer.encode(req.prompt))
+            stream = await self._submit_raw(ctx, ids, req)
             cs, final = None, lambda text, reason: ({"content": text}, reason)
 
         def response(delta: dict[str, Any]) -> dict[str, Any]:
@@ -157,7 +179,7 @@ class OllamaAPI:
 
         return await self._respond(req, raw, stream, len(ids), t0, cs, final, response, generate_ids=ids)
 
-    async def _submit_raw(self, ids: list[int], req: GenerateRequest) -> RequestStream:
+    async def _submit_raw(self, ctx: ServingContext, ids: list[int], req: GenerateRequest) -> RequestStream:
         creq = _validated(CompletionRequest, {"prompt": ids, **sampling_fields(req.options, req.format),
                                               "max_tokens": (req.options or {}).get("num_predict")})
         if creq.max_tokens is not None and creq.max_tokens < 0:
@@ -169,8 +191,8 @@ class OllamaAPI:
             raise APIError(400, str(e), param=e.param) from None
         except ValueError as e:
             raise bad_request(e, SAMPLING_PARAMS) from None
-        await self.ctx.compile_structured(spec, "format" if param else None)
-        return await self.ctx.generate([(new_id("ollama"), ids, params)])
+        await ctx.compile_structured(spec, "format" if param else None)
+        return await ctx.generate([(new_id("ollama"), ids, params)])
 
     async def _respond(self, req: ChatRequest | GenerateRequest, raw: Request, stream: RequestStream, n_prompt: int,
                        t0: float, cs: ChoiceStream | None,
@@ -178,78 +200,65 @@ class OllamaAPI:
                        shape: Callable[[dict[str, Any]], dict[str, Any]], generate_ids: list[int] | None = None):
         """One NDJSON line per engine output (or one object when stream is false), then the done line."""
         head = {"model": req.model}
-        state = {"text": "", "n_out": 0, "first": None, "reason": None, "out_ids": []}
+        t = Tally(keep_ids=generate_ids is not None)
 
         def done_line() -> dict[str, Any]:
-            reason = state["reason"]
             line = {**head, "created_at": _now(), "done": True,
-                    "done_reason": "length" if reason == "length" else "stop",
-                    **_timings(t0, state["first"], n_prompt, state["n_out"])}
+                    "done_reason": "length" if t.reason == "length" else "stop",
+                    **_timings(t0, t.first_at, n_prompt, t.n_out)}
             if generate_ids is not None:
-                line["context"] = generate_ids + state["out_ids"]
+                line["context"] = generate_ids + t.out_ids
             return line
 
         if req.stream:
             async def lines() -> AsyncIterator[str]:
                 try:
-                    async with Guarded(raw, stream) as outputs:
-                        async for out in outputs:
-                            state["n_out"] += len(out.new_token_ids)
-                            state["out_ids"] += out.new_token_ids
-                            state["first"] = state["first"] or time.monotonic()
-                            delta = cs.delta(out.new_text, out.finished) if cs is not None else {
-                                "content": out.new_text}
-                            if out.finished:
-                                state["reason"] = out.finish_reason
+                    async with aclosing(drive(stream, raw, t, cs)) as outputs:
+                        async for delta, _, _ in outputs:
                             if delta:
                                 yield json.dumps({**head, "created_at": _now(), **shape(delta), "done": False}) + "\n"
-                except (APIError, EngineDeadError) as e:
-                    yield json.dumps({"error": e.message if isinstance(e, APIError) else str(e)}) + "\n"
+                except APIError as e:
+                    yield json.dumps({"error": e.message}) + "\n"
                     return
-                if not stream.aborted:
+                if not t.aborted:
                     last = done_line()
                     last.update(shape({}))
                     yield json.dumps(last) + "\n"
             return StreamingResponse(lines(), media_type="application/x-ndjson")
 
-        async with Guarded(raw, stream) as outputs:
-            async for out in outputs:
-                state["text"] += out.new_text
-                state["n_out"] += len(out.new_token_ids)
-                state["out_ids"] += out.new_token_ids
-                state["first"] = state["first"] or time.monotonic()
-                if out.finished:
-                    state["reason"] = out.finish_reason
-        if stream.aborted:
+        await run_whole(stream, raw, t)
+        if t.aborted:
             return JSONResponse({}, status_code=499)
-        message, _ = final(state["text"], state["reason"])
+        message, _ = final(t.text, t.reason)
         return {**done_line(), **shape(message)}
 
     def tags(self) -> dict[str, Any]:
-        return {"models": [self.info.entry()]}
+        return {"models": [self.info(m.name, m.path).entry(m.ctx) for m in self.models.listings()]}
 
     def ps(self) -> dict[str, Any]:
-        return {"models": [{**self.info.entry(), "expires_at": "2999-01-01T00:00:00Z", "size_vram": 0,
-                            "context_length": self.ctx.max_model_len}]}
+        """The loaded models (all of them with one model; a router's resident ones)."""
+        return {"models": [{**self.info(m.name, m.path).entry(m.ctx), "expires_at": "2999-01-01T00:00:00Z",
+                            "size_vram": 0, "context_length": m.ctx.max_model_len}
+                           for m in self.models.listings() if m.ctx is not None]}
 
-    def show(self, req: ShowRequest) -> dict[str, Any]:
-        self.info.check(req.model or req.name)
-        info = self.info
+    async def show(self, req: ShowRequest) -> dict[str, Any]:
+        ctx = await self.context(req.model or req.name)
+        info = self.info(ctx.model_name, ctx.model_path)
+        family = info.family(ctx)
         caps = ["completion"]
-        if self.ctx.tokenizer.chat_template and "tools" in self.ctx.tokenizer.chat_template:
+        if ctx.tokenizer.chat_template and "tools" in ctx.tokenizer.chat_template:
             caps.append("tools")
-        if self.ctx.reasoning_parser is not None:
+        if ctx.reasoning_parser is not None:
             caps.append("thinking")
-        if self.ctx.fim is not None:
+        if ctx.fim is not None:
             caps.append("insert")
-        return {"modelfile": "", "parameters": "", "template": self.ctx.tokenizer.chat_template or "",
-                "details": info.details(), "modified_at": info.modified_at, "capabilities": caps,
-                "model_info": {"general.architecture": info.family,
-                               f"{info.family}.context_length": self.ctx.max_model_len}}
+        return {"modelfile": "", "parameters": "", "template": ctx.tokenizer.chat_template or "",
+                "details": info.details(ctx), "modified_at": info.modified_at, "capabilities": caps,
+                "model_info": {"general.architecture": family, f"{family}.context_length": ctx.max_model_len}}
 
 
-def register(app: FastAPI, ctx: ServingContext, parse_body: Callable[[Request, type], Awaitable[Any]]) -> None:
-    api = OllamaAPI(ctx)
+def register(app: FastAPI, models: ServedModels, parse_body: Callable[[Request, type], Awaitable[Any]]) -> None:
+    api = OllamaAPI(models)
 
     async def ollama_shaped(call: Awaitable[Any]) -> Any:
         try:
@@ -274,7 +283,7 @@ def register(app: FastAPI, ctx: ServingContext, parse_body: Callable[[Request, t
     @app.post("/api/show", openapi_extra=openapi_body(ShowRequest))
     async def show(raw: Request):
         async def run() -> Any:
-            return api.show(await parse_body(raw, ShowRequest))
+            return await api.show(await parse_body(raw, ShowRequest))
         return await ollama_shaped(run())
 
     @app.post("/api/chat", openapi_extra=openapi_body(ChatRequest))
@@ -289,7 +298,7 @@ def register(app: FastAPI, ctx: ServingContext, parse_body: Callable[[Request, t
             return await api.generate(await parse_body(raw, GenerateRequest), raw)
         return await ollama_shaped(run())
 
-    embed.register(app, ctx, parse_body)  # POST /api/embed and the older /api/embeddings
+    embed.register(app, api.context, parse_body)  # POST /api/embed and the older /api/embeddings
 
     for path in ("/api/pull", "/api/push", "/api/create", "/api/copy", "/api/delete"):
         async def not_here() -> JSONResponse:

@@ -22,12 +22,13 @@ import hmac
 import logging
 import math
 import time
-import tomllib
 from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter
+
+from hearth.entrypoints.openai.toml_file import check_fields, read_toml, str_list, tables
 
 logger = logging.getLogger("hearth")
 
@@ -84,20 +85,9 @@ def _positive_int(entry: dict, name: str, where: str) -> int | None:
 
 def parse_key_file(path: str) -> list[KeySpec]:
     """Read and validate the TOML key file; every mistake is a ValueError naming the entry and the field."""
-    try:
-        with open(path, "rb") as f:
-            data = tomllib.load(f)
-    except FileNotFoundError:
-        raise FileNotFoundError(f"--api-key-file {path}: no such file") from None
-    except tomllib.TOMLDecodeError as e:
-        raise ValueError(f"--api-key-file {path}: not valid TOML: {e}") from None
-    unknown = set(data) - {"admin_key", "keys"}
-    if unknown:
-        raise ValueError(f"--api-key-file {path}: unknown top-level field(s) {sorted(unknown)}; expected "
-                         "admin_key and [[keys]] tables")
-    entries = data.get("keys", [])
-    if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
-        raise ValueError(f"--api-key-file {path}: keys must be [[keys]] tables")
+    data = read_toml("--api-key-file", path)
+    check_fields(data, {"admin_key", "keys"}, f"--api-key-file {path}", "top-level field(s)")
+    entries = tables(data, "keys", f"--api-key-file {path}")
     specs: list[KeySpec] = []
     admin_key = data.get("admin_key")
     if admin_key is not None:
@@ -110,14 +100,10 @@ def parse_key_file(path: str) -> list[KeySpec]:
         if not isinstance(name, str) or not name:
             raise ValueError(f"{where}: name must be a non-empty string")
         where = f"--api-key-file {path}: key {name!r}"
-        extra = set(entry) - _KEY_FIELDS
-        if extra:
-            raise ValueError(f"{where}: unknown field(s) {sorted(extra)}; expected {sorted(_KEY_FIELDS)}")
+        check_fields(entry, _KEY_FIELDS, where)
         if not isinstance(key, str) or not key:
             raise ValueError(f"{where}: key must be a non-empty string")
-        models = entry.get("models")
-        if models is not None and (not isinstance(models, list) or not all(isinstance(m, str) for m in models)):
-            raise ValueError(f"{where}: models must be a list of model names")
+        models = str_list(entry, "models", where)
         specs.append(KeySpec(name, key, *(_positive_int(entry, f, where) for f in _LIMIT_FIELDS),
                              frozenset(models) if models is not None else None))
     names = [s.name for s in specs]

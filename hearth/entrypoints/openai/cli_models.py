@@ -17,7 +17,8 @@ def add_models_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--models-config", default=None,
                    help="TOML file of [[models]] entries: name, path, aliases, pinned, engine flags")
     g.add_argument("--max-loaded-models", type=int, default=None,
-                   help="at most N models resident; the least recently used idle unpinned one is unloaded first")
+                   help="at most N models resident; the least recently used idle unpinned one is unloaded first. "
+                        "The cores are split into N slots, one per resident model (default: one per model)")
     g.add_argument("--models-memory", type=float, default=None,
                    help="GiB budget for resident models (weights + KV cache)")
     g.add_argument("--idle-unload-seconds", type=float, default=None,
@@ -32,6 +33,7 @@ def add_models_args(p: argparse.ArgumentParser) -> None:
 def build_router(ns: argparse.Namespace) -> ModelRouter | None:
     """The router the flags ask for, or None for the plain in-process `hearth serve MODEL`."""
     from hearth import envs
+    from hearth.engine.core_slots import core_slots, slot_count
     from hearth.engine.dp_cores import dp_core_sets
     from hearth.entrypoints.cli import engine_args_from
     from hearth.entrypoints.openai.model_router import ModelRouter, RouterConfig
@@ -60,6 +62,7 @@ def build_router(ns: argparse.Namespace) -> ModelRouter | None:
             names = {s.name for s in config_specs}
             specs = [s for s in specs if s.name not in names] + config_specs  # the config's entry wins
         check_names(specs)
+        check_serving(specs, ns)
     else:
         from hearth.loader.model_loader import default_model_path
 
@@ -69,13 +72,33 @@ def build_router(ns: argparse.Namespace) -> ModelRouter | None:
         # NOTE: the loader's own default name (model_loader), so the API name is the same as without -dp
         name = ns.served_model_name or os.path.basename(os.path.normpath(path)).removesuffix(".gguf")
         specs = [ModelSpec(name, path, pinned=True)]
-    if ns.data_parallel_size > 1:
-        binds: list[str | None] = list(dp_core_sets(ns.data_parallel_size,
-                                                    ns.omp_threads_bind or envs.omp_threads_bind(), ns.threads))
+    bind = ns.omp_threads_bind or envs.omp_threads_bind()
+    if multi:  # the cores are split between the models that may be resident (hearth.engine.core_slots)
+        slots = core_slots(slot_count(len(specs), ns.max_loaded_models, ns.data_parallel_size),
+                           ns.data_parallel_size, bind, ns.threads)
     else:
-        binds = [None]
+        slots = [list(dp_core_sets(ns.data_parallel_size, bind, ns.threads))]
     base = engine_args_from(ns)
+    serving = {"reasoning_parser": ns.reasoning_parser, "reasoning_budget": ns.reasoning_budget}
     config = RouterConfig(ns.max_loaded_models, ns.models_memory, ns.idle_unload_seconds, ns.model_load_timeout,
-                          ns.data_parallel_size, binds, ns.max_waiting_requests, ns.refill_wait_ms / 1000,
-                          ns.drain_timeout)
+                          ns.data_parallel_size, slots, ns.max_waiting_requests, ns.refill_wait_ms / 1000,
+                          ns.drain_timeout, {k: v for k, v in serving.items() if v is not None})
     return ModelRouter(specs, base, config)
+
+
+def check_serving(specs: list, ns: argparse.Namespace) -> None:
+    """A model's reasoning-parser / reasoning-budget (its TOML entry, else the flag) fail now, not at its load."""
+    from hearth.entrypoints.openai.reasoning import get_parser
+
+    for s in specs:
+        parser = s.serving.get("reasoning_parser", ns.reasoning_parser)
+        budget = s.serving.get("reasoning_budget", ns.reasoning_budget)
+        where = f"model {s.name!r}"
+        try:
+            get_parser(parser)
+        except ValueError as e:
+            raise ValueError(f"{where}: {e}") from None
+        if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 0):
+            raise ValueError(f"{where}: reasoning-budget must be a whole number >= 0, got {budget!r}")
+        if budget is not None and parser is None:
+            raise ValueError(f"{where}: reasoning-budget needs reasoning-parser (qwen3 or deepseek_r1)")

@@ -44,12 +44,13 @@ def run_ray_serve(ns: argparse.Namespace) -> int:
     if not 0 <= ns.port < 65536:
         raise ValueError(f"--port must be in [0, 65535], got {ns.port}")
     engine_args = {k: getattr(ns, k) for k in ENGINE_ARG_NAMES if hasattr(ns, k) and k != "model"}
-    if ns.upstream is not None or ns.blocklist is not None or ns.answer_cache_size:
-        raise ValueError("--upstream, --blocklist and --answer-cache-size are not available with --ray yet: "
-                         "run a gateway `hearth serve --upstream` in front of the Ray address instead")
+    from hearth.entrypoints.openai.gateway import gateway_config_from
+
     app = build_app(ns.model, num_replicas=ns.num_replicas, min_replicas=ns.min_replicas, max_replicas=ns.max_replicas,
                     target_ongoing_requests=ns.target_ongoing_requests,
-                    num_cpus_per_replica=ns.num_cpus_per_replica, api_key=ns.api_key or envs.api_key(),
+                    num_cpus_per_replica=ns.num_cpus_per_replica,
+                    api_key=ns.api_key or (envs.api_key() if not ns.api_key_file else None),
+                    api_key_file=ns.api_key_file, gateway=gateway_config_from(ns, envs.upstream_api_key()),
                     max_waiting_requests=ns.max_waiting_requests, refill_wait_ms=ns.refill_wait_ms,
                     max_request_body_bytes=ns.max_request_body_bytes, drain_timeout=ns.drain_timeout,
                     **engine_args)

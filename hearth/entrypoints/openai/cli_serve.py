@@ -154,9 +154,12 @@ def run_serve(ns: argparse.Namespace) -> int:
                         router=router)
         logger.info("serving %s on http://%s:%d/v1%s", ", ".join(repr(n) for n in router.names()), ns.host, ns.port,
                     " (API key required)" if api_key or ns.api_key_file else "")
+        from hearth.entrypoints.openai.http_server import Server, header_timeout_protocol
+
         config = uvicorn.Config(app, host=ns.host, port=ns.port, log_level=ns.uvicorn_log_level,
+                                http=header_timeout_protocol(ns.header_timeout),
                                 timeout_graceful_shutdown=ns.drain_timeout)
-        uvicorn.Server(config).run(sockets=[sock])
+        Server(config).run(sockets=[sock])
         return 0
     sock = bind_socket(ns.host, ns.port)  # before the (slow) load: a busy port fails in a second, not after it
     try:

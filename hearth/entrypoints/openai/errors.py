@@ -26,6 +26,27 @@ def error_body(message: str, type: str = "invalid_request_error", param: str | N
     return {"error": {"message": message, "type": type, "param": param, "code": code}}
 
 
+# Anthropic's error types by HTTP status
+ANTHROPIC_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                         404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
+                         503: "overloaded_error"}
+
+
+def anthropic_body(status: int, message: str) -> dict:
+    return {"type": "error", "error": {"type": ANTHROPIC_ERROR_TYPES.get(status, "api_error"), "message": message}}
+
+
+def shaped_for(path: str, status: int, body: dict) -> dict:
+    """An OpenAI-style error body in the shape the route's own clients read: Anthropic's on /v1/messages, Ollama's
+    ({"error": "..."}) on /api/; as it is elsewhere."""
+    message = body["error"]["message"]
+    if path == "/v1/messages" or path.startswith("/v1/messages/"):
+        return anthropic_body(status, message)
+    if path.startswith("/api/"):
+        return {"error": message}
+    return body
+
+
 def error_response(err: APIError) -> JSONResponse:
     return JSONResponse(error_body(err.message, err.type, err.param, err.code), status_code=err.status,
                         headers=err.headers)
@@ -62,20 +83,22 @@ _HTTP_CODES = {408: "request_timeout", 413: "request_too_large"}
 
 def install_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
-    async def _api_error(_: Request, exc: APIError) -> JSONResponse:
-        return error_response(exc)
+    async def _api_error(request: Request, exc: APIError) -> JSONResponse:
+        body = shaped_for(request.url.path, exc.status, error_body(exc.message, exc.type, exc.param, exc.code))
+        return JSONResponse(body, status_code=exc.status, headers=exc.headers)
 
     @app.exception_handler(RequestValidationError)
-    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
         message, param = _validation_message(exc)
-        return JSONResponse(error_body(message, param=param), status_code=400)
+        return JSONResponse(shaped_for(request.url.path, 400, error_body(message, param=param)), status_code=400)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        # (also the guard's 413 and the site guard's 408, raised while a route reads a chunked or stalled body)
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
         code = _HTTP_CODES.get(exc.status_code)
-        return JSONResponse(error_body(str(exc.detail), kind, None, code), status_code=exc.status_code,
-                            headers=getattr(exc, "headers", None))
+        body = shaped_for(request.url.path, exc.status_code, error_body(str(exc.detail), kind, None, code))
+        return JSONResponse(body, status_code=exc.status_code, headers=getattr(exc, "headers", None))
 
     from hearth.engine.async_engine import EngineDeadError
 

@@ -12,7 +12,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from hearth.entrypoints.openai.api_keys import KeyRing, KeySpec, LimitExceeded, Meter, current_meter
-from hearth.entrypoints.openai.errors import error_body
+from hearth.entrypoints.openai.errors import error_body, shaped_for
 
 _KEYED = ("/v1/", "/tokenize", "/detokenize", "/status", "/api/")  # /api/: Ollama's API
 # POSTs here are what a key's limits count (/api/embed, like /v1/embeddings, runs the model)
@@ -48,30 +48,31 @@ class Guard:
             given = b"Bearer " + headers[b"x-api-key"]
         spec = self.keys.lookup(given)
         if spec is None:
-            return await _reply(send, 401, error_body("invalid or missing API key: send "
-                                                      "'Authorization: Bearer <key>'", "invalid_request_error",
-                                                      None, "invalid_api_key"))
+            return await _reply(send, path, 401, error_body("invalid or missing API key: send "
+                                                            "'Authorization: Bearer <key>'", "invalid_request_error",
+                                                            None, "invalid_api_key"))
         if admin and not spec.admin:
-            return await _reply(send, 403, error_body(f"{path} needs the admin key; key {spec.name!r} is not it",
-                                                      "permission_error", None, "admin_key_required"))
+            return await _reply(send, path, 403, error_body(
+                f"{path} needs the admin key; key {spec.name!r} is not it", "permission_error", None,
+                "admin_key_required"))
         if scope["method"] == "GET" and path == "/v1/models" and spec.models is not None:
             return await self.app(scope, receive, _only_models(send, spec.models))
         if not (scope["method"] == "POST" and path.startswith(_GENERATING)):
             return await self._sized(headers, scope, receive, send)
         if self._too_large(headers):
-            return await self._reply_too_large(send)
+            return await self._reply_too_large(send, scope["path"])
         receive = self._counted(receive)
         if spec.models is not None:
             try:
-                receive, refusal = await self._check_model(spec, receive)
+                receive, refusal = await self._check_model(spec, receive, path.startswith("/api/"))
             except BodyTooLarge:  # raised here, outside the app's handlers, so answered here
-                return await self._reply_too_large(send)
+                return await self._reply_too_large(send, scope["path"])
             if refusal is not None:
-                return await _reply(send, 403, refusal)
+                return await _reply(send, path, 403, refusal)
         try:
             usage = self.keys.admit(spec)
         except LimitExceeded as e:
-            return await _reply(send, 429, error_body(str(e), "rate_limit_error", None, "rate_limit_exceeded"),
+            return await _reply(send, path, 429, error_body(str(e), "rate_limit_error", None, "rate_limit_exceeded"),
                                 [(b"retry-after", str(e.retry_after).encode())])
         token = current_meter.set(Meter(self.keys, spec.name, usage))
         try:
@@ -84,13 +85,14 @@ class Guard:
         length = headers.get(b"content-length")
         return length is not None and length.isdigit() and int(length) > self.max_body_bytes
 
-    async def _reply_too_large(self, send: Send) -> None:
-        await _reply(send, 413, error_body(f"the request body is larger than the limit of {self.max_body_bytes} "
-                                           "bytes", "invalid_request_error", None, "request_too_large"))
+    async def _reply_too_large(self, send: Send, path: str) -> None:
+        await _reply(send, path, 413, error_body(f"the request body is larger than the limit of "
+                                                 f"{self.max_body_bytes} bytes", "invalid_request_error", None,
+                                                 "request_too_large"))
 
     async def _sized(self, headers: dict[bytes, bytes], scope: Scope, receive: Receive, send: Send) -> None:
         if self._too_large(headers):
-            return await self._reply_too_large(send)
+            return await self._reply_too_large(send, scope["path"])
         await self.app(scope, self._counted(receive), send)
 
     def _counted(self, receive: Receive) -> Receive:
@@ -107,7 +109,7 @@ class Guard:
 
         return counted
 
-    async def _check_model(self, spec: KeySpec, receive: Receive) -> tuple[Receive, dict | None]:
+    async def _check_model(self, spec: KeySpec, receive: Receive, ollama: bool) -> tuple[Receive, dict | None]:
         """Read the whole body to see its `model`; hand the app a receive that replays it. Unparsable bodies go
         on to the app, which answers them with its 400."""
         chunks: list[bytes] = []
@@ -137,6 +139,8 @@ class Guard:
         if model is None:
             return replay, error_body(f"key {spec.name!r} may use only the models {allowed}: name one in 'model'",
                                       "permission_error", "model", "model_not_allowed")
+        if ollama and isinstance(model, str) and model not in allowed:
+            model = model.removesuffix(":latest")  # Ollama's clients' name for the same model
         if model not in allowed:
             return replay, error_body(f"key {spec.name!r} may not use the model {model!r}; it may use {allowed}",
                                       "permission_error", "model", "model_not_allowed")
@@ -169,8 +173,10 @@ def _only_models(send: Send, allowed: frozenset[str]) -> Send:
     return filtered
 
 
-async def _reply(send: Send, status: int, body: dict, extra: list[tuple[bytes, bytes]] | None = None) -> None:
-    data = json.dumps(body).encode()
+async def _reply(send: Send, path: str, status: int, body: dict,
+                 extra: list[tuple[bytes, bytes]] | None = None) -> None:
+    """Answer a refusal in the shape the route's clients read (errors.shaped_for)."""
+    data = json.dumps(shaped_for(path, status, body)).encode()
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode()),
                             *(extra or [])]})

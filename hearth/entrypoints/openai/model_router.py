@@ -16,12 +16,17 @@ import time
 from dataclasses import dataclass, field
 
 from hearth.config import EngineArgs
+from hearth.engine.core_slots import CoreSlots
+from hearth.engine.dp_cores import dp_core_sets
 from hearth.engine.dp_engine import DataParallelEngine
 from hearth.engine.engine_worker import WorkerOptions
 from hearth.engine.llm_engine import EngineStats
 from hearth.entrypoints.openai.errors import APIError
 from hearth.entrypoints.openai.model_specs import ModelSpec
+from hearth.entrypoints.openai.reasoning import get_parser
+from hearth.entrypoints.openai.served_models import Listing
 from hearth.entrypoints.openai.serving_common import ServingContext
+from hearth.entrypoints.web.routes import TokenRate
 from hearth.metrics_merge import merge_expositions
 
 logger = logging.getLogger("hearth")
@@ -38,10 +43,12 @@ class RouterConfig:
     idle_unload_seconds: float | None = None
     load_timeout: float = 300.0
     data_parallel_size: int = 1
-    binds: list[str | None] = field(default_factory=lambda: [None])  # one per data-parallel engine
+    # per core slot (hearth.engine.core_slots), one --omp-threads-bind value per data-parallel engine
+    core_slots: list[list[str | None]] = field(default_factory=lambda: [[None]])
     max_waiting_requests: int | None = None
     refill_wait_s: float = 0.0
     drain_timeout: float = 30.0
+    serving: dict = field(default_factory=dict)  # --reasoning-parser / --reasoning-budget (model_specs.SERVING_KEYS)
 
 
 @dataclass
@@ -106,6 +113,8 @@ class ModelRouter:
                     args = dataclasses.replace(args, kv_cache_space=DEFAULT_KV_SPACE_GIB)
             self.entries.append(_Entry(spec, args))
         self._names = {n: e for e in self.entries for n in [e.spec.name, *e.spec.aliases]}
+        self.cores = CoreSlots(config.core_slots)
+        self._rates: dict[str, TokenRate] = {}  # per model: the web page's output tokens/s
         self._lock = asyncio.Lock()
         self._janitor: asyncio.Task | None = None
         self._warmed = False
@@ -158,12 +167,13 @@ class ModelRouter:
         async with self._lock:
             if entry.engine is not None and entry.engine.dead is not None and not entry.engine.loading:
                 entry.engine, entry.ctx = None, None  # every engine stayed down after its restarts: start afresh
+                self.cores.release(entry.spec.name)
             if entry.engine is None:
                 await self._make_room(entry, deadline)
                 entry.error = None
                 entry.engine = DataParallelEngine(entry.args, WorkerOptions(
                     entry.spec.name, "0", self.config.max_waiting_requests, self.config.refill_wait_s),
-                    self.config.binds, self.config.load_timeout)
+                    self._binds(entry), self.config.load_timeout)
                 entry.load_task = asyncio.create_task(self._load(entry))
         task = entry.load_task
         if task is None:
@@ -179,6 +189,13 @@ class ModelRouter:
             raise APIError(503, f"the model {entry.spec.name!r} failed to load: {e}", "server_error",
                            code="model_load_failed") from None
 
+    def _binds(self, entry: _Entry) -> list[str | None]:
+        """Its own omp-threads-bind (TOML), else a core slot's."""
+        own = entry.spec.engine_args.get("omp_threads_bind")
+        if own is not None:
+            return list(dp_core_sets(self.config.data_parallel_size, own, entry.args.threads))
+        return self.cores.take(entry.spec.name)
+
     async def _load(self, entry: _Entry) -> None:
         t0 = time.perf_counter()
         engine = entry.engine
@@ -186,12 +203,25 @@ class ModelRouter:
             info = await engine.load()
         except BaseException as e:
             entry.engine, entry.error = None, str(e)
+            self.cores.release(entry.spec.name)
             logger.error("loading model %r failed: %s", entry.spec.name, e)
             raise
         finally:
             entry.load_task = None
-        entry.ctx = ServingContext(engine, info.tokenizer, entry.spec.name, entry.spec.path, info.max_model_len,
-                                   aliases=tuple(entry.spec.aliases))
+        serving = {**self.config.serving, **entry.spec.serving}  # the model's own entry wins
+        ctx = ServingContext(engine, info.tokenizer, entry.spec.name, entry.spec.path, info.max_model_len,
+                             aliases=tuple(entry.spec.aliases),
+                             reasoning_parser=get_parser(serving.get("reasoning_parser")),
+                             reasoning_budget=serving.get("reasoning_budget"))
+        try:
+            ctx.check_reasoning()  # (needs the vocabulary: only now)
+        except ValueError as e:
+            entry.engine, entry.error = None, f"model {entry.spec.name!r}: {e}"
+            self.cores.release(entry.spec.name)
+            logger.error("%s", entry.error)
+            await asyncio.to_thread(engine.shutdown, 0.0)
+            raise
+        entry.ctx = ctx
         entry.last_used = time.monotonic()
         logger.info("model %r loaded in %.1f s (%d engine%s, pid %s)", entry.spec.name, time.perf_counter() - t0,
                     engine.size, "s" if engine.size > 1 else "", ",".join(map(str, engine.pids)))
@@ -241,6 +271,7 @@ class ModelRouter:
         if entry.load_task is not None:
             entry.load_task.cancel()
         entry.engine, entry.ctx = None, None
+        self.cores.release(entry.spec.name)
         entry.unloads += 1
         logger.info("unloading model %r %s", entry.spec.name, reason)
         await asyncio.to_thread(engine.shutdown, self.config.drain_timeout)
@@ -281,11 +312,15 @@ class ModelRouter:
             "idle_seconds": None if entry.busy else round(time.monotonic() - entry.last_used, 1),
             "pids": engine.pids if engine is not None else [],
             "restarts": sum(engine.restarts) if engine is not None else 0,
+            "bound_cores": [r.info.bound_cores for r in engine.ranks if r.info is not None] if engine else [],
             "num_requests_running": stats.num_running if stats else 0,
             "num_requests_waiting": stats.num_waiting if stats else 0,
             "kv_used_blocks": stats.num_used_blocks if stats else 0,
             "error": entry.error,
         }
+
+    def listings(self) -> list[Listing]:
+        return [Listing(e.spec.name, e.spec.path, e.ctx if e.state == "loaded" else None) for e in self.entries]
 
     def openai_list(self) -> dict:
         data = []
@@ -309,11 +344,16 @@ class ModelRouter:
         for e in self.entries:
             s = e.engine.stats if e.engine is not None else EngineStats(0, 0, 0.0, 0, 0, 0, 0)
             info = e.engine.info if e.engine is not None else None
+            generated = e.engine.generated if e.engine is not None else None
+            if generated is None:
+                self._rates.pop(e.spec.name, None)  # a reload counts from 0 again
+            rate = self._rates.setdefault(e.spec.name, TokenRate()) if generated is not None else None
             models.append({"name": e.spec.name, "state": e.state, "num_requests_running": s.num_running,
                            "num_requests_waiting": s.num_waiting, "kv_cache_usage_perc": s.kv_usage,
                            "kv_cache_used_blocks": s.num_used_blocks,
                            "kv_cache_total_blocks": info.num_blocks * e.engine.size if info is not None else None,
-                           "generation_tokens_total": None, "generation_tokens_per_s": None})
+                           "generation_tokens_total": generated,
+                           "generation_tokens_per_s": rate.update(generated) if rate is not None else None})
         return {"object": "status", "models": models,
                 "num_requests_running": sum(m["num_requests_running"] for m in models),
                 "num_requests_waiting": sum(m["num_requests_waiting"] for m in models)}

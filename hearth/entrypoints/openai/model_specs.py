@@ -8,19 +8,21 @@ a --models-config TOML file:
     pinned = true                  # loaded at start, never unloaded for room or idleness
     max-model-len = 4096           # any engine flag, by its --flag name (dashes or underscores)
     kv-cache-space = 0.5
+    reasoning-parser = "qwen3"     # and reasoning-budget: the serving flags that are per model
 """
 from __future__ import annotations
 
 import os
 import re
-import tomllib
 from dataclasses import dataclass, field
 
 from hearth.entrypoints.cli import ENGINE_ARG_NAMES
+from hearth.entrypoints.openai.toml_file import check_fields, read_toml, str_list, tables
 
 _SPLIT_SHARD = re.compile(r"-(\d{5})-of-(\d{5})$")  # llama.cpp's split GGUF names: model-00001-of-00003.gguf
 _SPEC_KEYS = {"name", "path", "aliases", "pinned"}
 _ENGINE_KEYS = set(ENGINE_ARG_NAMES) - {"model", "served_model_name"}
+SERVING_KEYS = ("reasoning_parser", "reasoning_budget")  # `hearth serve` flags a model's ServingContext takes
 
 
 @dataclass
@@ -30,6 +32,7 @@ class ModelSpec:
     aliases: list[str] = field(default_factory=list)
     pinned: bool = False
     engine_args: dict = field(default_factory=dict)  # EngineArgs field -> value, over the command line's
+    serving: dict = field(default_factory=dict)  # SERVING_KEYS field -> value, over the command line's
 
 
 def _is_hf_folder(path: str) -> bool:
@@ -58,15 +61,10 @@ def specs_from_dir(folder: str) -> list[ModelSpec]:
 
 
 def specs_from_toml(path: str) -> list[ModelSpec]:
-    try:
-        with open(path, "rb") as f:
-            data = tomllib.load(f)
-    except FileNotFoundError:
-        raise ValueError(f"--models-config {path!r} does not exist") from None
-    except tomllib.TOMLDecodeError as e:
-        raise ValueError(f"--models-config {path!r} is not valid TOML: {e}") from None
-    entries = data.get("models")
-    if not isinstance(entries, list) or not entries:
+    data = read_toml("--models-config", path)
+    check_fields(data, {"models"}, f"--models-config {path}", "top-level field(s)")
+    entries = tables(data, "models", f"--models-config {path}")
+    if not entries:
         raise ValueError(f"--models-config {path!r} has no [[models]] entries")
     base = os.path.dirname(os.path.abspath(path))
     specs = []
@@ -78,19 +76,22 @@ def specs_from_toml(path: str) -> list[ModelSpec]:
         if not os.path.exists(model_path):
             raise ValueError(f"{where}: path {model_path!r} does not exist")
         name = entry.get("name") or os.path.splitext(os.path.basename(model_path.rstrip("/")))[0]
-        engine_args = {}
+        engine_args, serving = {}, {}
         for key, value in entry.items():
             if key in _SPEC_KEYS:
                 continue
             arg = key.replace("-", "_")
+            if arg in SERVING_KEYS:
+                serving[arg] = value
+                continue
             if arg not in _ENGINE_KEYS:
+                flags = sorted(k.replace("_", "-") for k in (*_ENGINE_KEYS, *SERVING_KEYS))
                 raise ValueError(f"{where}: unknown key {key!r}; use name, path, aliases, pinned or an engine "
-                                 f"flag ({', '.join(sorted(k.replace('_', '-') for k in _ENGINE_KEYS))})")
+                                 f"flag ({', '.join(flags)})")
             engine_args[arg] = value
-        aliases = entry.get("aliases", [])
-        if not isinstance(aliases, list) or not all(isinstance(a, str) for a in aliases):
-            raise ValueError(f"{where}: aliases must be a list of strings")
-        specs.append(ModelSpec(str(name), model_path, aliases, bool(entry.get("pinned", False)), engine_args))
+        aliases = str_list(entry, "aliases", where) or []
+        specs.append(ModelSpec(str(name), model_path, aliases, bool(entry.get("pinned", False)), engine_args,
+                               serving))
     return specs
 
 

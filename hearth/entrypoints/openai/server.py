@@ -20,6 +20,7 @@ from hearth.entrypoints.openai.errors import error_body, install_handlers
 from hearth.entrypoints.openai.gateway import Gateway
 from hearth.entrypoints.openai.guard import Guard
 from hearth.entrypoints.openai.model_router import ModelRouter
+from hearth.entrypoints.openai.served_models import OneModel, ServedModels
 from hearth.entrypoints.openai.site_guard import SiteConfig, SiteGuard
 from hearth.entrypoints.openai.protocol import (
     ChatCompletionRequest,
@@ -108,8 +109,8 @@ def build_app(engine: AsyncEngine, ctx: ServingContext | None, config: ServerCon
     web.register(app, engine, ctx)
     app.state.engine, app.state.ctx = engine, ctx
 
-    async def context(model: str | None) -> ServingContext:
-        return ctx if router is None else await router.context(model)
+    served: ServedModels = OneModel(ctx) if router is None else router  # (not `models`: a route below)
+    context = served.context  # the request's model's ServingContext (an unknown name: 404)
 
     @app.exception_handler(ShutdownError)
     async def shutting_down(_: Request, exc: ShutdownError) -> JSONResponse:
@@ -157,8 +158,7 @@ def build_app(engine: AsyncEngine, ctx: ServingContext | None, config: ServerCon
             return await gateway.handle(raw, body, create_chat_completion)
         return await create_chat_completion(await context(body.model), body, raw)
 
-    if router is None:  # TODO(multi-model): pooling, responses, anthropic and ollama routes take one ctx
-        register_pooling_routes(app, ctx)
+    register_pooling_routes(app, served)
 
     @app.post("/tokenize", openapi_extra=openapi_body(TokenizeRequest))
     async def tokenize(raw: Request) -> dict:
@@ -170,8 +170,7 @@ def build_app(engine: AsyncEngine, ctx: ServingContext | None, config: ServerCon
         body = await parse_body(raw, DetokenizeRequest)
         return serving_tokenize.detokenize(await context(body.model), body)
 
-    if router is None:
-        serving_responses.register(app, ctx, parse_body)  # POST /v1/responses, GET/DELETE /v1/responses/{id}
-        serving_anthropic.register(app, ctx, parse_body)  # POST /v1/messages, /v1/messages/count_tokens
-        ollama_serving.register(app, ctx, parse_body)  # Ollama's /api/*
+    serving_responses.register(app, served, parse_body)  # POST /v1/responses, GET/DELETE /v1/responses/{id}
+    serving_anthropic.register(app, served, parse_body)  # POST /v1/messages, /v1/messages/count_tokens
+    ollama_serving.register(app, served, parse_body)  # Ollama's /api/*
     return app

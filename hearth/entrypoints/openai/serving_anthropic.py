@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import aclosing
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -12,16 +13,12 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from hearth.entrypoints.openai.body import openapi_body
-from hearth.engine.async_engine import EngineDeadError
+from hearth.entrypoints.openai.chat_drive import Tally, drive, run_whole
 from hearth.entrypoints.openai.anthropic_protocol import CountTokensRequest, MessagesRequest, chat_request
-from hearth.entrypoints.openai.errors import APIError, _validation_message
+from hearth.entrypoints.openai.errors import APIError, _validation_message, anthropic_body
 from hearth.entrypoints.openai.serving_chat import ChatRun, render_chat, start_chat
-from hearth.entrypoints.openai.serving_common import Guarded, ServingContext
+from hearth.entrypoints.openai.served_models import ServedModels
 from hearth.entrypoints.openai.serving_tools import plan_tools
-
-# Anthropic's error types by HTTP status
-_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-                404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error"}
 
 
 def _stop_reason(finish_reason: str | None, stop: int | str | None) -> tuple[str | None, str | None]:
@@ -47,8 +44,7 @@ def _input(arguments: str) -> dict[str, Any]:
 
 
 def anthropic_error(status: int, message: str) -> JSONResponse:
-    kind = _ERROR_TYPES.get(status, "api_error")
-    return JSONResponse({"type": "error", "error": {"type": kind, "message": message}}, status_code=status)
+    return JSONResponse(anthropic_body(status, message), status_code=status)
 
 
 def _sse(event: dict[str, Any]) -> str:
@@ -98,30 +94,24 @@ class _Blocks:
 
 
 class MessagesAPI:
-    def __init__(self, ctx: ServingContext) -> None:
-        self.ctx = ctx
+    def __init__(self, models: ServedModels) -> None:
+        self.models = models
 
     async def create(self, req: MessagesRequest, raw: Request):
+        ctx = await self.models.context(req.model)
         thinking = req.thinking or {}
         budget = thinking.get("budget_tokens") if thinking.get("type") == "enabled" else None
         if budget is not None and (not isinstance(budget, int) or budget < 0):
             raise APIError(400, f"thinking.budget_tokens must be an integer >= 0, got {budget!r}")
-        run = await start_chat(self.ctx, chat_request(req), "msg", budget)
+        run = await start_chat(ctx, chat_request(req), "msg", budget)
         message_id = _new("msg")
-        head = {"id": message_id, "type": "message", "role": "assistant", "model": self.ctx.model_name}
+        head = {"id": message_id, "type": "message", "role": "assistant", "model": ctx.model_name}
         if req.stream:
             return StreamingResponse(self._events(run, raw, head), media_type="text/event-stream")
-        text, n_out, reason, stop, cached = "", 0, None, None, 0
-        async with Guarded(raw, run.stream) as outputs:
-            async for out in outputs:
-                text += out.new_text
-                n_out += len(out.new_token_ids)
-                cached = max(cached, out.num_cached_tokens)
-                if out.finished:
-                    reason, stop = out.finish_reason, out.stop_reason
-        if run.stream.aborted:
+        t = await run_whole(run.stream, raw, Tally())
+        if t.aborted:
             return JSONResponse({}, status_code=499)
-        message, reason = run.final_message(text, reason)
+        message, reason = run.final_message(t.text, t.reason)
         content: list[dict[str, Any]] = []
         if message.get("reasoning_content"):
             content.append({"type": "thinking", "thinking": message["reasoning_content"], "signature": ""})
@@ -130,52 +120,48 @@ class MessagesAPI:
         for call in message.get("tool_calls") or []:
             content.append({"type": "tool_use", "id": _new("toolu"), "name": call["function"]["name"],
                             "input": _input(call["function"]["arguments"])})
-        stop_reason, stop_sequence = _stop_reason(reason, stop)
+        stop_reason, stop_sequence = _stop_reason(reason, t.stop)
         return JSONResponse({**head, "content": content, "stop_reason": stop_reason, "stop_sequence": stop_sequence,
                              # NOTE: Anthropic counts prompt tokens read from the cache apart from input_tokens
-                             "usage": {"input_tokens": len(run.prompt_ids) - cached, "output_tokens": n_out,
-                                       "cache_read_input_tokens": cached}})
+                             "usage": {"input_tokens": len(run.prompt_ids) - t.cached, "output_tokens": t.n_out,
+                                       "cache_read_input_tokens": t.cached}})
 
     async def _events(self, run: ChatRun, raw: Request, head: dict[str, Any]) -> AsyncIterator[str]:
         start = {**head, "content": [], "stop_reason": None, "stop_sequence": None,
                  "usage": {"input_tokens": len(run.prompt_ids), "output_tokens": 0}}
         yield _sse({"type": "message_start", "message": start})
         yield _sse({"type": "ping"})
-        blocks, cs = _Blocks(), run.choice_stream()
-        n_out, reason, stop, cached = 0, None, None, 0
+        blocks, t, reason = _Blocks(), Tally(), None
         try:
-            async with Guarded(raw, run.stream) as outputs:
-                async for out in outputs:
-                    n_out += len(out.new_token_ids)
-                    cached = max(cached, out.num_cached_tokens)
-                    for event in blocks.add(cs.delta(out.new_text, out.finished)):
+            async with aclosing(drive(run.stream, raw, t, run.choice_stream())) as outputs:
+                async for delta, finished, finish_reason in outputs:
+                    for event in blocks.add(delta):
                         yield _sse(event)
-                    if out.finished:
-                        reason, stop = cs.finish_reason(out.finish_reason), out.stop_reason
-        except (APIError, EngineDeadError) as e:
-            message = e.message if isinstance(e, APIError) else str(e)
-            yield _sse({"type": "error", "error": {"type": "api_error", "message": message}})
+                    if finished:
+                        reason = finish_reason
+        except APIError as e:
+            yield _sse({"type": "error", "error": {"type": "api_error", "message": e.message}})
             return
-        if run.stream.aborted:
+        if t.aborted:
             return
         for event in blocks.close():
             yield _sse(event)
-        stop_reason, stop_sequence = _stop_reason(reason, stop)
+        stop_reason, stop_sequence = _stop_reason(reason, t.stop)
         yield _sse({"type": "message_delta", "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence},
-                    "usage": {"output_tokens": n_out, "input_tokens": len(run.prompt_ids) - cached,
-                              "cache_read_input_tokens": cached}})
+                    "usage": {"output_tokens": t.n_out, "input_tokens": len(run.prompt_ids) - t.cached,
+                              "cache_read_input_tokens": t.cached}})
         yield _sse({"type": "message_stop"})
 
     async def count_tokens(self, req: CountTokensRequest) -> dict[str, int]:
-        self.ctx.check_model(req.model)
+        ctx = await self.models.context(req.model)
         chat = chat_request(req)
         plan = plan_tools(chat)
-        text = await render_chat(self.ctx, chat.messages, True, kwargs=chat.chat_template_kwargs, tools=plan)
-        return {"input_tokens": len(self.ctx.tokenizer.encode(text, add_special_tokens=False))}
+        text = await render_chat(ctx, chat.messages, True, kwargs=chat.chat_template_kwargs, tools=plan)
+        return {"input_tokens": len(ctx.tokenizer.encode(text, add_special_tokens=False))}
 
 
-def register(app: FastAPI, ctx: ServingContext, parse_body: Callable[[Request, type], Awaitable[Any]]) -> None:
-    api = MessagesAPI(ctx)
+def register(app: FastAPI, models: ServedModels, parse_body: Callable[[Request, type], Awaitable[Any]]) -> None:
+    api = MessagesAPI(models)
 
     async def anthropic_shaped(call: Awaitable[Any]) -> Any:
         try:

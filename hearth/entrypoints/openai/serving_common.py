@@ -62,12 +62,16 @@ class ServingContext:
         source = local if local is not None else self.engine.info
         return getattr(source, "generation_defaults", None) or {}
 
+    @property
+    def hf_config(self):
+        """The model's HF config (hearth.config.HFConfig, a dict)."""
+        local = getattr(self.engine, "engine", None)  # None: the engine is in a worker process (its WorkerInfo)
+        return local.model_config.hf_config if local is not None else self.engine.info.hf_config
+
     @functools.cached_property
     def fim(self) -> FIMTokens | None:
         """The model's fill-in-the-middle tokens (None: it has none), found on first use."""
-        local = getattr(self.engine, "engine", None)  # None: the engine is in a worker process (its WorkerInfo)
-        hf_config = local.model_config.hf_config if local is not None else self.engine.info.hf_config
-        return find_fim_tokens(self.tokenizer, hf_config)
+        return find_fim_tokens(self.tokenizer, self.hf_config)
 
     def check_model(self, name: str | None) -> None:
         # NOTE: an absent model is accepted (vLLM does the same); a wrong one is a 404.

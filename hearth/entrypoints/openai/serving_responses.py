@@ -6,13 +6,14 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import aclosing
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from hearth.entrypoints.openai.body import openapi_body
-from hearth.engine.async_engine import EngineDeadError
+from hearth.entrypoints.openai.chat_drive import Tally, drive, run_whole
 from hearth.entrypoints.openai.errors import APIError
 from hearth.entrypoints.openai.responses_events import (
     OutputItems,
@@ -25,7 +26,7 @@ from hearth.entrypoints.openai.responses_events import (
 )
 from hearth.entrypoints.openai.responses_protocol import ResponsesRequest, chat_request, input_messages
 from hearth.entrypoints.openai.serving_chat import ChatRun, start_chat
-from hearth.entrypoints.openai.serving_common import Guarded, ServingContext
+from hearth.entrypoints.openai.served_models import ServedModels
 
 STORE_SIZE = 1000  # responses kept for previous_response_id (oldest dropped first)
 
@@ -54,18 +55,19 @@ class ResponseStore:
         del self.items[response_id]
 
 class ResponsesAPI:
-    def __init__(self, ctx: ServingContext) -> None:
-        self.ctx = ctx
-        self.store = ResponseStore()
+    def __init__(self, models: ServedModels) -> None:
+        self.models = models
+        self.store = ResponseStore()  # NOTE: one for every model: a conversation may go on with another model
 
     async def create(self, req: ResponsesRequest, raw: Request):
+        ctx = await self.models.context(req.model)
         history = self.store.get(req.previous_response_id)[1] if req.previous_response_id else []
         conversation = history + input_messages(req.input)
         system = [{"role": "system", "content": req.instructions}] if req.instructions else []
         chat = chat_request(req, system + conversation)
         response_id = new_item_id("resp")
-        run = await start_chat(self.ctx, chat, "resp")
-        head = {"id": response_id, "object": "response", "created_at": int(time.time()), "model": self.ctx.model_name,
+        run = await start_chat(ctx, chat, "resp")
+        head = {"id": response_id, "object": "response", "created_at": int(time.time()), "model": ctx.model_name,
                 "instructions": req.instructions, "max_output_tokens": req.max_output_tokens,
                 "previous_response_id": req.previous_response_id, "parallel_tool_calls": req.parallel_tool_calls,
                 "temperature": req.temperature, "top_p": req.top_p, "tool_choice": req.tool_choice or "auto",
@@ -79,7 +81,7 @@ class ResponsesAPI:
                 body["status"], body["incomplete_details"] = "incomplete", {"reason": "max_output_tokens"}
             # NOTE: the thinking re-encoded (the engine counts tokens, not which part they fell in)
             thought = "".join(i["content"][0]["text"] for i in output if i["type"] == "reasoning")
-            reasoning_tokens = len(self.ctx.tokenizer.encode(thought, add_special_tokens=False)) if thought else 0
+            reasoning_tokens = len(ctx.tokenizer.encode(thought, add_special_tokens=False)) if thought else 0
             body["usage"] = {"input_tokens": len(run.prompt_ids), "input_tokens_details": {"cached_tokens": cached},
                              "output_tokens": n_out, "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
                              "total_tokens": len(run.prompt_ids) + n_out}
@@ -89,17 +91,10 @@ class ResponsesAPI:
 
         if req.stream:
             return StreamingResponse(self._events(run, raw, head, finish), media_type="text/event-stream")
-        text, n_out, reason, cached = "", 0, None, 0
-        async with Guarded(raw, run.stream) as outputs:
-            async for out in outputs:
-                text += out.new_text
-                n_out += len(out.new_token_ids)
-                cached = max(cached, out.num_cached_tokens)
-                if out.finished:
-                    reason = out.finish_reason
-        if run.stream.aborted:
+        t = await run_whole(run.stream, raw, Tally())
+        if t.aborted:
             return JSONResponse({}, status_code=499)
-        message, reason = run.final_message(text, reason)
+        message, reason = run.final_message(t.text, t.reason)
         items = []
         if message.get("reasoning_content"):
             items.append({**reasoning_item(message["reasoning_content"]), "status": "completed"})
@@ -108,7 +103,7 @@ class ResponsesAPI:
         for call in message.get("tool_calls") or []:
             items.append({**call_item(call["id"], call["function"]["name"], call["function"]["arguments"]),
                           "status": "completed"})
-        return JSONResponse(finish(items, reason, n_out, cached))
+        return JSONResponse(finish(items, reason, t.n_out, t.cached))
 
     async def _events(self, run: ChatRun, raw: Request, head: dict[str, Any],
                       finish: Callable[[list[dict[str, Any]], str | None, int, int], dict[str, Any]]
@@ -116,31 +111,27 @@ class ResponsesAPI:
         out_items = OutputItems()
         yield sse_event(out_items.event("response.created", response=head))
         yield sse_event(out_items.event("response.in_progress", response=head))
-        cs = run.choice_stream()
-        n_out, reason, cached = 0, None, 0
+        t, reason = Tally(), None
         try:
-            async with Guarded(raw, run.stream) as outputs:
-                async for out in outputs:
-                    n_out += len(out.new_token_ids)
-                    cached = max(cached, out.num_cached_tokens)
-                    for event in out_items.add(cs.delta(out.new_text, out.finished)):
+            async with aclosing(drive(run.stream, raw, t, run.choice_stream())) as outputs:
+                async for delta, finished, finish_reason in outputs:
+                    for event in out_items.add(delta):
                         yield sse_event(event)
-                    if out.finished:
-                        reason = cs.finish_reason(out.finish_reason)
-        except (APIError, EngineDeadError) as e:
-            message = e.message if isinstance(e, APIError) else str(e)
-            yield sse_event(out_items.event("error", code="server_error", message=message, param=None))
+                    if finished:
+                        reason = finish_reason
+        except APIError as e:
+            yield sse_event(out_items.event("error", code="server_error", message=e.message, param=None))
             return
-        if run.stream.aborted:
+        if t.aborted:
             return
         for event in out_items.close():
             yield sse_event(event)
-        body = finish(out_items.items, reason, n_out, cached)
+        body = finish(out_items.items, reason, t.n_out, t.cached)
         kind = "response.incomplete" if body["status"] == "incomplete" else "response.completed"
         yield sse_event(out_items.event(kind, response=body))
 
-def register(app: FastAPI, ctx: ServingContext, parse_body: Callable[[Request, type], Awaitable[Any]]) -> None:
-    api = ResponsesAPI(ctx)
+def register(app: FastAPI, models: ServedModels, parse_body: Callable[[Request, type], Awaitable[Any]]) -> None:
+    api = ResponsesAPI(models)
 
     @app.post("/v1/responses", openapi_extra=openapi_body(ResponsesRequest))
     async def responses(raw: Request):

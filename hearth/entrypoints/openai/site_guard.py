@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from hearth.entrypoints.openai.errors import error_body
+from hearth.entrypoints.openai.errors import error_body, shaped_for
 
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 
@@ -67,14 +67,14 @@ class SiteGuard:
         headers = dict(scope.get("headers") or [])
         host = headers.get(b"host", b"").decode("latin-1")
         if self.hosts is not None and _host_name(host) not in self.hosts:
-            return await reply(send, 400, error_body(
+            return await reply(send, 400, shaped_for(scope["path"], 400, error_body(
                 f"the Host header {host[:100]!r} is not one this server answers to: add it with --allowed-hosts",
-                param="host", code="host_not_allowed"))
+                param="host", code="host_not_allowed")))
         origin = headers.get(b"origin")
         if origin is not None and not self._origin_ok(origin.decode("latin-1"), host):
-            return await reply(send, 403, error_body(
+            return await reply(send, 403, shaped_for(scope["path"], 403, error_body(
                 f"cross-origin requests from {origin.decode('latin-1')[:100]!r} are refused: allow the origin with "
-                "--allowed-origins", param="origin", code="origin_not_allowed"))
+                "--allowed-origins", param="origin", code="origin_not_allowed")))
         done = False
         timeout = self.config.body_timeout
 

@@ -20,6 +20,8 @@ class PackedSource:
 
     @property
     def layout(self) -> str:
+        if self.method == "bitsandbytes" and self.bits == 4:
+            return "nf4"  # (NF4 and FP4: a 16-value codebook)
         return "int4" if self.bits == 4 else "int8"
 
     def input_perm(self) -> torch.Tensor | None:
@@ -30,9 +32,12 @@ class PackedSource:
 
     def dequantize(self) -> torch.Tensor:
         """fp32 [N, K] in the checkpoint's column order (a layer kept dense: some of its shards are not quantized)."""
+        from hearth.weights.formats import bitsandbytes
         from hearth.weights.layouts import BY_NAME
         from hearth.weights.reference import dequantize
 
+        if self.layout == "nf4":  # (its blocks may straddle rows: no layout holds it, so bitsandbytes' floats)
+            return bitsandbytes.dequantize_4bit(self.tensors)
         w = dequantize(BY_NAME[self.layout].packs[self.method](self))
         perm = self.input_perm()
         return w if perm is None else w[:, torch.argsort(perm)]

@@ -240,6 +240,7 @@ async function answer(conv) {
           if (!line.startsWith("data: ") || line === "data: [DONE]") continue;
           const obj = JSON.parse(line.slice(6));
           if (obj.error) throw new Error(obj.error.message);
+          if (obj.model) reply.model = obj.model; // the model that answered, as the server names it
           const choice = obj.choices?.[0];
           if (choice?.delta?.content) { reply.content += choice.delta.content; reply.chunks++; redraw(); }
           if (choice?.finish_reason) reply.finish = choice.finish_reason;
@@ -288,10 +289,19 @@ async function refreshModels() {
   select.replaceChildren(...models.map((m) => {
     const o = document.createElement("option");
     o.value = m.id;
-    o.textContent = m.state && m.state !== "loaded" ? `${m.id} (${m.state})` : m.id;
     return o;
   }));
+  labelModels(models.map((m) => ({ name: m.id, state: m.state })));
   if (models.some((m) => m.id === chosen)) select.value = chosen;
+}
+
+function labelModels(states) {
+  // "name (unloaded)" / "(loading)": a model of a multi-model server that loads when asked for
+  const byName = new Map(states.map((m) => [m.name, m.state]));
+  for (const o of $("model").options) {
+    const state = byName.get(o.value);
+    o.textContent = state && state !== "loaded" ? `${o.value} (${state})` : o.value;
+  }
 }
 
 function fmtStatus(s) {
@@ -305,7 +315,11 @@ function fmtStatus(s) {
 }
 
 async function pollStatus() {
-  try { $("status").textContent = fmtStatus(await getJSON("/status", false)); } catch (e) {
+  try {
+    const s = await getJSON("/status", false);
+    $("status").textContent = fmtStatus(s);
+    labelModels(s.models);
+  } catch (e) {
     $("status").textContent = e instanceof NeedKey ? "needs an API key" : `status: ${e.message}`;
   }
 }
