@@ -17,12 +17,12 @@
 #include <cstring>
 #include <vector>
 
-#include "bf16.h"
+#include "scalar.h"
 #include "parallel.h"
 
 namespace {
 
-constexpr int kF32 = 0, kBF16 = 1;
+using hk::kBF16, hk::kF32;
 
 struct Nf4 {
   const uint8_t* w;
@@ -280,11 +280,7 @@ void dequant_rows_scalar(const Nf4& p, int64_t n0, int64_t n1, void* out, int ou
     }
 }
 
-bool has_avx512() {
-  static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                          __builtin_cpu_supports("avx512vl");
-  return has;
-}
+bool has_avx512() { return hk::cpu_has_avx512bw(); }
 
 }  // namespace
 

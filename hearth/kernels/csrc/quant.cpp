@@ -463,7 +463,7 @@ static int linear_dot(const void* x, int x_dtype, int64_t M, int64_t K, int64_t 
   return 0;
 }
 
-// hq_linear_gemm / hq_linear_gemm_bcast: the argument checks, x as fp32, then form(problem, nthreads) (AVX-512 only).
+// hq_linear's kQuantGemm / kQuantGemmBcast: the argument checks, x as fp32, then form(problem, nthreads) (AVX-512 only).
 template <class Form>
 static int gemm_call(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, const void* w, int int4, int64_t N,
                      int64_t ldw, const void* scales, const void* mins, int64_t ldg, int64_t group, const float* bias,
