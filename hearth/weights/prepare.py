@@ -51,6 +51,16 @@ def relayout(qw: QWeight) -> QWeight:
 
 
 def pack_parts(parts: list, scheme: str, k: int, int4_group: int | None, final: bool = True) -> QWeight | None:
+    """One layer's shards -> its QWeight (_pack_parts), then the heap its temporaries freed goes back to the OS:
+    glibc keeps it (hearth's malloc settings, platform.keep_freed_memory), and the next layer's persistent bytes
+    land between the holes, so without this a load holds about a layer's temporaries per layer on top of its
+    weights until the end."""
+    qw = _pack_parts(parts, scheme, k, int4_group, final)
+    hugepages.malloc_trim()
+    return qw
+
+
+def _pack_parts(parts: list, scheme: str, k: int, int4_group: int | None, final: bool) -> QWeight | None:
     """One layer's shards (rows in order) -> its QWeight in its final layout; None: keep the layer dense.
     scheme "gguf": the parts are GGUFBlocks of one kept type (else None); "prequant": PackedSources of a
     pre-quantized checkpoint (or QWeights already repacked from them: a tensor-parallel slice), each through its
@@ -73,15 +83,33 @@ def pack_parts(parts: list, scheme: str, k: int, int4_group: int | None, final: 
         if len(kinds) != 1 or not supports(k, 32):
             return None
         return done(cat([p.repack() for p in parts]))
-    whole = torch.cat([p.dequantize() if isinstance(p, gguf.GGUFBlocks) else p.float() for p in parts])
-    # The copy is what gets packed: the parts' checkpoint pages go back now, else the mapping (kept alive by the
-    # embedding's and norms' views of it) holds every quantized layer's bf16 bytes resident beside its int8 / int4.
-    panel_pack.release_file_pages([p for p in parts if isinstance(p, torch.Tensor)])
     if scheme == "int8":
-        return done(pack("float", "int8", whole)) if k % 32 == 0 else None
+        return done(pack_float_rows(parts, "int8")) if k % 32 == 0 else None
     if scheme == "nf4":  # (--quantization bitsandbytes)
-        return pack("float", "nf4", whole) if k % 64 == 0 else None
-    return None if int4_group is None else done(pack("float", "int4", whole, int4_group))
+        return pack_float_rows(parts, "nf4") if k % 64 == 0 else None
+    return None if int4_group is None else done(pack_float_rows(parts, "int4", int4_group))
+
+
+# float32 bytes of one layer's rows quantized at a time (pack_float_rows)
+FLOAT_CHUNK_BYTES = 32 << 20
+
+
+def pack_float_rows(parts: list, layout: str, *args) -> QWeight:
+    """Float shards (or GGUF blocks, dequantized) -> `layout`, FLOAT_CHUNK_BYTES of rows at a time: every float
+    layout quantizes rows independently (per row, group or block within a row), so this is exact, and a layer's
+    whole float32 copy and the quantizer's float temporaries of it never exist. Each shard's checkpoint pages go
+    back once it is packed, else the mapping (kept alive by the embedding's and norms' views of it) holds every
+    quantized layer's bf16 bytes resident beside its int8 / int4."""
+    out: list[QWeight] = []
+    for p in parts:
+        if isinstance(p, gguf.GGUFBlocks):
+            out.append(pack("float", layout, p.dequantize(), *args))
+            continue
+        step = max(1, FLOAT_CHUNK_BYTES // (4 * p.shape[1]))
+        for r0 in range(0, p.shape[0], step):
+            out.append(pack("float", layout, p[r0:r0 + step].float(), *args))
+        panel_pack.release_file_pages([p])
+    return cat(out)
 
 
 def _as_is(qw: QWeight) -> QWeight:
