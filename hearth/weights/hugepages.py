@@ -162,6 +162,31 @@ def arena(nbytes: int) -> tuple[torch.Tensor, int] | None:
     return torch.frombuffer(mm, dtype=torch.uint8)[skip:skip + nbytes], skip
 
 
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                                      "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+
+def free_heap_bytes() -> int | None:
+    """Bytes malloc holds freed in its heaps (glibc's mallinfo2 fordblks, every arena); None off glibc >= 2.33."""
+    try:
+        fn = ctypes.CDLL(None).mallinfo2
+    except (OSError, AttributeError):
+        return None
+    fn.restype = _MallInfo2
+    return int(fn().fordblks)
+
+
+def trim_beyond(nbytes: int) -> bool:
+    """malloc_trim once more than nbytes lie freed in the heap (where that cannot be told: always). Returns whether
+    it trimmed. Trimming every time would fault the next user's pages in again for nothing."""
+    free = free_heap_bytes()
+    if free is not None and free <= nbytes:
+        return False
+    malloc_trim()
+    return True
+
+
 def malloc_trim() -> None:
     """Give the freed weight copies' heap pages back to the OS (glibc keeps freed brk memory otherwise)."""
     try:

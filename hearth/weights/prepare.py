@@ -51,12 +51,11 @@ def relayout(qw: QWeight) -> QWeight:
 
 
 def pack_parts(parts: list, scheme: str, k: int, int4_group: int | None, final: bool = True) -> QWeight | None:
-    """One layer's shards -> its QWeight (_pack_parts), then the heap its temporaries freed goes back to the OS:
-    glibc keeps it (hearth's malloc settings, platform.keep_freed_memory), and the next layer's persistent bytes
-    land between the holes, so without this a load holds about a layer's temporaries per layer on top of its
-    weights until the end."""
+    """One layer's shards -> its QWeight (_pack_parts); then, past TRIM_FREE_BYTES of freed heap, that goes back
+    to the OS: glibc keeps it (hearth's malloc settings, platform.keep_freed_memory) and the next layers'
+    persistent bytes land between the holes, so a load would hold its temporaries' heap on top of its weights."""
     qw = _pack_parts(parts, scheme, k, int4_group, final)
-    hugepages.malloc_trim()
+    hugepages.trim_beyond(TRIM_FREE_BYTES)
     return qw
 
 
@@ -91,7 +90,9 @@ def _pack_parts(parts: list, scheme: str, k: int, int4_group: int | None, final:
 
 
 # float32 bytes of one layer's rows quantized at a time (pack_float_rows)
-FLOAT_CHUNK_BYTES = 32 << 20
+FLOAT_CHUNK_BYTES = 16 << 20
+# Freed heap a load may keep between layers (pack_parts): below it, the next layer reuses it without page faults.
+TRIM_FREE_BYTES = 256 << 20
 
 
 def pack_float_rows(parts: list, layout: str, *args) -> QWeight:
