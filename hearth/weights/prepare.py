@@ -8,7 +8,9 @@ Per model, once loaded: prepare_model(model, source, dtype): activation rounding
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -161,9 +163,34 @@ def head_weight(head: gguf.GGUFBlocks) -> QWeight:
     6-bit tiles where the kernels run (a third smaller than int8; exact either way), else panels or rows."""
     n, k = head.shape
     if head.type_name == "Q6_K" and Q6_TILES and qkernels.available() and n % 4 == 0 and k % 256 == 0:
-        return TILES_Q6.packs["Q6_K"](head)
-    qw = head.repack()
+        return _pack_head_rows(head, TILES_Q6.packs["Q6_K"])
+    qw = _pack_head_rows(head, gguf.GGUFBlocks.repack)
     return to_panels(qw) if can_panel(qw) else qw
+
+
+# Rows of a GGUF LM head packed at a time (a multiple of 64: whole 4-row tiles and 64-row panels)
+HEAD_STEP_ROWS = 4096
+
+
+def _pack_head_rows(head: gguf.GGUFBlocks, pack_rows: Callable[[gguf.GGUFBlocks], QWeight]) -> QWeight:
+    """pack_rows over HEAD_STEP_ROWS of the head's rows at a time, into one QWeight (exact: block rows, 4-row tiles
+    and plain rows are independent per row); each step's checkpoint pages go back once packed, so a head read from
+    the file's mapping is never resident whole beside its packed copy."""
+    n, k = head.shape
+    out: list[torch.Tensor | None] = []
+    qw = None
+    for r0 in range(0, n, HEAD_STEP_ROWS):
+        rows = head.data[r0:r0 + HEAD_STEP_ROWS]
+        qw = pack_rows(gguf.GGUFBlocks(head.ggml_type, (rows.shape[0], k), rows))
+        parts = (qw.data, qw.scales, qw.mins)
+        if not out:
+            out = [None if t is None else torch.empty((n, *t.shape[1:]), dtype=t.dtype) for t in parts]
+        for o, t in zip(out, parts):
+            if o is not None:
+                o[r0:r0 + t.shape[0]] = t
+        panel_pack.release_file_pages([rows])
+    assert qw is not None and out  # (a head has rows)
+    return dataclasses.replace(qw, data=out[0], scales=out[1], mins=out[2])
 
 
 def tied_head(embed: QWeight) -> QWeight:
@@ -192,3 +219,5 @@ def prepare_model(model: nn.Module, source: str | None, dtype: torch.dtype, rank
     if hugepages.enabled():
         hugepages.move_to_hugepages(model)
     panel_pack.pack_dense_weights(model, source, dtype)
+    # The load's freed temporaries go back (huge pages off or stopped early, glibc would keep them for good).
+    hugepages.malloc_trim()

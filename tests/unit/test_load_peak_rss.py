@@ -154,3 +154,31 @@ def test_int4_at_load_peak_stays_near_the_weights(tmp_path) -> None:
     # copy, the cat of its shards, two quantizer temporaries of it, and the heap they left (about 10x the weights).
     limit = weights + 2 * fp32_gate_up
     assert r["growth"] < limit, {**r, "limit": limit}
+
+
+@pytest.mark.parametrize("qtype", ["Q6_K", "Q8_0", "Q4_0"])
+def test_gguf_head_packed_in_steps_is_exactly_the_whole_heads(monkeypatch, qtype: str) -> None:
+    """A GGUF LM head is packed a step of rows at a time (so its file pages go back as it goes): the same tiles,
+    panels or rows, scales and mins as in one go, with a last step shorter than the others."""
+    import gguf as gguf_py
+    import numpy as np
+
+    from hearth.weights.gguf import GGUFBlocks
+
+    q = gguf_py.GGMLQuantizationType[qtype]
+    n, k = 200, 512
+    rng = np.random.default_rng(0)
+    if qtype == "Q6_K":  # (gguf.quants cannot quantize Q6_K: valid random blocks, finite fp16 d)
+        raw = rng.integers(0, 256, (n, k // 256, 210), dtype=np.uint8)
+        raw[:, :, 208:210] = (rng.standard_normal((n, k // 256, 1)) * 0.01).astype(np.float16).view(np.uint8)
+        raw = raw.reshape(n, -1)
+    else:
+        raw = gguf_py.quants.quantize(rng.standard_normal((n, k)).astype(np.float32), q)
+    head = GGUFBlocks(int(q), (n, k), torch.from_numpy(np.ascontiguousarray(raw)))
+    whole = prepare.head_weight(head)
+    monkeypatch.setattr(prepare, "HEAD_STEP_ROWS", 64)
+    stepped = prepare.head_weight(head)
+    assert (stepped.bits, stepped.group, stepped.tiled, stepped.panel_rows) == (
+        whole.bits, whole.group, whole.tiled, whole.panel_rows)
+    for a, b in zip(_fields(stepped), _fields(whole), strict=True):
+        assert a.dtype == b.dtype and torch.equal(a, b)

@@ -90,12 +90,15 @@ class GGUFCheckpoint:
         if found is None:
             return None
         part, info = found
+        # A view of the file, not a copy: the head's packer reads it a step of rows at a time and hands each step's
+        # pages back (prepare.head_weight), so its raw bytes never sit beside the packed head whole. (A private
+        # mapping: writable for torch, never written; the tensor keeps it alive and it is unmapped with it.)
         with open(part.path, "rb") as f:
-            buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        try:
-            return self._blocks(buf, info, "lm_head.weight")
-        finally:
-            buf.close()
+            buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+        _, block, block_bytes = TYPES[info.ggml_type]
+        rows, cols = info.shape
+        data = torch.frombuffer(buf, dtype=torch.uint8, count=info.nbytes, offset=info.start)
+        return GGUFBlocks(info.ggml_type, (rows, cols), data.reshape(rows, cols // block * block_bytes))
 
     def _blocks(self, buf: mmap.mmap, info: TensorInfo, hf: str) -> GGUFBlocks:
         """Raw rows of a block-quantized weight; q/k rows un-permuted (rows of block formats are independent)."""
