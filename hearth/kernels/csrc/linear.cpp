@@ -166,23 +166,14 @@ int hk_linear_panels(const void* x, int x_dtype, int64_t M, int64_t K, int64_t l
 int hk_linear_dot_panels(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, int64_t nparts,
                          const void* const* w, const int64_t* n, const float* bias, float* out, int nthreads);
 
-// out[M][N] (fp32) = x[M][K] (row stride ldx, dtype x_dtype) . w[N][K]^T (row stride ldw, dtype w_dtype) + bias.
-// w_dtype 3: bf16 weights in panel form (panel.cpp; ldw unused, AVX-512 only); 4: in pair panels (panel_dot.cpp;
-// AVX512-BF16 only).
-// isa: 1 = AVX2+FMA+F16C, 2 = AVX-512F/BW. kblock: K block in elements, 0 = auto (fit L1/L2). Returns 0 or a negative error.
-int hk_linear_parts(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, int64_t nparts,
-                    const void* const* w, const int64_t* n, int w_dtype, int64_t ldw, const float* bias, float* out,
-                    int isa, int64_t kblock, int nthreads);
+}  // extern "C"
 
-int hk_linear(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, const void* w, int w_dtype, int64_t N,
-              int64_t ldw, const float* bias, float* out, int isa, int64_t kblock, int nthreads) {
-  return hk_linear_parts(x, x_dtype, M, K, ldx, 1, &w, &N, w_dtype, ldw, bias, out, isa, kblock, nthreads);
-}
+namespace hk_family {
 
-// As hk_linear with the weight's rows in nparts pieces (w[p]: [n[p]][ldw], N = sum n[p]), e.g. q/k/v kept as
+// out[M][N] (fp32) = x[M][K] (row stride ldx, dtype x_dtype) . w^T + bias, w's rows in nparts pieces (w[p]: [n[p]][ldw], N = sum n[p]), e.g. q/k/v kept as
 // the checkpoint stores them: x is packed once and one parallel region covers every part's rows, so a split
 // weight costs what a merged one does. out [M][N], bias [N] (or null) as for the merged weight.
-int hk_linear_parts(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, int64_t nparts,
+int dense_rows(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, int64_t nparts,
                     const void* const* w, const int64_t* n, int w_dtype, int64_t ldw, const float* bias, float* out,
                     int isa, int64_t kblock, int nthreads) {
   if (isa != kISA_AVX2 && isa != kISA_AVX512) return -1;
@@ -239,4 +230,4 @@ int hk_linear_parts(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ld
   return 0;
 }
 
-}  // extern "C"
+}  // namespace hk_family

@@ -17,6 +17,7 @@
 #include <cstring>
 #include <vector>
 
+#include "hk_api.h"
 #include "scalar.h"
 #include "parallel.h"
 
@@ -284,11 +285,12 @@ bool has_avx512() { return hk::cpu_has_avx512bw(); }
 
 }  // namespace
 
-extern "C" {
+
+namespace hk_family {
 
 // out [M][N] fp32 (row stride N) = x [M][K] (fp32 or bf16, row stride ldx) . w^T + bias. -1: no AVX-512 here,
 // -2: an x dtype other than fp32 / bf16, -3: a group that is not a multiple of 32 dividing K.
-int hq_nf4_linear(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, const uint8_t* w, int64_t N,
+int codebook(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, const uint8_t* w, int64_t N,
                   int64_t ldw, const float* absmax, int64_t ldg, int64_t group, const float* codebook,
                   const float* bias, float* out, int nthreads) {
   if (!has_avx512()) return -1;
@@ -308,6 +310,9 @@ int hq_nf4_linear(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx,
   hk_par::parallel_dynamic(N, 64, nthreads, [&](int64_t b, int64_t e) { linear_rows(p, xf, ld, M, b, e, out, N, bias); });
   return 0;
 }
+
+}  // namespace hk_family
+extern "C" {
 
 // Rows [n0, n1) of w -> out [n1 - n0][K], fp32 or (out_bf16) bf16 rounded as torch rounds. -3: a bad group.
 int hq_nf4_dequant(const uint8_t* w, int64_t K, int64_t ldw, const float* absmax, int64_t ldg, int64_t group,

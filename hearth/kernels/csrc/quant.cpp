@@ -480,7 +480,8 @@ static int gemm_call(const void* x, int x_dtype, int64_t M, int64_t K, int64_t l
 }
 }  // namespace hq
 
-extern "C" {
+
+namespace hk_family {
 
 // out[M][N] (fp32) = x[M][K] . deq(w)[N][K]^T + bias, by `kernel` (hk_api.h's QuantKernel; which one runs for a
 // row count is hearth.weights.dispatch.plan's choice, never this library's):
@@ -493,7 +494,7 @@ extern "C" {
 // tiles) [N][ldw]; scales / mins [N][ldg], one per group of `group` weights (a multiple of 32 dividing K; K a
 // multiple of 32): fp32, or fp16 when scale_f16 (GGUF Q8_0 / Q4_0 / Q4_1 keep their own fp16 scales).
 // isa: 1 = AVX2+FMA+F16C, 2 = AVX-512F/BW. Returns 0 or a negative error (-7: an unknown kernel).
-int hq_linear(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, const void* w, int format, int64_t N,
+int quant_rows(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, const void* w, int format, int64_t N,
               int64_t ldw, const void* scales, const void* mins, int64_t ldg, int64_t group, const float* bias,
               float* out, int kernel, int isa, int nthreads, int scale_f16) {
   switch (kernel) {
@@ -514,6 +515,9 @@ int hq_linear(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, con
       return -7;
   }
 }
+
+}  // namespace hk_family
+extern "C" {
 
 // Rows [n0, n1) of the dequantized weight -> out [n1 - n0][K] fp32 (same weight arguments as hq_linear).
 int hq_dequant(const void* w, int format, int64_t K, int64_t ldw, const void* scales, const void* mins, int64_t ldg,
