@@ -11,7 +11,7 @@ constexpr int kBF16Panels = 3, kBF16DotPanels = 4;
 // Quantized weights past the plain / tiled ones: VNNI panels (quant_panel.cpp).
 constexpr int kPanelsInt8 = 5, kPanelsInt4 = 6;
 
-// hq_linear's kernel argument (hearth/kernels/quant.py LINEAR_KERNELS): how x meets a quantized weight in rows or tiles.
+// hk_linear's kernel argument (hearth/kernels/weight.py KERNELS): how x meets a quantized weight in rows or tiles.
 enum QuantKernel { kQuantDotFloat = 0, kQuantDotInt8 = 1, kQuantDotInt8x2 = 2, kQuantGemm = 3, kQuantGemmBcast = 4 };
 
 // The kernel of a projection in the decode program, per row count (HkLinearDesc::kernel_at): hearth.weights.dispatch

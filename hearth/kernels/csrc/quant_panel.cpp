@@ -391,8 +391,8 @@ namespace hk_family {
 // scratch for the partial sums of K blocks before the last (untouched where K fits one block); with out16 null,
 // the fp32 result into partial.
 int quant_panels(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, const void* w, int code,
-                         int64_t N, const void* scales, const void* mins, int64_t group, const float* bias,
-                         float* partial, uint16_t* out16, int nthreads, int scale_f16, int x2) {
+                 int64_t N, const void* scales, const void* mins, int64_t group, const float* bias,
+                 float* partial, uint16_t* out16, int nthreads, int scale_f16, int x2) {
   return run(x, x_dtype, M, K, ldx, w, code, N, scales, mins, group, bias, partial, out16, nthreads, scale_f16,
              x2 != 0);
 }
