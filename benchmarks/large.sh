@@ -15,6 +15,7 @@ OUT=$RESULTS/large
 DEC=${LARGE_DECODE_LEN:-16}  # batch-1 decode tokens, and 8 x (BIN in / BOUT out) in flight
 BIN=${LARGE_BATCH_IN:-64}
 BOUT=${LARGE_BATCH_OUT:-16}
+LOCK=${LARGE_LOCK:-/tmp/hearth-7b.lock}  # one 7B process at a time, also across sessions sharing the box
 mkdir -p "$OUT"
 [[ -d $MODELS/$L ]] || "$PY" "$SHARED/make_shaped_models.py" "$MODELS" --large
 if [[ ! -f $MODELS/$L-Q4_0.gguf || ! -f $MODELS/$L-Q8_0.gguf ]]; then
@@ -43,16 +44,16 @@ hearth() {  # $1 variant (bf16, q8_0, q4_0: the folder or the GGUF; int8, int4: 
   case $1 in int8|int4) model=$MODELS/$L; q=(--quantization "$1") ;; *) model=$(hearth_model $L "$1") ;; esac
   wait_mem "$(need "$1")" || return 0
   # (the 15 GB of bf16 panels pack into memory: a first start, and no second copy of the weights on disk)
-  HEARTH_PANEL_CACHE=0 /usr/bin/time -v "$PY" "$HERE/large_hearth.py" "$model" "$OUT/hearth_$1_$2.json" "${q[@]}" \
+  HEARTH_PANEL_CACHE=0 flock "$LOCK" /usr/bin/time -v "$PY" "$HERE/large_hearth.py" "$model" "$OUT/hearth_$1_$2.json" "${q[@]}" \
     --decode-len "$DEC" --batch-in "$BIN" --batch-out "$BOUT" 2> "$OUT/hearth_$1_$2.err" || tail -3 "$OUT/hearth_$1_$2.err"
 }
 llamacpp() {  # $1 variant, $2 tag: llama-bench (pp512, tg) and llama-batched-bench (8 in flight), peak RSS of each
   local m=$MODELS/$L-${1^^}.gguf
   [[ -f $m ]] || return 0
   wait_mem "$(need "$1")" || return 0
-  /usr/bin/time -v "$LLAMA_BIN/llama-bench" -m "$m" -t 2 -p 512 -n "$DEC" -r 1 -o json \
+  flock "$LOCK" /usr/bin/time -v "$LLAMA_BIN/llama-bench" -m "$m" -t 2 -p 512 -n "$DEC" -r 3 -o json \
     > "$OUT/llamacpp_$1_$2_bench.json" 2> "$OUT/llamacpp_$1_$2_bench.err"
-  /usr/bin/time -v "$LLAMA_BIN/llama-batched-bench" -m "$m" -t 2 -c 2048 -npp "$BIN" -ntg "$BOUT" -npl 8 \
+  flock "$LOCK" /usr/bin/time -v "$LLAMA_BIN/llama-batched-bench" -m "$m" -t 2 -c 2048 -npp "$BIN" -ntg "$BOUT" -npl 8 \
     --output-format jsonl > "$OUT/llamacpp_$1_$2_batched.jsonl" 2> "$OUT/llamacpp_$1_$2_batched.err"
 }
 for r in $(seq "${LARGE_FIRST_ROUND:-1}" "${1:-1}"); do

@@ -15,7 +15,6 @@ import time
 
 import torch
 
-from hearth.kernels import nf4 as nf4_kernels
 from hearth.kernels import panels as dense_panels
 from hearth.weights import apply, prepare
 from hearth.weights.formats import bitsandbytes as bnb
@@ -37,7 +36,7 @@ def variants(w: torch.Tensor) -> dict[str, object]:
     rows = [w.shape[0]]
     return {
         "nf4 (plan)": lambda x: apply.linear(x, nf4),
-        "nf4 codebook kernel": lambda x: nf4_kernels.linear(x, nf4.data, nf4.scales, nf4.group, nf4.codebook, None),
+        "nf4 codebook kernel": lambda x: apply.run_codebook(x, nf4, None),
         "nf4 bf16 tiles + GEMM": lambda x: apply.tiled(x, nf4, None),
         "bf16 panels": lambda x: apply.dense_panels_linear(x, panels, rows),
         "int4 g64": lambda x: apply.linear(x, int4),

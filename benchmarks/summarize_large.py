@@ -40,7 +40,8 @@ def _llamacpp(out: str, v: str, r: str) -> dict:
             if line.startswith("{"):
                 d = json.loads(line)
                 if d.get("pl") == 8:
-                    row["n8"] = d["speed_tg"]
+                    row["n8"] = d["pl"] * d["tg"] / (d["t_pp"] + d["t_tg"])  # output tok/s, prefill included
+                    row["n8_decode"] = d["speed_tg"]  # the decode phase alone
                     row["test_s"] = d["t"]
         # load: the process's wall time less its timed test (llama-batched-bench reports no load time)
         wall = re.search(r"Elapsed \(wall clock\) time \(h:mm:ss or m:ss\): ([\d:.]+)",
@@ -71,7 +72,8 @@ def large(results: str) -> None:
         print(f"\n### 7B (Qwen2.5-7B shape), round {r[1:]}: read bandwidth {' / '.join(f'{b:.1f}' for b in bws)} "
               "GB/s (before / after)\n")
         print("| precision | engine | load s | peak RSS GB | weights + KV used GB | prefill 512 tok/s | batch-1 tok/s "
-              "| batch-1 x weights / bandwidth | 8 in flight out tok/s |\n|---|---|---|---|---|---|---|---|---|")
+              "| batch-1 x weights / bandwidth | 8 in flight out tok/s | 8 in flight decode tok/s |\n"
+              "|---|---|---|---|---|---|---|---|---|---|")
         for v, mine in PAIRS.items():
             peer, earlier = _llamacpp(out, v, r), ""
             if not peer:  # (the bf16 GGUF may be gone by now: llama-bench's row from an earlier run, "r0")
@@ -83,7 +85,8 @@ def large(results: str) -> None:
                          if os.path.exists(gguf) and peer.get("decode") else "-")
                 print(f"| {v.upper()} | llama.cpp{earlier} | {_fmt(peer.get('load'), '{:.1f}')} | "
                       f"{_fmt(rss and rss / GB)} | - | "
-                      f"{_fmt(peer.get('prefill'))} | {_fmt(peer.get('decode'))} | {share} | {_fmt(peer.get('n8'))} |")
+                      f"{_fmt(peer.get('prefill'))} | {_fmt(peer.get('decode'))} | {share} | {_fmt(peer.get('n8'))} | "
+                      f"{_fmt(peer.get('n8_decode'))} |")
             for h in mine:
                 for p in sorted(glob.glob(os.path.join(out, f"hearth_{h}_{r}?.json"))):
                     d = _json(p)
@@ -93,8 +96,10 @@ def large(results: str) -> None:
                     cells = [f"{d[k]:.2f} ({_ratio(d[k], peer.get(key))})"
                              for k, key in (("prefill512_tok_s", "prefill"), ("decode_b1_tok_s", "decode"))]
                     n8 = f"{d['n8_output_tok_s']:.2f} ({_ratio(d['n8_output_tok_s'], peer.get('n8'))})"
+                    n8d = (f"{d['n8_decode_tok_s']:.2f} ({_ratio(d['n8_decode_tok_s'], peer.get('n8_decode'))})"
+                           if "n8_decode_tok_s" in d else "-")
                     print(f"| {v.upper()} | hearth ({tag}) | {d['load_s']:.1f} | {d['peak_rss'] / GB:.2f} | "
-                          f"{used:.2f} | {cells[0]} | {cells[1]} | {share:.0%} | {n8} |")
+                          f"{used:.2f} | {cells[0]} | {cells[1]} | {share:.0%} | {n8} | {n8d} |")
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from hearth.benchmarks.common import TokenSampler, median, print_table, random_prompts, write_json
@@ -35,7 +36,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warmup", type=int, default=1, help="untimed iterations first")
 
 
-def run_iteration(engine, prompts: list[list[int]], output_len: int, tag: str) -> IterResult:
+def run_iteration(engine, prompts: list[list[int]], output_len: int, tag: str,
+                  on_step: Callable[[], None] | None = None) -> IterResult:
     from hearth.sampling_params import SamplingParams
 
     params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True, detokenize=False)
@@ -51,6 +53,8 @@ def run_iteration(engine, prompts: list[list[int]], output_len: int, tag: str) -
         t0 = time.perf_counter()
         outs = engine.step()
         t1 = time.perf_counter()
+        if on_step is not None:
+            on_step()
         if t_first is None:
             for o in outs:
                 pending_first.discard(o.request_id)

@@ -3,6 +3,7 @@ with, and the dense linear calls.
 
     from hearth import kernels
     y = kernels.run_linear(x, w, bias)   # hk_linear: x [M, K], w [N, K] rows in bf16 / f16 / f32, fp32 accumulate
+                                         # (every linear reads its weight's descriptor: kernels.weight)
     y = kernels.torch_linear(x, w, bias) # torch's GEMM, in fp32 where the 16-bit one would be emulated
 
 Which of them runs for a row count is hearth.weights.dispatch's choice (hearth.weights.apply calls them). This
@@ -20,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from hearth import envs
-from hearth.kernels import _build
+from hearth.kernels import _build, weight
 from hearth.platform import cpu_info
 
 ISA_AVX2 = 1
@@ -51,58 +52,44 @@ def available() -> bool:
 
 
 _DTYPE_CODE = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
-BF16_PANELS, BF16_DOT_PANELS = 3, 4  # hk_linear_parts' w_dtype for bf16 weights in panels / pair panels
+BF16_PANELS, BF16_DOT_PANELS = 3, 4  # hk_weight's dense format codes of bf16 weights in panels / pair panels
 
 
 def run_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, kblock: int = 0,
-               isa_code: int | None = None) -> torch.Tensor:
+               isa_code: int | None = None, desc: weight.Weight | None = None) -> torch.Tensor:
     """hk_linear on x [M, K] (any strides), w [N, K] rows in bf16 / f16 / f32 -> [M, N] in x's dtype, fp32
-    accumulate; no dtype/device checks beyond what C needs (kernel_ok)."""
-    lib = _build.load()
+    accumulate; desc: w's descriptor (weight.dense([w]); built here if None); no dtype/device checks beyond what C
+    needs (kernel_ok)."""
     m, k = x.shape
     n = w.shape[0]
     if x.stride(1) != 1 or (m > 1 and x.stride(0) < k):
         x = x.contiguous()
-    if w.stride(1) != 1 or (n > 1 and w.stride(0) < k):
-        w = w.contiguous()
+    if desc is None or kblock:
+        if w.stride(1) != 1 or (n > 1 and w.stride(0) < k):
+            w = w.contiguous()
+        desc = weight.dense([w], kblock=kblock)
     if bias is not None:
         bias = bias.to(torch.float32).contiguous()
     out = torch.empty(m, n, dtype=torch.float32)
-    rc = lib.hk_linear(x.data_ptr(), _DTYPE_CODE[x.dtype], m, k, x.stride(0), w.data_ptr(), _DTYPE_CODE[w.dtype],
-                       n, w.stride(0), bias.data_ptr() if bias is not None else None, out.data_ptr(),
-                       isa_code or isa(), kblock, torch.get_num_threads())
-    if rc != 0:
-        raise RuntimeError(f"hk_linear failed with code {rc}")
+    weight.linear(x, desc, bias, out, isa_code=isa_code or isa())
     return out if x.dtype == torch.float32 else out.to(x.dtype)
 
 
-def run_linear_parts(x: torch.Tensor, pointers: list[int], rows: list[int], w_dtype_code: int, ldw: int,
-                     bias: torch.Tensor | None) -> torch.Tensor:
-    """hk_linear_parts (hearth.weights.apply's dense parts and panels): x [..., K] against the weight parts at
-    `pointers` (part i: rows[i] outputs, in w_dtype_code's layout, row stride ldw) plus bias, fp32 accumulate;
-    returns [..., sum(rows)] in x's dtype."""
-    k, n = x.shape[-1], sum(rows)
+def run_linear_parts(x: torch.Tensor, desc: weight.Weight, bias: torch.Tensor | None) -> torch.Tensor:
+    """hk_linear (hearth.weights.apply's dense parts and panels): x [..., K] against the dense weight `desc`
+    describes (row blocks or bf16 panels, weight.dense) plus bias, fp32 accumulate; returns [..., N] in x's dtype."""
+    k, n = desc.k, desc.n
     m = x.numel() // k
     x2 = x.reshape(m, k)
     if x2.stride(1) != 1 or (m > 1 and x2.stride(0) < k):
         x2 = x2.contiguous()
     b = bias.to(torch.float32).contiguous() if bias is not None else None
-    ptrs, ns = (ctypes.c_void_p * len(pointers))(*pointers), (ctypes.c_int64 * len(rows))(*rows)
-    if w_dtype_code == BF16_DOT_PANELS and x2.dtype == torch.bfloat16:  # bf16 straight from the tiles
+    if desc.desc.format == BF16_DOT_PANELS and x2.dtype == torch.bfloat16:  # bf16 straight from the tiles
         out = torch.empty(m, n, dtype=torch.bfloat16)
-        rc = _build.load().hk_linear_dot_panels_bf16(x2.data_ptr(), _DTYPE_CODE[x2.dtype], m, k, x2.stride(0),
-                                                     len(rows), ptrs, ns, b.data_ptr() if b is not None else None,
-                                                     out.data_ptr(), torch.get_num_threads())
-        if rc != 0:
-            raise RuntimeError(f"hk_linear_dot_panels_bf16 failed with code {rc}")
+        weight.linear(x2, desc, b, None, out16=out, isa_code=isa())
         return out.reshape(*x.shape[:-1], n)
     out = torch.empty(m, n, dtype=torch.float32)
-    rc = _build.load().hk_linear_parts(x2.data_ptr(), _DTYPE_CODE[x2.dtype], m, k, x2.stride(0), len(rows),
-                                       ptrs, ns, w_dtype_code, ldw,
-                                       b.data_ptr() if b is not None else None, out.data_ptr(), isa(), 0,
-                                       torch.get_num_threads())
-    if rc != 0:
-        raise RuntimeError(f"hk_linear_parts failed with code {rc}")
+    weight.linear(x2, desc, b, out, isa_code=isa())
     out = out if x.dtype == torch.float32 else out.to(x.dtype)
     return out.reshape(*x.shape[:-1], n)
 

@@ -10,27 +10,21 @@ import ctypes
 i64, i32, f32, ptr = ctypes.c_int64, ctypes.c_int, ctypes.c_float, ctypes.c_void_p
 
 SIGNATURES: dict[str, tuple[list, type]] = {
-    # dense linear (linear.cpp, panel.cpp, panel_dot.cpp, widen.cpp)
-    "hk_linear": ([ptr, i32, i64, i64, i64, ptr, i32, i64, i64, ptr, ptr, i32, i64, i32], i32),
-    "hk_linear_parts": ([ptr, i32, i64, i64, i64, i64, ptr, ptr, i32, i64, ptr, ptr, i32, i64, i32], i32),
-    "hk_linear_dot_panels_bf16": ([ptr, i32, i64, i64, i64, i64, ptr, ptr, ptr, ptr, i32], i32),
+    # every linear, on a weight's descriptor (linear_weight.cpp; hearth/kernels/weight.py HkWeight): x, x dtype, M,
+    # ldx, const hk_weight*, bias, out, out16, kernel (weight.KERNELS), isa, threads
+    "hk_linear": ([ptr, i32, i64, i64, ptr, ptr, ptr, ptr, i32, i32, i32], i32),
+    # dense packing and widening (linear.cpp, panel.cpp, panel_dot.cpp, widen.cpp)
     "hk_linear_set_bf16_dot": ([i32], i32),
     "hk_widen": ([ptr, i32, i64, ptr, i32], i32),
     "hk_pack_panels": ([ptr, i64, i64, i64, ptr, i32], i32),
     "hk_widen_panels": ([i64, ptr, ptr, i64, ptr, i64, i32], i32),
     "hk_pack_dot_panels": ([ptr, i64, i64, i64, ptr, i32], i32),
-    # quantized linear (quant.cpp, quant_panel.cpp)
-    # x, x dtype, M, K, ldx, w, format code, N, ldw, scales, mins, ldg, group, bias, out, kernel (quant.LINEAR_KERNELS),
-    # isa, threads, fp16 scales
-    "hq_linear": ([ptr, i32, i64, i64, i64, ptr, i32, i64, i64, ptr, ptr, i64, i64, ptr, ptr, i32, i32, i32, i32], i32),
-    "hq_linear_panels_out": ([ptr, i32, i64, i64, i64, ptr, i32, i64, ptr, ptr, i64, ptr, ptr, ptr, i32, i32, i32],
-                             i32),
+    # quantized packing and dequantization (quant.cpp, quant_panel.cpp)
     "hq_pack_panels": ([ptr, i32, i64, i64, i64, ptr, i32], i32),
     "hq_pack_panels_blocks": ([ptr, i32, i64, i64, i64, i64, i64, ptr, i32], i32),
     "hq_dequant": ([ptr, i32, i64, i64, ptr, ptr, i64, i64, i64, i64, ptr, i32, i32, i32], i32),
     "hq_dequant_gather": ([ptr, i32, i64, i64, ptr, ptr, i64, i64, i64, ptr, i64, ptr, i32, i32, i32], i32),
     # 4-bit codebook weights, bitsandbytes NF4 / FP4 (nf4.cpp)
-    "hq_nf4_linear": ([ptr, i32, i64, i64, i64, ptr, i64, i64, ptr, i64, i64, ptr, ptr, ptr, i32], i32),
     "hq_nf4_dequant": ([ptr, i64, i64, ptr, i64, i64, ptr, i64, i64, ptr, i32, i32], i32),
     "hq_nf4_quantize": ([ptr, i64, i64, i64, i64, ptr, ptr, i64, ptr, i64, i32], i32),
     # attention (attention.cpp)

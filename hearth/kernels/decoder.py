@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from hearth import envs, kernels
-from hearth.kernels import _build, fused
+from hearth.kernels import _build, fused, weight
 
 _DTYPE = kernels._DTYPE_CODE  # (the C dtype codes every kernel takes)
 QUANT_KIND = {"float": 1, "int8": 2, "int8x2": 3}  # LinearSpec.kind of quantized weights, by activation rounding
@@ -34,15 +34,10 @@ _ENABLED = envs.decode_program()
 i64, i32, f32, ptr = ctypes.c_int64, ctypes.c_int32, ctypes.c_float, ctypes.c_void_p
 
 
-_MAX_PARTS = 4
-
-
 class _Linear(ctypes.Structure):
-    # A dense projection in parts (Linear.parts: q/k/v or gate/up kept as loaded): nparts > 0, part_w / part_n
-    # are the parts' weights [part_n][K] in row order, and w is unused.
-    _fields_ = [("kind", i32), ("w_dtype", i32), ("w", ptr), ("N", i64), ("K", i64), ("ldw", i64), ("bias", ptr),
-                ("scales", ptr), ("mins", ptr), ("ldg", i64), ("group", i64), ("nparts", i64),
-                ("part_w", ptr * _MAX_PARTS), ("part_n", i64 * _MAX_PARTS), ("scale_f16", i32),
+    # csrc/decoder.cpp HkLinearDesc: the weight's descriptor (the hk_weight every linear reads), the activation
+    # rounding of a quantized weight (LinearSpec.kind), the bias and the kernel per row count.
+    _fields_ = [("w", weight.HkWeight), ("kind", i32), ("pad", i32), ("bias", ptr),
                 ("kernel_at", ctypes.c_int8 * (PLAN_ROWS + 1))]
 
 
@@ -135,26 +130,22 @@ class LayerSpec:
 
 def _linear(spec: LinearSpec, keep: list, max_rows: int) -> _Linear | None:
     """The descriptor, or None where the planned kernel for some step the program takes is not one it runs."""
-    if len(spec.parts) > _MAX_PARTS or not spec.parts or spec.plan is None or len(spec.plan) != PLAN_ROWS:
+    if len(spec.parts) > weight.MAX_PARTS or not spec.parts or spec.plan is None or len(spec.plan) != PLAN_ROWS:
         return None
     rows = PLAN_ROWS if spec.any_rows else min(max_rows, PLAN_ROWS)
     if any(k not in PLAN_KERNELS for k in spec.plan[:rows]):
         return None
-    keep += [t for t, _ in spec.parts] + [spec.bias, spec.scales, spec.mins]
-    w = spec.parts[0][0]
-    desc = _Linear(spec.kind, spec.w_dtype, w.data_ptr(), spec.n, spec.k, spec.ldw,
-                   spec.bias.data_ptr() if spec.bias is not None else None,
-                   spec.scales.data_ptr() if spec.scales is not None else None,
-                   spec.mins.data_ptr() if spec.mins is not None else None,
-                   spec.scales.stride(0) if spec.scales is not None else 0, spec.group,
-                   scale_f16=int(spec.scales is not None and spec.scales.dtype == torch.float16))
+    tensors = [t for t, _ in spec.parts]
+    if spec.kind == 0:
+        w = weight.dense(tensors, spec.w_dtype, [n for _, n in spec.parts], spec.ldw)
+    else:
+        w = weight.quantized(tensors[0], spec.w_dtype, spec.n, spec.k, spec.scales, spec.mins, spec.group)
+    if w.n != spec.n or w.k != spec.k:
+        return None
+    keep += tensors + [spec.bias, spec.scales, spec.mins]
+    desc = _Linear(w.desc, spec.kind, 0, spec.bias.data_ptr() if spec.bias is not None else None)
     for m, k in enumerate(spec.plan[:rows], start=1):
         desc.kernel_at[m] = PLAN_KERNELS[k]
-    if spec.kind == 0 and len(spec.parts) > 1 or spec.kind == 0 and spec.w_dtype in (kernels.BF16_PANELS,
-                                                                                     kernels.BF16_DOT_PANELS):
-        desc.nparts = len(spec.parts)
-        for i, (p, n) in enumerate(spec.parts):
-            desc.part_w[i], desc.part_n[i] = p.data_ptr(), n
     return desc
 
 
@@ -213,8 +204,9 @@ class DecodeProgram:
             return None
         code = codes.pop()
         dtype = next(t for t, c in _DTYPE.items() if c == code)
-        hidden = descs[0].o.N
-        if any(d.o.N != hidden or d.down.N != hidden or d.qkv.K != hidden or d.gate_up.K != hidden for d in descs):
+        hidden = descs[0].o.w.N
+        if any(d.o.w.N != hidden or d.down.w.N != hidden or d.qkv.w.K != hidden or d.gate_up.w.K != hidden
+               for d in descs):
             return None
         # (dense pair panels round x to bf16: the same numbers as the layer path in bf16 models only)
         takes_prompts = all(lin.any_rows and (lin.kind != 0 or dtype == torch.bfloat16)

@@ -1,4 +1,5 @@
-"""ctypes calls of the 4-bit codebook kernels (csrc/nf4.cpp: bitsandbytes NF4 / FP4) on raw tensors.
+"""ctypes calls of the 4-bit codebook kernels (csrc/nf4.cpp: bitsandbytes NF4 / FP4) on raw tensors; their linear is
+hk_linear on the weight's descriptor (hearth.kernels.weight).
 
 What the bytes mean is hearth.weights.layouts' row "nf4"; which call runs at which row count, hearth.weights.dispatch.
 """
@@ -9,31 +10,11 @@ import torch
 from hearth import kernels
 from hearth.kernels import _build
 
-_X_CODES = {torch.float32: 0, torch.bfloat16: 1}
-
 
 def available() -> bool:
-    """The codebook kernels are compiled here (hq_nf4_linear also needs AVX-512: dispatch asks caps().avx512)."""
-    return kernels.available() and _build.load() is not None and hasattr(_build.load(), "hq_nf4_linear")
-
-
-def linear(x: torch.Tensor, data: torch.Tensor, absmax: torch.Tensor, group: int, codebook: torch.Tensor,
-           bias: torch.Tensor | None) -> torch.Tensor:
-    """x [M, K] (fp32 / bf16; others are widened to fp32) . w^T (+ bias fp32) -> fp32 [M, N]."""
-    if x.dtype not in _X_CODES:
-        x = x.float()
-    if x.stride(-1) != 1:
-        x = x.contiguous()
-    m, k = x.shape
-    n = data.shape[0]
-    out = torch.empty(m, n, dtype=torch.float32)
-    rc = _build.load().hq_nf4_linear(x.data_ptr(), _X_CODES[x.dtype], m, k, x.stride(0), data.data_ptr(), n,
-                                     data.stride(0), absmax.data_ptr(), absmax.stride(0), group, codebook.data_ptr(),
-                                     None if bias is None else bias.data_ptr(), out.data_ptr(),
-                                     torch.get_num_threads())
-    if rc != 0:
-        raise RuntimeError(f"hq_nf4_linear failed with code {rc}")
-    return out
+    """The codebook kernels are compiled here (its linear, hk_linear on a codebook weight, also needs AVX-512:
+    dispatch asks caps().avx512)."""
+    return kernels.available() and _build.load() is not None and hasattr(_build.load(), "hq_nf4_dequant")
 
 
 def dequant_rows(data: torch.Tensor, absmax: torch.Tensor, group: int, codebook: torch.Tensor, k: int, start: int,

@@ -64,7 +64,7 @@ def supported(compute_dtype: torch.dtype = torch.bfloat16) -> bool:
 
 
 def dtype_code() -> int:
-    """The w_dtype hk_linear_parts takes for this machine's panel weights."""
+    """The dense format code (hk_weight's `format`) of this machine's panel weights."""
     return kernels.BF16_DOT_PANELS if _cpu_layout() == "dot" else kernels.BF16_PANELS
 
 

@@ -1,7 +1,8 @@
 """ctypes calls of the quantized-weight kernels (csrc/quant*.cpp) on raw tensors and format codes.
 
 Which call runs for a weight and a row count is hearth.weights.dispatch's choice; what the bytes mean is
-hearth.weights.layouts'. This module only checks return codes and passes pointers, strides and format codes.
+hearth.weights.layouts'. This module only checks return codes and passes pointers, strides and format codes. The
+linear itself is hk_linear on the weight's descriptor (hearth.kernels.weight).
 """
 from __future__ import annotations
 
@@ -15,15 +16,10 @@ from hearth.kernels import _build
 
 _DTYPE_CODE = kernels._DTYPE_CODE
 
-# hq_linear's kernel argument (csrc/hk_api.h QuantKernel): the few-row kernel per activation rounding, and the
-# fp32-x GEMM in its plain / broadcast form.
-LINEAR_KERNELS = {"float": 0, "int8": 1, "int8x2": 2, "gemm": 3, "bcast": 4}
-
-
 @functools.cache
 def _lib() -> ctypes.CDLL | None:
     lib = _build.load()
-    if lib is None or not hasattr(lib, "hq_linear"):
+    if lib is None or not hasattr(lib, "hq_dequant"):
         return None
     return lib
 
@@ -39,34 +35,6 @@ def _ptr(t: torch.Tensor | None) -> int | None:
 
 def _stride0(t: torch.Tensor | None) -> int:
     return 0 if t is None else t.stride(0)
-
-
-def linear(call: str, x: torch.Tensor, data: torch.Tensor, code: int, n: int, scales: torch.Tensor,
-           mins: torch.Tensor | None, group: int, bias: torch.Tensor | None, out: torch.Tensor,
-           isa_code: int | None = None) -> torch.Tensor:
-    """hq_linear with the LINEAR_KERNELS kernel `call`: x [M, K] (unit stride along K) against the weight in format
-    `code` -> out fp32 [M, N] (contiguous); bias fp32 contiguous or None."""
-    m, k = x.shape
-    rc = _lib().hq_linear(
-        x.data_ptr(), _DTYPE_CODE[x.dtype], m, k, x.stride(0), data.data_ptr(), code, n, data.stride(0),
-        scales.data_ptr(), _ptr(mins), scales.stride(0), group, _ptr(bias), out.data_ptr(), LINEAR_KERNELS[call],
-        isa_code or kernels.isa(), torch.get_num_threads(), int(scales.dtype == torch.float16))
-    if rc != 0:
-        raise RuntimeError(f"hq_linear ({call}) failed with code {rc}")
-    return out
-
-
-def linear_panels(x: torch.Tensor, data: torch.Tensor, code: int, n: int, scales: torch.Tensor,
-                  mins: torch.Tensor | None, group: int, bias: torch.Tensor | None, f32: torch.Tensor,
-                  out16: torch.Tensor | None, x2: bool) -> None:
-    """hq_linear_panels_out: x [M, K] contiguous on VNNI panels into f32 [M, N] (or, with out16, the result rounded
-    to bf16 there and f32 the partial sums); x in two int8 terms per block (x2) or one."""
-    m, k = x.shape
-    rc = _lib().hq_linear_panels_out(x.data_ptr(), _DTYPE_CODE[x.dtype], m, k, k, data.data_ptr(), code, n,
-                                     scales.data_ptr(), _ptr(mins), group, _ptr(bias), f32.data_ptr(), _ptr(out16),
-                                     torch.get_num_threads(), int(scales.dtype == torch.float16), int(x2))
-    if rc != 0:
-        raise RuntimeError(f"hq_linear_panels_out failed with code {rc}")
 
 
 def dequant_rows(data: torch.Tensor, code: int, k: int, scales: torch.Tensor, mins: torch.Tensor | None, group: int,

@@ -4,7 +4,7 @@ Merged projections (qkv, gate_up) have output rows split into named shards, one 
 layer keeps each shard's checkpoint tensor as it arrives (`parts`: for safetensors a view of the file's mapping)
 instead of copying the shards into one merged weight: the copy faults in fresh memory (slow in VMs whose host
 backs guest pages lazily) and doubles the weights' resident memory while it runs. The kernels take the parts in
-one call (hk_linear_parts: one parallel region over every part's rows), as fast as a merged weight.
+one call (hk_linear on the parts' descriptor: one parallel region over every part's rows), as fast as a merged weight.
 """
 from __future__ import annotations
 

@@ -15,6 +15,7 @@ from hearth import envs, kernels
 from hearth.kernels import nf4 as nf4_kernels
 from hearth.kernels import panels as dense_panels
 from hearth.kernels import quant as qkernels
+from hearth.kernels import weight as kweight
 from hearth.platform import cpu_info
 from hearth.weights import activations
 from hearth.kernels.decoder import QUANT_KIND, LinearSpec
@@ -54,11 +55,11 @@ def linear(x: torch.Tensor, qw: QWeight, bias: torch.Tensor | None = None) -> to
             raise RuntimeError("quantized weights were re-laid into VNNI panels at load, which take int8 / int8x2 "
                                "activations: set HEARTH_QUANT_ACT=float (or HEARTH_QUANT_PANELS=0) before loading")
         split = activations.int8_from(m, qw.activations) if act == "int8x2" else 0
-        y = run_panels(x2, qw, b, split, x2.dtype == torch.bfloat16, layout.code)
+        y = run_panels(x2, qw, b, split, x2.dtype == torch.bfloat16)
     elif kernel is Kernel.DOT or kernel is Kernel.GEMM or kernel is Kernel.BCAST:
-        y = run(x2, qw, b, call=None if kernel is Kernel.DOT else kernel.value, code=layout.code)
+        y = run(x2, qw, b, call=None if kernel is Kernel.DOT else kernel.value)
     elif kernel is Kernel.CODEBOOK:
-        y = nf4_kernels.linear(x2, qw.data, qw.scales, qw.group, qw.codebook, b)
+        y = run_codebook(x2, qw, b)
     elif kernel is Kernel.TILED:
         y = tiled(x2, qw, b)
     else:
@@ -66,22 +67,31 @@ def linear(x: torch.Tensor, qw: QWeight, bias: torch.Tensor | None = None) -> to
     return y.reshape(*x.shape[:-1], qw.shape[0]).to(x.dtype)
 
 
+def descriptor(qw: QWeight) -> kweight.Weight:
+    """qw's kernel descriptor (csrc/hk_api.h hk_weight), built on first use and kept on qw: a call passes its
+    address, not the weight's tensors one by one."""
+    d = qw.desc
+    if d is None or not d.describes(qw.data, qw.scales, qw.mins, qw.codebook):
+        n, k = qw.shape
+        d = qw.desc = kweight.quantized(qw.data, of(qw).code, n, k, qw.scales, qw.mins, qw.group, qw.codebook)
+    return d
+
+
 def run(x: torch.Tensor, qw: QWeight, bias: torch.Tensor | None, isa_code: int | None = None,
-        call: str | None = None, out: torch.Tensor | None = None, code: int | None = None) -> torch.Tensor:
+        call: str | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
     """One row-layout kernel on x [M, K] -> fp32 [M, N] (into out, contiguous, if given); call "float", "int8",
-    "int8x2", "gemm" or "bcast" (default: the weight's activation rounding, activations.of); code: of(qw).code."""
+    "int8x2", "gemm" or "bcast" (default: the weight's activation rounding, activations.of)."""
     m, k = x.shape
     if x.stride(1) != 1 or (m > 1 and x.stride(0) < k):
         x = x.contiguous()
     n = qw.shape[0]
     out = torch.empty(m, n, dtype=torch.float32) if out is None else out
-    return qkernels.linear(call or qw.activations or activations.ACTIVATIONS, x, qw.data,
-                           of(qw).code if code is None else code, n, qw.scales, qw.mins, qw.group,
-                           bias, out, isa_code)
+    kernel = kweight.KERNELS[call or qw.activations or activations.ACTIVATIONS]
+    kweight.linear(x, descriptor(qw), bias, out, kernel=kernel, isa_code=isa_code or kernels.isa())
+    return out
 
 
-def run_panels(x: torch.Tensor, qw: QWeight, bias: torch.Tensor | None, split: int, bf16: bool,
-               code: int | None = None) -> torch.Tensor:
+def run_panels(x: torch.Tensor, qw: QWeight, bias: torch.Tensor | None, split: int, bf16: bool) -> torch.Tensor:
     """x [M, K] on VNNI panels -> fp32 [M, N], or with bf16 the result rounded to bf16 in the kernel (the fp32
     result's .to(torch.bfloat16), without an fp32 output pass): rows [0, split) with int8x2 activations, the rest
     single-term int8 (activations.int8_from)."""
@@ -89,12 +99,23 @@ def run_panels(x: torch.Tensor, qw: QWeight, bias: torch.Tensor | None, split: i
     m, n = x.shape[0], qw.shape[0]
     f32 = torch.empty(m, n, dtype=torch.float32)  # the result, or (bf16) the sums of K blocks before the last
     out = torch.empty(m, n, dtype=torch.bfloat16) if bf16 else None
-    code = of(qw).code if code is None else code
-    for r0, r1, x2 in ((0, split, True), (split, m, False)):
+    desc = descriptor(qw)
+    for r0, r1, kernel in ((0, split, kweight.KERNELS["int8x2"]), (split, m, kweight.KERNELS["int8"])):
         if r1 > r0:
-            qkernels.linear_panels(x[r0:r1], qw.data, code, n, qw.scales, qw.mins, qw.group, bias, f32[r0:r1],
-                                   out[r0:r1] if bf16 else None, x2)
+            kweight.linear(x[r0:r1], desc, bias, f32[r0:r1], out[r0:r1] if bf16 else None, kernel,
+                           isa_code=kernels.isa())
     return out if bf16 else f32
+
+
+def run_codebook(x: torch.Tensor, qw: QWeight, bias: torch.Tensor | None) -> torch.Tensor:
+    """x [M, K] (fp32 / bf16; others are widened to fp32) . w^T (+ bias fp32) on a codebook weight -> fp32 [M, N]."""
+    if x.dtype not in (torch.float32, torch.bfloat16):
+        x = x.float()
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    out = torch.empty(x.shape[0], qw.shape[0], dtype=torch.float32)
+    kweight.linear(x, descriptor(qw), bias, out, isa_code=kernels.isa())
+    return out
 
 
 def tiled(x: torch.Tensor, qw: QWeight, bias: torch.Tensor | None) -> torch.Tensor:
@@ -156,13 +177,37 @@ def program_spec(qw: QWeight, bias: torch.Tensor | None) -> LinearSpec | None:
 
 # ---------------------------------------------------------------- dense
 
+def _dense_descriptor(w: torch.Tensor) -> kweight.Weight | None:
+    """Dense rows' descriptor, kept on the tensor (built on its first call); None for rows the kernel takes only
+    as a contiguous copy."""
+    n, k = w.shape
+    if w.stride(1) != 1 or (n > 1 and w.stride(0) < k):
+        return None
+    d = getattr(w, "_hk_weight", None)
+    if d is None or not d.describes(w):
+        d = kweight.dense([w])
+        w._hk_weight = d
+    return d
+
+
+def _parts_descriptor(parts: list[torch.Tensor], code: int | None = None,
+                      rows: list[int] | None = None) -> kweight.Weight:
+    """The descriptor of a weight in row blocks (or bf16 panels with `rows` each), kept on its first block."""
+    d = getattr(parts[0], "_hk_parts", None)
+    if d is None or len(parts) != len(d.tensors) or not d.describes(*parts):
+        d = kweight.dense(parts, code, rows)
+        parts[0]._hk_parts = d
+    return d
+
+
 def dense_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """y = x w^T + b like F.linear (x [..., K], w [N, K] rows as loaded); output in x's dtype."""
     layout = of_dense(w.dtype)
     if layout is not None and x.dim() >= 1 and x.shape[-1] == w.shape[-1] and kernels.kernel_ok(x, w, bias):
         m = x.numel() // x.shape[-1]
         if plan(layout, m, dispatch.caps()) is Kernel.DENSE:
-            return kernels.run_linear(x.reshape(m, x.shape[-1]), w, bias).reshape(*x.shape[:-1], w.shape[0])
+            return kernels.run_linear(x.reshape(m, x.shape[-1]), w, bias,
+                                      desc=_dense_descriptor(w)).reshape(*x.shape[:-1], w.shape[0])
     return kernels.torch_linear(x, w, bias)
 
 
@@ -186,8 +231,7 @@ def dense_linear_parts(x: torch.Tensor, parts: list[torch.Tensor], bias: torch.T
             or not kernels.kernel_ok(x, parts[0], None)):
         biases = [None] * len(parts) if bias is None else list(bias.split([p.shape[0] for p in parts]))
         return torch.cat([dense_linear(x, p, b) for p, b in zip(parts, biases)], dim=-1)
-    return kernels.run_linear_parts(x, [p.data_ptr() for p in parts], [p.shape[0] for p in parts],
-                                    _DTYPE_CODE[parts[0].dtype], parts[0].shape[1], bias)
+    return kernels.run_linear_parts(x, _parts_descriptor(parts), bias)
 
 
 def dense_panels_layout():
@@ -206,4 +250,4 @@ def dense_panels_linear(x: torch.Tensor, panels: list[torch.Tensor], rows: list[
         if bias is not None:
             y += bias.float()
         return y.to(x.dtype).reshape(*x.shape[:-1], n)
-    return kernels.run_linear_parts(x, [p.data_ptr() for p in panels], rows, layout.code, k, bias)
+    return kernels.run_linear_parts(x, _parts_descriptor(panels, layout.code, rows), bias)

@@ -4,7 +4,7 @@ Linear.forward / QuantLinear.forward (through hearth.weights.apply), the whole-s
 GEMM thresholds and which steps it takes) and `hearth doctor` (which prints `table()`) all ask this module, so the
 choice is made in one place. Row-count rules, from the layout table's `kernel` / `gemm` / `gemm_from` columns:
   quantized, "dot" layouts: from gemm_from(layout) rows (or in a prompt step) up to GEMM_MAX_M the fp32-x GEMM
-      (hq_linear's "gemm"; from BCAST_MIN_M rows outside prompt steps its broadcast form); fewer rows the dot kernels
+      (hk_linear's "gemm" kernel; from BCAST_MIN_M rows outside prompt steps its broadcast form); fewer rows the dot kernels
       (integer dots, or fp32 with HEARTH_QUANT_ACT=float) up to MAX_QUANT_ROWS; more rows dequantized tiles and
       torch's GEMM ("tiled"). The GEMM runs on AVX-512 only: without VNNI an integer dot costs about an fp32 FMA, so
       it pays once per 8 rows what the dot kernels pay per row; with VNNI the dot kernels keep decode steps of fewer
@@ -32,20 +32,20 @@ from hearth.weights.layouts import BY_NAME, TABLE, Layout
 MAX_QUANT_ROWS = 128  # the quantized dot kernels' rows where the GEMM does not run; more: dequantized tiles + GEMM
 GEMM_MAX_M = 64  # the quantized fp32-x GEMM's rows; more: dequantized tiles + torch's GEMM
 BCAST_MIN_M = 32  # rows from which a step without prompt tokens takes the GEMM's broadcast form
-CODEBOOK_MAX_ROWS = 32  # hq_nf4_linear's rows; more: dequantized (bf16) tiles + torch's GEMM
+CODEBOOK_MAX_ROWS = 32  # the codebook kernel's rows; more: dequantized (bf16) tiles + torch's GEMM
 DENSE_PANEL_MAX_ROWS = 512  # the bf16 fma-panel GEMM's rows; more: widened weights + torch.mm
 
 
 class Kernel(str, enum.Enum):
-    DOT = "dot"  # hq_linear's dot kernels (float, int8, int8x2), by the weight's activation rounding
-    GEMM = "gemm"  # hq_linear's GEMM: x in fp32, weights dequantized once per tile of rows
-    BCAST = "bcast"  # hq_linear's GEMM in broadcast form
-    PANELS = "panels"  # hq_linear_panels_out: VNNI panels, int8 / int8x2 activations
-    CODEBOOK = "codebook"  # hq_nf4_linear: codebook lookups in registers, fp32 x
+    DOT = "dot"  # hk_linear's dot kernels (float, int8, int8x2), by the weight's activation rounding
+    GEMM = "gemm"  # hk_linear's GEMM: x in fp32, weights dequantized once per tile of rows
+    BCAST = "bcast"  # hk_linear's GEMM in broadcast form
+    PANELS = "panels"  # hk_linear on VNNI panels, int8 / int8x2 activations
+    CODEBOOK = "codebook"  # hk_linear on a codebook weight: lookups in registers, fp32 x
     TILED = "tiled"  # dequantized row tiles + torch's GEMM (long prompts)
     REFERENCE = "reference"  # torch: the whole weight dequantized, F.linear (no kernels here)
-    DENSE = "dense"  # hk_linear / hk_linear_parts on rows as loaded
-    DENSE_PANELS = "dense-panels"  # hk_linear_parts / hk_linear_dot_panels_bf16 on bf16 panels
+    DENSE = "dense"  # hk_linear on rows as loaded (or their row blocks)
+    DENSE_PANELS = "dense-panels"  # hk_linear on bf16 panels (bf16 out from pair panels)
     WIDEN = "widen"  # bf16 panels widened to fp32, torch's GEMM
     TORCH = "torch"  # torch's F.linear (fp32 where the 16-bit GEMM would be emulated)
 

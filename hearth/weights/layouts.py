@@ -21,17 +21,17 @@ from hearth.weights.packed import QWeight
 @dataclass(frozen=True)
 class Layout:
     name: str
-    code: int  # quantized: QWeight format code (hq_* kernels' `code`); dense: hk_linear_parts' w_dtype
+    code: int  # quantized: QWeight format code (hk_weight's `format`, quantized); dense: its dense format
     quantized: bool
     doc: str
     # source format -> the function that writes this layout from it (a float tensor, GGUF blocks, another layout)
     packs: dict[str, Callable] = field(default_factory=dict)
     dequantize: Callable[[object], torch.Tensor] | None = None
-    # few-row kernel family: "dot" (hq_linear / _dot / _dot2 by activation rounding), "panels" (hq_linear_panels_out
-    # at every row count), "dense" (hk_linear), "dense-panels" (hk_linear_parts / hk_linear_dot_panels_bf16),
-    # "codebook" (hq_nf4_linear, AVX-512)
+    # few-row kernel family: "dot" (hk_linear's dot kernels by activation rounding), "panels" (VNNI panels
+    # at every row count), "dense" (rows as loaded), "dense-panels" (bf16 panels),
+    # "codebook" (NF4 / FP4, AVX-512); all run through hk_linear
     kernel: str = "dot"
-    gemm: bool = False  # the fp32-x GEMM (hq_linear's "gemm" / "bcast" kernels) reads it
+    gemm: bool = False  # the fp32-x GEMM (hk_linear's "gemm" / "bcast" kernels) reads it
     gemm_from: int = 0  # rows from which that GEMM beats the dot kernels on AVX-512 without VNNI
 
 

@@ -1,7 +1,7 @@
 """QWeight: a quantized [N, K] weight as the kernels read it (which layout it is in: hearth.weights.layouts.of)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -34,6 +34,9 @@ class QWeight:
     # A 16-value fp32 codebook (bitsandbytes NF4 / FP4): 4-bit data are its indices and w = codebook[q] * scale
     # (the block's absmax; mins None). None: the integer layouts above.
     codebook: torch.Tensor | None = None
+    # The kernels' descriptor of this weight (hearth.kernels.weight.Weight, csrc/hk_api.h hk_weight), built on its
+    # first call by hearth.weights.apply.descriptor; rows() / index_rows() views start without one.
+    desc: object | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.scales.dtype not in (torch.float32, torch.float16) or (

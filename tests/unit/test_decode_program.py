@@ -77,7 +77,7 @@ def test_unsupported_layers_keep_the_layer_path(tmp_path) -> None:
 @needs_program
 @pytest.mark.skipif(not dispatch.caps().gemm, reason="the quantized GEMM does not run on this CPU")
 def test_program_equals_layer_path_in_the_gemms_broadcast_form(tmp_path, monkeypatch) -> None:
-    """Quantized decode steps with many rows take the GEMM's broadcast form (hq_linear's "bcast" kernel) in both paths:
+    """Quantized decode steps with many rows take the GEMM's broadcast form (hk_linear's "bcast" kernel) in both paths:
     BCAST_MIN_M lowered to the GEMM's own threshold so that six sequences reach it. (Plain rows: VNNI panels off.)"""
     monkeypatch.setattr(dispatch, "BCAST_MIN_M", 4)
     off = dataclasses.replace(dispatch.caps(), quant_panels=False)

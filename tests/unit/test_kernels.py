@@ -1,11 +1,11 @@
 """hearth.kernels: the C++ decode linear kernels agree with F.linear (skipped where they cannot run)."""
-import ctypes
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from hearth import kernels
+from hearth.kernels import weight
 from hearth.weights import apply, dispatch
 
 needs_kernels = pytest.mark.skipif(not kernels.available(), reason="hearth kernels unavailable (no AVX2 or compiler)")
@@ -129,15 +129,11 @@ def test_bf16_dot_kernel_matches_float64(K):
     parts = [(torch.randn(n, K, generator=g) / K**0.5).bfloat16() for n in (37, 130)]
     w = torch.cat(parts)
     bias = torch.randn(w.shape[0], generator=g)
-    ptrs = (ctypes.c_void_p * 2)(*[p.data_ptr() for p in parts])
-    rows = (ctypes.c_int64 * 2)(*[p.shape[0] for p in parts])
 
     def run(x, kblock, dot):
         lib.hk_linear_set_bf16_dot(int(dot))
         out = torch.empty(x.shape[0], w.shape[0])
-        rc = lib.hk_linear_parts(x.data_ptr(), 1, x.shape[0], K, K, 2, ptrs, rows, 1, K, bias.data_ptr(),
-                                 out.data_ptr(), kernels.ISA_AVX512, kblock, 2)
-        assert rc == 0
+        weight.linear(x, weight.dense(parts, kblock=kblock), bias, out, isa_code=kernels.ISA_AVX512)
         return out
 
     try:

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from hearth.kernels import panels
+from hearth.kernels import panels, weight
 from hearth.weights import apply, dispatch
 
 pytestmark = pytest.mark.skipif(not panels.supported(), reason="panels need AVX-512 (and AVX512-BF16 where bf16 "
@@ -159,5 +159,5 @@ def test_fma_layout_kernels_run_on_any_avx512_cpu() -> None:
     ref_w = torch.cat(parts).float()
     for m in (1, 3, 4, 7, 13, 64):
         x = torch.randn(m, k)
-        y = kernels.run_linear_parts(x, [p.data_ptr() for p in packed], rows, 3, k, bias)
+        y = kernels.run_linear_parts(x, weight.dense(packed, 3, rows, k=k), bias)
         torch.testing.assert_close(y, F.linear(x, ref_w, bias), rtol=0, atol=1e-4, msg=f"m={m}")

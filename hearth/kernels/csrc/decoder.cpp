@@ -26,25 +26,13 @@ namespace {
 using hk::elem_size, hk::kBF16, hk::kF16, hk::kF32;
 enum LinearKind { kFloat = 0, kQuantFloat = 1, kQuantInt8 = 2, kQuantInt8x2 = 3 };
 
-constexpr int kMaxParts = 4;
-
-// One projection. kFloat: w [N][ldw] in w_dtype (0 f32 / 1 bf16 / 2 f16; 3 / 4: bf16 panels, see panel.cpp and
-// panel_dot.cpp), or with nparts > 1 the weight in parts
-// (the checkpoint's q/k/v or gate/up as loaded): part_w[p] [part_n[p]][K], rows in order, w unused (one
-// hk_linear_parts call: one parallel region, as fast as a merged weight). Quantized:
-// w_dtype is the weight's format code (hearth/weights/layouts.py), scales/mins [N][ldg], group weights per scale.
+// One projection: its weight's descriptor (hk_api.h hk_weight, the one every linear export reads: dense rows, bf16
+// panels, quantized rows / tiles / VNNI panels), the activation rounding of a quantized weight and the bias.
 struct HkLinearDesc {
-  int32_t kind, w_dtype;
-  const void* w;
-  int64_t N, K, ldw;
+  hk_weight w;
+  int32_t kind;  // LinearKind
+  int32_t pad;
   const float* bias;  // fp32 [N] or null
-  const void* scales;  // fp32, or fp16 when scale_f16
-  const void* mins;
-  int64_t ldg, group;
-  int64_t nparts;
-  const void* part_w[kMaxParts];
-  int64_t part_n[kMaxParts];
-  int32_t scale_f16;
   // The kernel for a step of T rows: kernel_at[min(T, kPlanRows)] (a PlanKernel), hearth.weights.dispatch.plan's
   // choice written here when the program is built, so the program and the layer path run the same kernel.
   int8_t kernel_at[kPlanRows + 1];
@@ -136,47 +124,38 @@ int project(const HkLinearDesc& l, const void* x, int64_t T, int dtype, std::vec
             int threads, int64_t int8_from) {
   int rc;
   const int kernel = l.kernel_at[std::min<int64_t>(T, kPlanRows)];
+  const int64_t K = l.w.K, N = l.w.N;
   if (kernel == kPlanDense || kernel == kPlanDensePanels) {
-    if (l.w_dtype == kBF16DotPanels && dtype == kBF16) {  // bf16 from the tiles (same rounding)
-      const bool parts = l.nparts > 1;
-      return hk_linear_dot_panels_bf16(x, dtype, T, l.K, l.K, parts ? l.nparts : 1, parts ? l.part_w : &l.w,
-                                       parts ? l.part_n : &l.N, l.bias, static_cast<uint16_t*>(y), threads);
-    }
-    grow(f32, T * l.N);
-    if (l.nparts > 1)
-      rc = hk_linear_parts(x, dtype, T, l.K, l.K, l.nparts, l.part_w, l.part_n, l.w_dtype, l.K, l.bias, f32.data(),
-                           isa, 0, threads);
-    else
-      rc = hk_linear(x, dtype, T, l.K, l.K, l.w, l.w_dtype, l.N, l.ldw, l.bias, f32.data(), isa, 0, threads);
+    if (l.w.format == kBF16DotPanels && dtype == kBF16)  // bf16 from the tiles (same rounding)
+      return hk_linear(x, dtype, T, K, &l.w, l.bias, nullptr, static_cast<uint16_t*>(y), 0, isa, threads);
+    grow(f32, T * N);
+    rc = hk_linear(x, dtype, T, K, &l.w, l.bias, f32.data(), nullptr, 0, isa, threads);
   } else if (kernel == kPlanPanels) {  // VNNI panels: every row count
-    grow(f32, T * l.N);
+    grow(f32, T * N);
     // Rows [0, split) in the linear's rounding, the rest (prompt rows, int8x2 linears only) in single-term int8:
     // per-row sums do not depend on the other rows, so two calls give each row what it would get alone.
     const int64_t split = l.kind == kQuantInt8 ? 0 : std::min(T, std::max<int64_t>(int8_from, 0));
     // A bf16 model's rows are rounded in the tiles' last K block (the same rounding as narrow's), others land in f32.
     const char* xb = static_cast<const char*>(x);
     uint16_t* y16 = dtype == kBF16 ? static_cast<uint16_t*>(y) : nullptr;
-    auto rows = [&](int64_t r0, int64_t r1, int x2) {
-      return r1 <= r0 ? 0 : hq_linear_panels_out(xb + r0 * l.K * elem_size(dtype), dtype, r1 - r0, l.K, l.K, l.w,
-                                                 l.w_dtype, l.N, l.scales, l.mins, l.group, l.bias,
-                                                 f32.data() + r0 * l.N, y16 ? y16 + r0 * l.N : nullptr, threads,
-                                                 l.scale_f16, x2);
+    auto rows = [&](int64_t r0, int64_t r1, int qk) {
+      return r1 <= r0 ? 0 : hk_linear(xb + r0 * K * elem_size(dtype), dtype, r1 - r0, K, &l.w, l.bias,
+                                      f32.data() + r0 * N, y16 ? y16 + r0 * N : nullptr, qk, isa, threads);
     };
-    if ((rc = rows(0, split, 1)) || (rc = rows(split, T, 0)) || y16) return rc;
+    if ((rc = rows(0, split, kQuantDotInt8x2)) || (rc = rows(split, T, kQuantDotInt8)) || y16) return rc;
   } else if (kernel == kPlanDot || kernel == kPlanGemm || kernel == kPlanBcast) {
-    grow(f32, T * l.N);
+    grow(f32, T * N);
     const int qk = kernel == kPlanGemm    ? kQuantGemm
                    : kernel == kPlanBcast ? kQuantGemmBcast
                    : l.kind == kQuantFloat ? kQuantDotFloat
                    : l.kind == kQuantInt8  ? kQuantDotInt8
                                            : kQuantDotInt8x2;
-    rc = hq_linear(x, dtype, T, l.K, l.K, l.w, l.w_dtype, l.N, l.ldw, l.scales, l.mins, l.ldg, l.group, l.bias,
-                   f32.data(), qk, isa, threads, l.scale_f16);
+    rc = hk_linear(x, dtype, T, K, &l.w, l.bias, f32.data(), nullptr, qk, isa, threads);
   } else {
     return -100;  // a row count the builder did not plan for (DecodeProgram.build refuses such weights)
   }
   if (rc) return rc;
-  narrow(f32.data(), dtype, T * l.N, y);
+  narrow(f32.data(), dtype, T * N, y);
   return 0;
 }
 
@@ -202,7 +181,7 @@ int hk_decoder_layers(const HkLayerDesc* layers, int64_t n, const HkStepDesc* st
   for (int64_t li = 0; li < n; ++li) {
     const HkLayerDesc& L = layers[li];
     const int64_t H = L.num_heads, Hkv = L.num_kv_heads, D = L.head_dim;
-    const int64_t nq = H * D, nkv = Hkv * D, nqkv = L.qkv.N;
+    const int64_t nq = H * D, nkv = Hkv * D, nqkv = L.qkv.w.N;
     int rc;
     // attention block
     if (li == 0 && !has_residual) {
@@ -249,11 +228,11 @@ int hk_decoder_layers(const HkLayerDesc* layers, int64_t n, const HkStepDesc* st
     if ((rc = hk_rms_norm(x, hidden, residual, hidden, L.norm2, L.norm_offset, L.eps, b.h.data(), residual, T,
                           hidden, dtype, threads)))
       return rc;
-    const int64_t inter = L.gate_up.N / 2;
-    grow(b.gu, T * L.gate_up.N * es);
+    const int64_t inter = L.gate_up.w.N / 2;
+    grow(b.gu, T * L.gate_up.w.N * es);
     if ((rc = project(L.gate_up, b.h.data(), T, dtype, b.f32, b.gu.data(), isa, threads, st->int8_from))) return rc;
     grow(b.act, T * inter * es);
-    if ((rc = hk_act_and_mul(b.gu.data(), L.gate_up.N, b.act.data(), T, inter, L.act, dtype, threads))) return rc;
+    if ((rc = hk_act_and_mul(b.gu.data(), L.gate_up.w.N, b.act.data(), T, inter, L.act, dtype, threads))) return rc;
     if ((rc = project(L.down, b.act.data(), T, dtype, b.f32, x, isa, threads, st->int8_from))) return rc;
     if (L.post_norm2 && (rc = hk_rms_norm(x, hidden, nullptr, 0, L.post_norm2, L.norm_offset, L.eps, x, nullptr, T,
                                           hidden, dtype, threads)))

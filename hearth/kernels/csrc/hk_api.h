@@ -11,7 +11,7 @@ constexpr int kBF16Panels = 3, kBF16DotPanels = 4;
 // Quantized weights past the plain / tiled ones: VNNI panels (quant_panel.cpp).
 constexpr int kPanelsInt8 = 5, kPanelsInt4 = 6;
 
-// hq_linear's kernel argument (hearth/kernels/quant.py LINEAR_KERNELS): how x meets a quantized weight in rows or tiles.
+// hk_linear's kernel argument (hearth/kernels/weight.py KERNELS): how x meets a quantized weight in rows or tiles.
 enum QuantKernel { kQuantDotFloat = 0, kQuantDotInt8 = 1, kQuantDotInt8x2 = 2, kQuantGemm = 3, kQuantGemmBcast = 4 };
 
 // The kernel of a projection in the decode program, per row count (HkLinearDesc::kernel_at): hearth.weights.dispatch
@@ -21,20 +21,52 @@ enum PlanKernel { kPlanNone = 0, kPlanDot = 1, kPlanGemm = 2, kPlanBcast = 3, kP
                   kPlanDensePanels = 6 };
 constexpr int kPlanRows = 64;  // rows the table covers; more rows (prompt steps) take its last entry
 
+// A packed weight as every linear kernel reads it: one descriptor per weight, built once when the weight is prepared
+// (hearth/kernels/weight.py HkWeight, the same fields) and passed by pointer, instead of 6-10 loose arguments.
+constexpr int kCodebook4 = 7;  // quantized: 4-bit codebook indices (bitsandbytes NF4 / FP4, nf4.cpp)
+constexpr int kWeightMaxParts = 8;
+struct hk_weight {
+  const void* data;   // rows / tiles / panels (dense in parts: part_w[0])
+  int32_t format;     // layouts.TABLE's code: a QWeight format (quantized), else a dense dtype / bf16 panel code
+  int32_t quantized;  // layouts.TABLE's `quantized` column: which of the two code spaces `format` is in
+  int64_t N, K;
+  int64_t ldw;        // data's row stride: elements (dense rows), bytes (quantized rows and tiles)
+  const void* scales; // quantized: [N][ldg] fp32, or fp16 when scale_f16 (panels: per panel); codebook: fp32 absmax
+  const void* mins;   // int4 with mins, like scales; else null
+  int64_t ldg, group;  // scales' row stride; weights per scale along K
+  int32_t scale_f16;
+  int32_t nparts;      // dense: the weight's row blocks (q/k/v as loaded), part_w[p] [part_n[p]][ldw]; else 1
+  const float* codebook;  // codebook layout: its 16 fp32 values; else null
+  int64_t kblock;      // dense rows: K block in elements, 0 = auto (fit L1/L2)
+  const void* part_w[kWeightMaxParts];
+  int64_t part_n[kWeightMaxParts];
+};
+
+// The per-family bodies hk_linear switches over (C++ linkage: not part of the ctypes API).
+namespace hk_family {
+int dense_rows(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, int64_t nparts, const void* const* w,
+               const int64_t* n, int w_dtype, int64_t ldw, const float* bias, float* out, int isa, int64_t kblock,
+               int nthreads);
+int dense_dot_panels_bf16(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, int64_t nparts,
+                          const void* const* w, const int64_t* n, const float* bias, uint16_t* out, int nthreads);
+int quant_rows(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, const void* w, int format, int64_t N,
+               int64_t ldw, const void* scales, const void* mins, int64_t ldg, int64_t group, const float* bias,
+               float* out, int kernel, int isa, int nthreads, int scale_f16);
+int quant_panels(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, const void* w, int code, int64_t N,
+                 const void* scales, const void* mins, int64_t group, const float* bias, float* partial,
+                 uint16_t* out16, int nthreads, int scale_f16, int x2);
+int codebook(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, const uint8_t* w, int64_t N, int64_t ldw,
+             const float* absmax, int64_t ldg, int64_t group, const float* codebook, const float* bias, float* out,
+             int nthreads);
+}  // namespace hk_family
+
 extern "C" {
-int hk_linear(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, const void* w, int w_dtype, int64_t N,
-              int64_t ldw, const float* bias, float* out, int isa, int64_t kblock, int nthreads);
-int hk_linear_parts(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, int64_t nparts,
-                    const void* const* w, const int64_t* n, int w_dtype, int64_t ldw, const float* bias, float* out,
-                    int isa, int64_t kblock, int nthreads);
-int hk_linear_dot_panels_bf16(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, int64_t nparts,
-                              const void* const* w, const int64_t* n, const float* bias, uint16_t* out, int nthreads);
-int hq_linear(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, const void* w, int format, int64_t N,
-              int64_t ldw, const void* scales, const void* mins, int64_t ldg, int64_t group, const float* bias,
-              float* out, int kernel, int isa, int nthreads, int scale_f16);
-int hq_linear_panels_out(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, const void* w, int code,
-                         int64_t N, const void* scales, const void* mins, int64_t group, const float* bias,
-                         float* partial, uint16_t* out16, int nthreads, int scale_f16, int x2);
+// out [M][N] fp32 = x [M][w->K] (row stride ldx, dtype x_dtype) . W^T + bias, for every weight family (linear_weight
+// .cpp). kernel: a QuantKernel for quantized rows / tiles (VNNI panels: kQuantDotInt8x2 for two int8 terms, else
+// one; dense and codebook weights ignore it). out16: bf16 [M][N] straight from the tiles (VNNI panels and bf16 dot
+// panels only; out is then their fp32 scratch), else null.
+int hk_linear(const void* x, int x_dtype, int64_t M, int64_t ldx, const hk_weight* w, const float* bias, float* out,
+              uint16_t* out16, int kernel, int isa, int nthreads);
 int hq_pack_panels(const void* w, int bits, int64_t N, int64_t K, int64_t ldw, uint8_t* dst, int nthreads);
 int hq_pack_panels_blocks(const void* w, int bits, int64_t N, int64_t K, int64_t ldw, int64_t block_bytes,
                           int64_t header, uint8_t* dst, int nthreads);

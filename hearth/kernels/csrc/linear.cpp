@@ -127,7 +127,7 @@ struct T {
 #pragma GCC pop_options
 
 // AVX-512 with AVX512-BF16: hk_avx512's body plus the WBF16Dot kind, for
-// bf16 x against bf16 weights (vdpbf16ps). Chosen in hk_linear_parts by __builtin_cpu_supports.
+// bf16 x against bf16 weights (vdpbf16ps). Chosen in hk_family::dense_rows by __builtin_cpu_supports.
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512bf16")
 namespace hk_avx512bf16 {
@@ -166,25 +166,18 @@ int hk_linear_panels(const void* x, int x_dtype, int64_t M, int64_t K, int64_t l
 int hk_linear_dot_panels(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, int64_t nparts,
                          const void* const* w, const int64_t* n, const float* bias, float* out, int nthreads);
 
-// out[M][N] (fp32) = x[M][K] (row stride ldx, dtype x_dtype) . w[N][K]^T (row stride ldw, dtype w_dtype) + bias.
-// w_dtype 3: bf16 weights in panel form (panel.cpp; ldw unused, AVX-512 only); 4: in pair panels (panel_dot.cpp;
-// AVX512-BF16 only).
-// isa: 1 = AVX2+FMA+F16C, 2 = AVX-512F/BW. kblock: K block in elements, 0 = auto (fit L1/L2). Returns 0 or a negative error.
-int hk_linear_parts(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, int64_t nparts,
-                    const void* const* w, const int64_t* n, int w_dtype, int64_t ldw, const float* bias, float* out,
-                    int isa, int64_t kblock, int nthreads);
+}  // extern "C"
 
-int hk_linear(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, const void* w, int w_dtype, int64_t N,
-              int64_t ldw, const float* bias, float* out, int isa, int64_t kblock, int nthreads) {
-  return hk_linear_parts(x, x_dtype, M, K, ldx, 1, &w, &N, w_dtype, ldw, bias, out, isa, kblock, nthreads);
-}
+namespace hk_family {
 
-// As hk_linear with the weight's rows in nparts pieces (w[p]: [n[p]][ldw], N = sum n[p]), e.g. q/k/v kept as
-// the checkpoint stores them: x is packed once and one parallel region covers every part's rows, so a split
-// weight costs what a merged one does. out [M][N], bias [N] (or null) as for the merged weight.
-int hk_linear_parts(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, int64_t nparts,
-                    const void* const* w, const int64_t* n, int w_dtype, int64_t ldw, const float* bias, float* out,
-                    int isa, int64_t kblock, int nthreads) {
+// hk_linear on dense weights: out[M][N] (fp32) = x[M][K] (row stride ldx, dtype x_dtype) . w^T + bias, w's rows in
+// nparts pieces (w[p]: [n[p]][ldw], N = sum n[p]), e.g. q/k/v kept as the checkpoint stores them: x is packed once
+// and one parallel region covers every part's rows, so a split weight costs what a merged one does. w_dtype 0-2:
+// rows in f32 / bf16 / f16; 3: bf16 panels (panel.cpp, AVX-512 only); 4: bf16 pair panels (panel_dot.cpp,
+// AVX512-BF16 only). isa: 1 = AVX2+FMA+F16C, 2 = AVX-512F/BW. kblock: K block in elements, 0 = auto (fit L1/L2).
+int dense_rows(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, int64_t nparts,
+               const void* const* w, const int64_t* n, int w_dtype, int64_t ldw, const float* bias, float* out,
+               int isa, int64_t kblock, int nthreads) {
   if (isa != kISA_AVX2 && isa != kISA_AVX512) return -1;
   if (w_dtype == kBF16Panels) {  // bf16 in 32-row panels (panel.cpp): AVX-512 only
     if (isa != kISA_AVX512 || x_dtype < 0 || x_dtype > 2 || nparts < 1) return -4;
@@ -239,4 +232,4 @@ int hk_linear_parts(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ld
   return 0;
 }
 
-}  // extern "C"
+}  // namespace hk_family

@@ -302,7 +302,7 @@ static void run(const Problem& a, int64_t c0, int64_t c1) {
 #ifdef HK_LINEAR_BF16_DOT
     case WKind::kBF16Dot: return run_w<WBF16Dot>(a, c0, c1);
 #else
-    case WKind::kBF16Dot: return;  // only hk_avx512bf16 runs this kind (hk_linear_parts)
+    case WKind::kBF16Dot: return;  // only hk_avx512bf16 runs this kind (hk_family::dense_rows)
 #endif
   }
 }

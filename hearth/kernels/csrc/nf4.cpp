@@ -4,7 +4,7 @@
 // j = code[j] | code[j + 16] << 4), absmax fp32 [N][K / group] (row stride ldg), codebook fp32 [16]. group: a multiple
 // of 32 dividing K.
 //
-// hq_nf4_linear: out[m][n] = sum_k x[m][k] w[n][k] (+ bias), x fp32 or bf16. AVX-512 only. fp32 x: the 16 codebook
+// hk_family::codebook (hk_linear on a codebook weight): out[m][n] = sum_k x[m][k] w[n][k] (+ bias), x fp32 or bf16. AVX-512 only. fp32 x: the 16 codebook
 // values sit in one register and vpermps looks a code up (it reads an index's low 4 bits, so a byte's high nibble
 // needs only a shift); each block's products are summed first and scaled by its absmax once; rows of x 4 at a time.
 // bf16 x with AVX512-BF16: per block the 16 values times its absmax, rounded to bf16 (bitsandbytes' bf16 weights),
@@ -17,6 +17,7 @@
 #include <cstring>
 #include <vector>
 
+#include "hk_api.h"
 #include "scalar.h"
 #include "parallel.h"
 
@@ -284,13 +285,13 @@ bool has_avx512() { return hk::cpu_has_avx512bw(); }
 
 }  // namespace
 
-extern "C" {
+namespace hk_family {
 
 // out [M][N] fp32 (row stride N) = x [M][K] (fp32 or bf16, row stride ldx) . w^T + bias. -1: no AVX-512 here,
 // -2: an x dtype other than fp32 / bf16, -3: a group that is not a multiple of 32 dividing K.
-int hq_nf4_linear(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, const uint8_t* w, int64_t N,
-                  int64_t ldw, const float* absmax, int64_t ldg, int64_t group, const float* codebook,
-                  const float* bias, float* out, int nthreads) {
+int codebook(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, const uint8_t* w, int64_t N,
+             int64_t ldw, const float* absmax, int64_t ldg, int64_t group, const float* codebook,
+             const float* bias, float* out, int nthreads) {
   if (!has_avx512()) return -1;
   if (x_dtype != kF32 && x_dtype != kBF16) return -2;
   if (bad_shape(K, group)) return -3;
@@ -308,6 +309,10 @@ int hq_nf4_linear(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx,
   hk_par::parallel_dynamic(N, 64, nthreads, [&](int64_t b, int64_t e) { linear_rows(p, xf, ld, M, b, e, out, N, bias); });
   return 0;
 }
+
+}  // namespace hk_family
+
+extern "C" {
 
 // Rows [n0, n1) of w -> out [n1 - n0][K], fp32 or (out_bf16) bf16 rounded as torch rounds. -3: a bad group.
 int hq_nf4_dequant(const uint8_t* w, int64_t K, int64_t ldw, const float* absmax, int64_t ldg, int64_t group,

@@ -204,11 +204,14 @@ int hk_linear_dot_panels(const void* x, int x_dtype, int64_t M, int64_t K, int64
   linear_dot(x, x_dtype, M, K, ldx, nparts, w, n, bias, out, nullptr, N, nthreads);
   return 0;
 }
+}  // extern "C"
+
+namespace hk_family {
 
 // As hk_linear_dot_panels with out [M][sum n] in bf16 (the fp32 sums rounded once, to nearest even): a bf16 model's
 // GEMM without an fp32 output and a conversion pass over it (3% of a 512-token prefill).
-int hk_linear_dot_panels_bf16(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, int64_t nparts,
-                              const void* const* w, const int64_t* n, const float* bias, uint16_t* out, int nthreads) {
+int dense_dot_panels_bf16(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, int64_t nparts,
+                          const void* const* w, const int64_t* n, const float* bias, uint16_t* out, int nthreads) {
   if (!hk::cpu_has_bf16_dot() || K % 2 || x_dtype < 0 || x_dtype > 2 || nparts < 1) return -1;
   if (M <= 0) return 0;
   int64_t N = 0;
@@ -223,4 +226,4 @@ int hk_linear_dot_panels_bf16(const void* x, int x_dtype, int64_t M, int64_t K, 
   return 0;
 }
 
-}  // extern "C"
+}  // namespace hk_family

@@ -2,7 +2,7 @@
 // scale) and int4 (per-group scale and min) weights; x fp32 / bf16 / f16, fp32 accumulate. See quant_impl.h for the
 // layout. Same build rules as linear.cpp: per-ISA `#pragma GCC target`, chosen at run time by the caller, C ABI.
 //
-// The small-M kernels, one export (hq_linear) with a kernel argument (which one runs is hearth/weights/dispatch.py's
+// The small-M kernels, one body (hk_family::quant_rows, behind hk_linear) with a kernel argument (which one runs is hearth/weights/dispatch.py's
 // choice):
 //   kQuantDotFloat   x stays fp32 and weights are dequantized in registers (quant_impl.h): the dequantized float
 //                    model's results up to summation order, but compute-bound (~4 vector ops per weight).
@@ -378,7 +378,7 @@ static Problem make_problem(const float* x, const void* w, int64_t ldw, const vo
 
 namespace hq {
 
-// kQuantDotFloat: x in fp32 against weights dequantized in registers (hq_linear's other arguments).
+// kQuantDotFloat: x in fp32 against weights dequantized in registers (quant_rows' other arguments).
 static int linear_float(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, const void* w, int int4,
                         int64_t N, int64_t ldw, const void* scales, const void* mins, int64_t ldg, int64_t group,
                         const float* bias, float* out, int isa, int nthreads, int scale_f16) {
@@ -463,7 +463,7 @@ static int linear_dot(const void* x, int x_dtype, int64_t M, int64_t K, int64_t 
   return 0;
 }
 
-// hq_linear's kQuantGemm / kQuantGemmBcast: the argument checks, x as fp32, then form(problem, nthreads) (AVX-512 only).
+// quant_rows' kQuantGemm / kQuantGemmBcast: the argument checks, x as fp32, then form(problem, nthreads) (AVX-512 only).
 template <class Form>
 static int gemm_call(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, const void* w, int int4, int64_t N,
                      int64_t ldw, const void* scales, const void* mins, int64_t ldg, int64_t group, const float* bias,
@@ -480,7 +480,8 @@ static int gemm_call(const void* x, int x_dtype, int64_t M, int64_t K, int64_t l
 }
 }  // namespace hq
 
-extern "C" {
+
+namespace hk_family {
 
 // out[M][N] (fp32) = x[M][K] . deq(w)[N][K]^T + bias, by `kernel` (hk_api.h's QuantKernel; which one runs for a
 // row count is hearth.weights.dispatch.plan's choice, never this library's):
@@ -493,9 +494,9 @@ extern "C" {
 // tiles) [N][ldw]; scales / mins [N][ldg], one per group of `group` weights (a multiple of 32 dividing K; K a
 // multiple of 32): fp32, or fp16 when scale_f16 (GGUF Q8_0 / Q4_0 / Q4_1 keep their own fp16 scales).
 // isa: 1 = AVX2+FMA+F16C, 2 = AVX-512F/BW. Returns 0 or a negative error (-7: an unknown kernel).
-int hq_linear(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, const void* w, int format, int64_t N,
-              int64_t ldw, const void* scales, const void* mins, int64_t ldg, int64_t group, const float* bias,
-              float* out, int kernel, int isa, int nthreads, int scale_f16) {
+int quant_rows(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, const void* w, int format, int64_t N,
+               int64_t ldw, const void* scales, const void* mins, int64_t ldg, int64_t group, const float* bias,
+               float* out, int kernel, int isa, int nthreads, int scale_f16) {
   switch (kernel) {
     case kQuantDotFloat:
       return hq::linear_float(x, x_dtype, M, K, ldx, w, format, N, ldw, scales, mins, ldg, group, bias, out, isa,
@@ -515,7 +516,11 @@ int hq_linear(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, con
   }
 }
 
-// Rows [n0, n1) of the dequantized weight -> out [n1 - n0][K] fp32 (same weight arguments as hq_linear).
+}  // namespace hk_family
+
+extern "C" {
+
+// Rows [n0, n1) of the dequantized weight -> out [n1 - n0][K] fp32 (same weight arguments as quant_rows).
 int hq_dequant(const void* w, int format, int64_t K, int64_t ldw, const void* scales, const void* mins, int64_t ldg,
                int64_t group, int64_t n0, int64_t n1, float* out, int isa, int nthreads, int scale_f16) {
   using namespace hq;

@@ -379,6 +379,9 @@ int hq_pack_panels_blocks(const void* w, int bits, int64_t N, int64_t K, int64_t
 int hq_pack_panels(const void* w, int bits, int64_t N, int64_t K, int64_t ldw, uint8_t* dst, int nthreads) {
   return hq_pack_panels_blocks(w, bits, N, K, ldw, bits == 8 ? 32 : 16, 0, dst, nthreads);
 }
+}  // extern "C"
+
+namespace hk_family {
 
 // out [M][N] (fp32) = x [M][K] (row stride ldx; f32 / bf16 / f16) . W^T (+ bias), W in VNNI panels (code
 // kPanelsInt8 / kPanelsInt4, see the layout above; scales and mins per panel [K / group][64], fp16 if scale_f16),
@@ -387,11 +390,11 @@ int hq_pack_panels(const void* w, int bits, int64_t N, int64_t K, int64_t ldw, u
 // even, as the fp32 result's .to(torch.bfloat16)) into out16 [M][N], no fp32 output pass, and partial fp32 [M][N]
 // scratch for the partial sums of K blocks before the last (untouched where K fits one block); with out16 null,
 // the fp32 result into partial.
-int hq_linear_panels_out(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, const void* w, int code,
-                         int64_t N, const void* scales, const void* mins, int64_t group, const float* bias,
-                         float* partial, uint16_t* out16, int nthreads, int scale_f16, int x2) {
+int quant_panels(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, const void* w, int code,
+                 int64_t N, const void* scales, const void* mins, int64_t group, const float* bias,
+                 float* partial, uint16_t* out16, int nthreads, int scale_f16, int x2) {
   return run(x, x_dtype, M, K, ldx, w, code, N, scales, mins, group, bias, partial, out16, nthreads, scale_f16,
              x2 != 0);
 }
 
-}  // extern "C"
+}  // namespace hk_family
