@@ -1,6 +1,7 @@
 """A GGUF checkpoint opened: HF-style config, HF-named tensors (dequantized, or kept in their blocks), tokenizer."""
 from __future__ import annotations
 
+import math
 import mmap
 import os
 from collections.abc import Iterator
@@ -47,7 +48,7 @@ class GGUFCheckpoint:
                     if hf is None:
                         continue  # IGNORED, checked at load
                     if hf in placeholders:
-                        yield hf, torch.zeros((), dtype=dtype).expand(*info.shape)
+                        yield hf, _untouched_zeros(tuple(info.shape), dtype)
                         continue
                     if TYPES[info.ggml_type][0] in keep_quantized and (_is_linear_weight(hf, info)
                                                                          or hf == "model.embed_tokens.weight"):
@@ -113,6 +114,15 @@ class GGUFCheckpoint:
         elif self._arch.permute_qk and ".self_attn.k_proj." in hf:
             heads = self.hf_config["num_key_value_heads"]
         return blocks if heads is None else blocks.index_rows(_unpermute(torch.arange(rows), heads))
+
+
+def _untouched_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """Zeros in fresh anonymous pages: contiguous, so the layer adopts the tensor instead of copying it (a stride-0
+    view was copied, faulting in a whole dense head), and never touched, so it is never resident."""
+    count = math.prod(shape)
+    nbytes = count * torch.empty((), dtype=dtype).element_size()
+    buf = mmap.mmap(-1, max(nbytes, 1), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)  # (the default is shmem)
+    return torch.frombuffer(buf, dtype=dtype, count=count).view(shape)
 
 
 def _release(buf: mmap.mmap, info: TensorInfo) -> None:
