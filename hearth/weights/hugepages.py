@@ -41,6 +41,9 @@ _BUDGET_S = 1.0
 _PROBE_S = 0.2
 _MIN_RATE = 1e9
 _HUGE = 2 << 20
+# Bytes of old storages freed between two malloc_trim calls during the copy (glibc keeps freed heap otherwise,
+# and the process would peak at twice its quantized weights).
+_TRIM_STEP = 128 << 20
 _THP_MODE = "/sys/kernel/mm/transparent_hugepage/enabled"
 
 
@@ -109,25 +112,32 @@ def move_to_hugepages(model: nn.Module, min_bytes: int = 64 << 10) -> int:
     if found is None:  # a kernel built without THP: nothing to gain from the copy
         return 0
     arena_bytes, skip = found
+    malloc_trim()  # (the load's freed temporaries go back before the copy adds the arena)
     storage = arena_bytes.untyped_storage()
-    moved, t_copy = 0, time.perf_counter()
+    moved, freed, t_copy = 0, 0, time.perf_counter()
     with torch.no_grad():
-        for ptr, s in storages.items():
+        for ptr in list(storages):
             spent = time.perf_counter() - t_copy
             if spent > _BUDGET_S or (spent > _PROBE_S and moved < _MIN_RATE * spent):  # (the arena's untouched
                 logger.info("huge pages: stopped after %.1f s at %.2f GB/s (2 MiB pages are slow to come by); "  # rest
                             "%.2f of %.2f GB of quantized weights stay in 4 KiB pages", spent,  # costs no memory)
                             moved / spent / 1e9, (total - moved) / 1e9, total / 1e9)
                 break
+            s = storages.pop(ptr)  # (the dict must not keep the old storage alive once it is copied)
             start = skip + offsets[ptr]
             old = torch.empty(0, dtype=torch.uint8).set_(s, 0, (s.nbytes(),), (1,))
             arena_bytes[offsets[ptr]:offsets[ptr] + s.nbytes()].copy_(old)
-            for t in by_storage[ptr]:
+            for t in by_storage.pop(ptr):
                 esize = t.element_size()
                 # byte offset of t inside its old storage, kept inside the new one
                 t.set_(storage, (start + t.storage_offset() * esize) // esize, t.size(), t.stride())
-            del old  # (the last reference to the old storage: freed before malloc_trim)
-            moved = offsets[ptr] + s.nbytes()
+            moved, freed = offsets[ptr] + s.nbytes(), freed + s.nbytes()
+            del old, s  # (the last references to the old storage: freed here)
+            if freed >= _TRIM_STEP:  # the copies' freed heap goes back as it grows, not after all weights doubled
+                t_trim = time.perf_counter()
+                malloc_trim()
+                t_copy += time.perf_counter() - t_trim  # (the budget is for copying)
+                freed = 0
     del storages, by_storage
     malloc_trim()
     logger.info("weights in huge pages: %.2f GB in %.2f s", moved / 1e9, time.perf_counter() - t0)
@@ -150,6 +160,31 @@ def arena(nbytes: int) -> tuple[torch.Tensor, int] | None:
         return None
     skip = (-ctypes.addressof(ctypes.c_char.from_buffer(mm))) % _HUGE
     return torch.frombuffer(mm, dtype=torch.uint8)[skip:skip + nbytes], skip
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                                      "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+
+def free_heap_bytes() -> int | None:
+    """Bytes malloc holds freed in its heaps (glibc's mallinfo2 fordblks, every arena); None off glibc >= 2.33."""
+    try:
+        fn = ctypes.CDLL(None).mallinfo2
+    except (OSError, AttributeError):
+        return None
+    fn.restype = _MallInfo2
+    return int(fn().fordblks)
+
+
+def trim_beyond(nbytes: int) -> bool:
+    """malloc_trim once more than nbytes lie freed in the heap (where that cannot be told: always). Returns whether
+    it trimmed. Trimming every time would fault the next user's pages in again for nothing."""
+    free = free_heap_bytes()
+    if free is not None and free <= nbytes:
+        return False
+    malloc_trim()
+    return True
 
 
 def malloc_trim() -> None:

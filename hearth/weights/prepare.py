@@ -8,7 +8,9 @@ Per model, once loaded: prepare_model(model, source, dtype): activation rounding
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -51,6 +53,15 @@ def relayout(qw: QWeight) -> QWeight:
 
 
 def pack_parts(parts: list, scheme: str, k: int, int4_group: int | None, final: bool = True) -> QWeight | None:
+    """One layer's shards -> its QWeight (_pack_parts); then, past TRIM_FREE_BYTES of freed heap, that goes back
+    to the OS: glibc keeps it (hearth's malloc settings, platform.keep_freed_memory) and the next layers'
+    persistent bytes land between the holes, so a load would hold its temporaries' heap on top of its weights."""
+    qw = _pack_parts(parts, scheme, k, int4_group, final)
+    hugepages.trim_beyond(TRIM_FREE_BYTES)
+    return qw
+
+
+def _pack_parts(parts: list, scheme: str, k: int, int4_group: int | None, final: bool) -> QWeight | None:
     """One layer's shards (rows in order) -> its QWeight in its final layout; None: keep the layer dense.
     scheme "gguf": the parts are GGUFBlocks of one kept type (else None); "prequant": PackedSources of a
     pre-quantized checkpoint (or QWeights already repacked from them: a tensor-parallel slice), each through its
@@ -73,15 +84,35 @@ def pack_parts(parts: list, scheme: str, k: int, int4_group: int | None, final: 
         if len(kinds) != 1 or not supports(k, 32):
             return None
         return done(cat([p.repack() for p in parts]))
-    whole = torch.cat([p.dequantize() if isinstance(p, gguf.GGUFBlocks) else p.float() for p in parts])
-    # The copy is what gets packed: the parts' checkpoint pages go back now, else the mapping (kept alive by the
-    # embedding's and norms' views of it) holds every quantized layer's bf16 bytes resident beside its int8 / int4.
-    panel_pack.release_file_pages([p for p in parts if isinstance(p, torch.Tensor)])
     if scheme == "int8":
-        return done(pack("float", "int8", whole)) if k % 32 == 0 else None
+        return done(pack_float_rows(parts, "int8")) if k % 32 == 0 else None
     if scheme == "nf4":  # (--quantization bitsandbytes)
-        return pack("float", "nf4", whole) if k % 64 == 0 else None
-    return None if int4_group is None else done(pack("float", "int4", whole, int4_group))
+        return pack_float_rows(parts, "nf4") if k % 64 == 0 else None
+    return None if int4_group is None else done(pack_float_rows(parts, "int4", int4_group))
+
+
+# float32 bytes of one layer's rows quantized at a time (pack_float_rows)
+FLOAT_CHUNK_BYTES = 16 << 20
+# Freed heap a load may keep between layers (pack_parts): below it, the next layer reuses it without page faults.
+TRIM_FREE_BYTES = 256 << 20
+
+
+def pack_float_rows(parts: list, layout: str, *args) -> QWeight:
+    """Float shards (or GGUF blocks, dequantized) -> `layout`, FLOAT_CHUNK_BYTES of rows at a time: every float
+    layout quantizes rows independently (per row, group or block within a row), so this is exact, and a layer's
+    whole float32 copy and the quantizer's float temporaries of it never exist. Each shard's checkpoint pages go
+    back once it is packed, else the mapping (kept alive by the embedding's and norms' views of it) holds every
+    quantized layer's bf16 bytes resident beside its int8 / int4."""
+    out: list[QWeight] = []
+    for p in parts:
+        if isinstance(p, gguf.GGUFBlocks):
+            out.append(pack("float", layout, p.dequantize(), *args))
+            continue
+        step = max(1, FLOAT_CHUNK_BYTES // (4 * p.shape[1]))
+        for r0 in range(0, p.shape[0], step):
+            out.append(pack("float", layout, p[r0:r0 + step].float(), *args))
+        panel_pack.release_file_pages([p])
+    return cat(out)
 
 
 def _as_is(qw: QWeight) -> QWeight:
@@ -132,9 +163,34 @@ def head_weight(head: gguf.GGUFBlocks) -> QWeight:
     6-bit tiles where the kernels run (a third smaller than int8; exact either way), else panels or rows."""
     n, k = head.shape
     if head.type_name == "Q6_K" and Q6_TILES and qkernels.available() and n % 4 == 0 and k % 256 == 0:
-        return TILES_Q6.packs["Q6_K"](head)
-    qw = head.repack()
+        return _pack_head_rows(head, TILES_Q6.packs["Q6_K"])
+    qw = _pack_head_rows(head, gguf.GGUFBlocks.repack)
     return to_panels(qw) if can_panel(qw) else qw
+
+
+# Rows of a GGUF LM head packed at a time (a multiple of 64: whole 4-row tiles and 64-row panels)
+HEAD_STEP_ROWS = 4096
+
+
+def _pack_head_rows(head: gguf.GGUFBlocks, pack_rows: Callable[[gguf.GGUFBlocks], QWeight]) -> QWeight:
+    """pack_rows over HEAD_STEP_ROWS of the head's rows at a time, into one QWeight (exact: block rows, 4-row tiles
+    and plain rows are independent per row); each step's checkpoint pages go back once packed, so a head read from
+    the file's mapping is never resident whole beside its packed copy."""
+    n, k = head.shape
+    out: list[torch.Tensor | None] = []
+    qw = None
+    for r0 in range(0, n, HEAD_STEP_ROWS):
+        rows = head.data[r0:r0 + HEAD_STEP_ROWS]
+        qw = pack_rows(gguf.GGUFBlocks(head.ggml_type, (rows.shape[0], k), rows))
+        parts = (qw.data, qw.scales, qw.mins)
+        if not out:
+            out = [None if t is None else torch.empty((n, *t.shape[1:]), dtype=t.dtype) for t in parts]
+        for o, t in zip(out, parts):
+            if o is not None:
+                o[r0:r0 + t.shape[0]] = t
+        panel_pack.release_file_pages([rows])
+    assert qw is not None and out  # (a head has rows)
+    return dataclasses.replace(qw, data=out[0], scales=out[1], mins=out[2])
 
 
 def tied_head(embed: QWeight) -> QWeight:
@@ -163,3 +219,5 @@ def prepare_model(model: nn.Module, source: str | None, dtype: torch.dtype, rank
     if hugepages.enabled():
         hugepages.move_to_hugepages(model)
     panel_pack.pack_dense_weights(model, source, dtype)
+    # The load's freed temporaries go back (huge pages off or stopped early, glibc would keep them for good).
+    hugepages.malloc_trim()

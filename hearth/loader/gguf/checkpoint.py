@@ -1,6 +1,7 @@
 """A GGUF checkpoint opened: HF-style config, HF-named tensors (dequantized, or kept in their blocks), tokenizer."""
 from __future__ import annotations
 
+import math
 import mmap
 import os
 from collections.abc import Iterator
@@ -47,7 +48,7 @@ class GGUFCheckpoint:
                     if hf is None:
                         continue  # IGNORED, checked at load
                     if hf in placeholders:
-                        yield hf, torch.zeros((), dtype=dtype).expand(*info.shape)
+                        yield hf, _untouched_zeros(tuple(info.shape), dtype)
                         continue
                     if TYPES[info.ggml_type][0] in keep_quantized and (_is_linear_weight(hf, info)
                                                                          or hf == "model.embed_tokens.weight"):
@@ -90,12 +91,15 @@ class GGUFCheckpoint:
         if found is None:
             return None
         part, info = found
+        # A view of the file, not a copy: the head's packer reads it a step of rows at a time and hands each step's
+        # pages back (prepare.head_weight), so its raw bytes never sit beside the packed head whole. (A private
+        # mapping: writable for torch, never written; the tensor keeps it alive and it is unmapped with it.)
         with open(part.path, "rb") as f:
-            buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        try:
-            return self._blocks(buf, info, "lm_head.weight")
-        finally:
-            buf.close()
+            buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+        _, block, block_bytes = TYPES[info.ggml_type]
+        rows, cols = info.shape
+        data = torch.frombuffer(buf, dtype=torch.uint8, count=info.nbytes, offset=info.start)
+        return GGUFBlocks(info.ggml_type, (rows, cols), data.reshape(rows, cols // block * block_bytes))
 
     def _blocks(self, buf: mmap.mmap, info: TensorInfo, hf: str) -> GGUFBlocks:
         """Raw rows of a block-quantized weight; q/k rows un-permuted (rows of block formats are independent)."""
@@ -110,6 +114,15 @@ class GGUFCheckpoint:
         elif self._arch.permute_qk and ".self_attn.k_proj." in hf:
             heads = self.hf_config["num_key_value_heads"]
         return blocks if heads is None else blocks.index_rows(_unpermute(torch.arange(rows), heads))
+
+
+def _untouched_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """Zeros in fresh anonymous pages: contiguous, so the layer adopts the tensor instead of copying it (a stride-0
+    view was copied, faulting in a whole dense head), and never touched, so it is never resident."""
+    count = math.prod(shape)
+    nbytes = count * torch.empty((), dtype=dtype).element_size()
+    buf = mmap.mmap(-1, max(nbytes, 1), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)  # (the default is shmem)
+    return torch.frombuffer(buf, dtype=dtype, count=count).view(shape)
 
 
 def _release(buf: mmap.mmap, info: TensorInfo) -> None:
