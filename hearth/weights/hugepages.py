@@ -178,13 +178,20 @@ def free_heap_bytes() -> int | None:
 
 
 def trim_beyond(nbytes: int) -> bool:
-    """malloc_trim once more than nbytes lie freed in the heap (where that cannot be told: always). Returns whether
-    it trimmed. Trimming every time would fault the next user's pages in again for nothing."""
+    """malloc_trim once more than nbytes were freed into the heap since the last trim (where that cannot be told:
+    always). Returns whether it trimmed. Trimming every time would fault the next user's pages in again for nothing.
+    (mallinfo2 still counts trimmed chunks as free, so the growth since the last trim is what says new frees.)"""
+    global _free_after_trim
     free = free_heap_bytes()
-    if free is not None and free <= nbytes:
+    if free is not None and free - _free_after_trim <= nbytes:
+        _free_after_trim = min(_free_after_trim, free)  # (freed chunks reused since: count from the lower mark)
         return False
     malloc_trim()
+    _free_after_trim = free_heap_bytes() or 0
     return True
+
+
+_free_after_trim = 0
 
 
 def malloc_trim() -> None:
