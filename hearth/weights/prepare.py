@@ -20,7 +20,7 @@ from hearth.kernels import quant as qkernels
 from hearth.weights import activations, dispatch, gguf, hugepages, panel_pack
 from hearth.weights.formats.source import PackedSource
 from hearth.weights.layouts import BY_NAME, TILES_Q6
-from hearth.weights.packed import QWeight, supports
+from hearth.weights.packed import PANEL_COLS, QWeight, supports
 from hearth.weights.reference import implied_mins
 from hearth.weights.relayout import can_tile
 
@@ -164,33 +164,38 @@ def head_weight(head: gguf.GGUFBlocks) -> QWeight:
     n, k = head.shape
     if head.type_name == "Q6_K" and Q6_TILES and qkernels.available() and n % 4 == 0 and k % 256 == 0:
         return _pack_head_rows(head, TILES_Q6.packs["Q6_K"])
-    qw = _pack_head_rows(head, gguf.GGUFBlocks.repack)
-    return to_panels(qw) if can_panel(qw) else qw
+    return _pack_head_rows(head, gguf.GGUFBlocks.repack, panels=True)
 
 
 # Rows of a GGUF LM head packed at a time (a multiple of 64: whole 4-row tiles and 64-row panels)
 HEAD_STEP_ROWS = 4096
 
 
-def _pack_head_rows(head: gguf.GGUFBlocks, pack_rows: Callable[[gguf.GGUFBlocks], QWeight]) -> QWeight:
+def _pack_head_rows(head: gguf.GGUFBlocks, pack_rows: Callable[[gguf.GGUFBlocks], QWeight],
+                    panels: bool = False) -> QWeight:
     """pack_rows over HEAD_STEP_ROWS of the head's rows at a time, into one QWeight (exact: block rows, 4-row tiles
     and plain rows are independent per row); each step's checkpoint pages go back once packed, so a head read from
-    the file's mapping is never resident whole beside its packed copy."""
+    the file's mapping is never resident whole beside its packed copy. panels: each step goes on into VNNI panels
+    where they run (a step is whole panels: they concatenate), so no plain-row copy of the whole head exists."""
     n, k = head.shape
     out: list[torch.Tensor | None] = []
-    qw = None
+    qw, at = None, 0
     for r0 in range(0, n, HEAD_STEP_ROWS):
         rows = head.data[r0:r0 + HEAD_STEP_ROWS]
         qw = pack_rows(gguf.GGUFBlocks(head.ggml_type, (rows.shape[0], k), rows))
+        if panels and can_panel(qw):
+            qw = to_panels(qw)
         parts = (qw.data, qw.scales, qw.mins)
         if not out:
-            out = [None if t is None else torch.empty((n, *t.shape[1:]), dtype=t.dtype) for t in parts]
+            lead = -(-n // PANEL_COLS) if qw.panel_rows else n
+            out = [None if t is None else torch.empty((lead, *t.shape[1:]), dtype=t.dtype) for t in parts]
         for o, t in zip(out, parts):
             if o is not None:
-                o[r0:r0 + t.shape[0]] = t
+                o[at:at + t.shape[0]] = t
+        at += parts[0].shape[0]
         panel_pack.release_file_pages([rows])
     assert qw is not None and out  # (a head has rows)
-    return dataclasses.replace(qw, data=out[0], scales=out[1], mins=out[2])
+    return dataclasses.replace(qw, data=out[0], scales=out[1], mins=out[2], panel_rows=n if qw.panel_rows else 0)
 
 
 def tied_head(embed: QWeight) -> QWeight:
