@@ -51,7 +51,7 @@ def available() -> bool:
     return isa() is not None and _build.load() is not None
 
 
-_DTYPE_CODE = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+_DTYPE_CODE = weight.DTYPE_CODE  # (the C dtype codes; weight.py holds them: it cannot import this package)
 BF16_PANELS, BF16_DOT_PANELS = 3, 4  # hk_weight's dense format codes of bf16 weights in panels / pair panels
 
 

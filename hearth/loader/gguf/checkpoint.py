@@ -96,24 +96,27 @@ class GGUFCheckpoint:
         # mapping: writable for torch, never written; the tensor keeps it alive and it is unmapped with it.)
         with open(part.path, "rb") as f:
             buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
-        _, block, block_bytes = TYPES[info.ggml_type]
-        rows, cols = info.shape
-        data = torch.frombuffer(buf, dtype=torch.uint8, count=info.nbytes, offset=info.start)
-        return GGUFBlocks(info.ggml_type, (rows, cols), data.reshape(rows, cols // block * block_bytes))
+        return _as_blocks(info, torch.frombuffer(buf, dtype=torch.uint8, count=info.nbytes, offset=info.start))
 
     def _blocks(self, buf: mmap.mmap, info: TensorInfo, hf: str) -> GGUFBlocks:
         """Raw rows of a block-quantized weight; q/k rows un-permuted (rows of block formats are independent)."""
-        _, block, block_bytes = TYPES[info.ggml_type]
-        rows, cols = info.shape
+        rows = info.shape[0]
         with memoryview(buf) as mv:  # one copy of the bytes (slicing the mmap itself made a bytes copy first)
-            data = torch.frombuffer(bytearray(mv[info.start:info.start + info.nbytes]), dtype=torch.uint8)
-        blocks = GGUFBlocks(info.ggml_type, (rows, cols), data.reshape(rows, cols // block * block_bytes))
+            blocks = _as_blocks(info, torch.frombuffer(bytearray(mv[info.start:info.start + info.nbytes]),
+                                                       dtype=torch.uint8))
         heads = None
         if self._arch.permute_qk and ".self_attn.q_proj." in hf:
             heads = self.hf_config["num_attention_heads"]
         elif self._arch.permute_qk and ".self_attn.k_proj." in hf:
             heads = self.hf_config["num_key_value_heads"]
         return blocks if heads is None else blocks.index_rows(_unpermute(torch.arange(rows), heads))
+
+
+def _as_blocks(info: TensorInfo, data: torch.Tensor) -> GGUFBlocks:
+    """A block-quantized tensor's bytes (uint8, flat) as its rows of blocks."""
+    _, block, block_bytes = TYPES[info.ggml_type]
+    rows, cols = info.shape
+    return GGUFBlocks(info.ggml_type, (rows, cols), data.reshape(rows, cols // block * block_bytes))
 
 
 def _untouched_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
