@@ -59,6 +59,8 @@ def main() -> None:
     p.add_argument("--batch-in", type=int, default=64)
     p.add_argument("--batch-out", type=int, default=16)
     ns = p.parse_args()
+    if ns.decode_iters < 1 or ns.decode_len < 1 or ns.batch_out < 2:
+        p.error("--decode-iters and --decode-len must be >= 1, --batch-out >= 2 (decode is timed after the first token)")
     t0 = time.perf_counter()
     engine = LLMEngine(EngineArgs(model=ns.model, quantization=ns.quantization, max_model_len=1024,
                                   kv_cache_space=0.5, max_num_seqs=8))
