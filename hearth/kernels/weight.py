@@ -38,20 +38,25 @@ class HkWeight(ctypes.Structure):
 class Weight:
     """A descriptor with the tensors it points at (kept alive as long as it is) and its address for the call."""
 
-    __slots__ = ("desc", "addr", "tensors", "ptr", "n", "k")
+    __slots__ = ("desc", "addr", "tensors", "ptrs", "n", "k")
 
     def __init__(self, desc: HkWeight, tensors: tuple) -> None:
         self.desc, self.addr, self.tensors = desc, ctypes.addressof(desc), tensors
-        self.ptr, self.n, self.k = tensors[0].data_ptr(), desc.N, desc.K
+        self.ptrs, self.n, self.k = _ptrs(tensors), desc.N, desc.K
 
     def describes(self, *tensors: torch.Tensor | None) -> bool:
-        """True while the descriptor still describes these tensors (the same objects, the first one's storage
-        where it was): a weight whose tensors were replaced or moved since gets a new descriptor."""
+        """True while the descriptor still describes these tensors (the same objects, each one's storage where it
+        was): a weight whose tensors were replaced or moved since (any of them: the huge-page pass may move the
+        scales and leave the data) gets a new descriptor."""
         return (len(tensors) <= len(self.tensors) and all(a is b for a, b in zip(tensors, self.tensors))
-                and tensors[0].data_ptr() == self.ptr)
+                and _ptrs(self.tensors) == self.ptrs)
 
     def __reduce__(self):  # a copied / pickled weight (deepcopy of a module) rebuilds its descriptor: no raw pointers
         return (type(None), ())
+
+
+def _ptrs(tensors: tuple) -> tuple[int, ...]:
+    return tuple(0 if t is None else t.data_ptr() for t in tensors)
 
 
 def _p(t: torch.Tensor | None) -> int | None:

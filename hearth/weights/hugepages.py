@@ -11,6 +11,8 @@ re-pointed in place (`Tensor.set_`), so aliases (a QuantLinear's `weight` Parame
 head) stay aliases. One arena for all weights: each tensor only pays 64-byte alignment, not a 2 MiB page of padding.
 Run before anything caches raw pointers (the decode program is built later, by the model runner). The copy stops
 after _BUDGET_S seconds (the kernel compacting memory for every 2 MiB fault) and leaves the rest where it is.
+A storage of at least _IN_PLACE_BYTES (a big model's LM head) is not copied: the kernel collapses its whole 2 MiB
+pages where they are (MADV_COLLAPSE), so it never exists twice (its copy was the peak of a big GGUF load).
 Off with HEARTH_HUGEPAGES=0; a no-op off Linux or when the kernel's THP mode is "never".
 """
 from __future__ import annotations
@@ -45,6 +47,12 @@ _HUGE = 2 << 20
 # and the process would peak at twice its quantized weights).
 _TRIM_STEP = 128 << 20
 _THP_MODE = "/sys/kernel/mm/transparent_hugepage/enabled"
+# Storages this large collapse in place (the arena's one benefit over that, whole pages at their unaligned ends,
+# is at most 4 MiB of each).
+_IN_PLACE_BYTES = 64 << 20
+_MADV_HUGEPAGE, _MADV_COLLAPSE = 14, 25  # (linux/mman.h; Python's mmap module has no MADV_COLLAPSE before 3.12)
+# Bytes collapsed per madvise call: the budget is checked between them.
+_COLLAPSE_STEP = 32 << 20
 
 
 def enabled() -> bool:
@@ -104,24 +112,31 @@ def move_to_hugepages(model: nn.Module, min_bytes: int = 64 << 10) -> int:
             by_storage.setdefault(ptr, []).append(t)
     if not storages:
         return 0
-    offsets, total = {}, 0
-    for ptr, s in storages.items():
+    offsets, total, in_place = {}, 0, {}
+    for ptr, s in list(storages.items()):
+        if s.nbytes() >= _IN_PLACE_BYTES:
+            in_place[ptr] = storages.pop(ptr)
+            continue
         offsets[ptr] = total
         total += (s.nbytes() + _ALIGN - 1) // _ALIGN * _ALIGN
-    found = arena(total)
+    found = arena(max(total, 1))
     if found is None:  # a kernel built without THP: nothing to gain from the copy
         return 0
     arena_bytes, skip = found
     malloc_trim()  # (the load's freed temporaries go back before the copy adds the arena)
     storage = arena_bytes.untyped_storage()
     moved, freed, t_copy = 0, 0, time.perf_counter()
+    collapsed, stopped = _collapse_all(list(in_place.values()), t_copy)
+    if stopped:
+        storages.clear()  # (the budget is spent: nothing is copied)
+    del in_place
     with torch.no_grad():
         for ptr in list(storages):
             spent = time.perf_counter() - t_copy
-            if spent > _BUDGET_S or (spent > _PROBE_S and moved < _MIN_RATE * spent):  # (the arena's untouched
-                logger.info("huge pages: stopped after %.1f s at %.2f GB/s (2 MiB pages are slow to come by); "  # rest
-                            "%.2f of %.2f GB of quantized weights stay in 4 KiB pages", spent,  # costs no memory)
-                            moved / spent / 1e9, (total - moved) / 1e9, total / 1e9)
+            if spent > _BUDGET_S or (spent > _PROBE_S and moved + collapsed < _MIN_RATE * spent):  # (the arena's
+                logger.info("huge pages: stopped after %.1f s at %.2f GB/s (2 MiB pages are slow to come by); "
+                            "%.2f of %.2f GB of quantized weights stay in 4 KiB pages", spent,  # (untouched rest
+                            (moved + collapsed) / spent / 1e9, (total - moved) / 1e9, total / 1e9)  # costs no memory)
                 break
             s = storages.pop(ptr)  # (the dict must not keep the old storage alive once it is copied)
             start = skip + offsets[ptr]
@@ -140,8 +155,44 @@ def move_to_hugepages(model: nn.Module, min_bytes: int = 64 << 10) -> int:
                 freed = 0
     del storages, by_storage
     malloc_trim()
-    logger.info("weights in huge pages: %.2f GB in %.2f s", moved / 1e9, time.perf_counter() - t0)
-    return moved
+    logger.info("weights in huge pages: %.2f GB copied, %.2f GB collapsed in place, in %.2f s", moved / 1e9,
+                collapsed / 1e9, time.perf_counter() - t0)
+    return moved + collapsed
+
+
+def _collapse_all(storages: list[torch.UntypedStorage], t_start: float) -> tuple[int, bool]:
+    """Collapse each storage's whole 2 MiB pages in place, _COLLAPSE_STEP at a time: the bytes collapsed, and
+    whether the copy's time budget (or its probe rate) ran out. A kernel without MADV_COLLAPSE (before Linux 6.1)
+    collapses nothing and the storages stay in 4 KiB pages."""
+    done = 0
+    for s in storages:
+        lo = (s.data_ptr() + _HUGE - 1) // _HUGE * _HUGE
+        hi = (s.data_ptr() + s.nbytes()) // _HUGE * _HUGE
+        if hi <= lo or not _madvise(lo, hi - lo, _MADV_HUGEPAGE):
+            continue
+        for at in range(lo, hi, _COLLAPSE_STEP):
+            spent = time.perf_counter() - t_start
+            if spent > _BUDGET_S or (spent > _PROBE_S and done < _MIN_RATE * spent):
+                logger.info("huge pages: collapsing stopped after %.1f s (2 MiB pages are slow to come by)", spent)
+                return done, True
+            n = min(_COLLAPSE_STEP, hi - at)
+            if not _madvise(at, n, _MADV_COLLAPSE):
+                return done, False  # (unsupported before Linux 6.1, or no huge page free: the copies' probe tells)
+            done += n
+    return done, False
+
+
+def _madvise(addr: int, nbytes: int, advice: int) -> bool:
+    """madvise(2) on [addr, addr + nbytes) (page-aligned); whether it succeeded."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return False
+    libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    ok = libc.madvise(ctypes.c_void_p(addr), ctypes.c_size_t(nbytes), advice) == 0
+    if not ok:
+        logger.debug("madvise(%d) failed: %s", advice, ctypes.get_errno())
+    return ok
 
 
 def arena(nbytes: int) -> tuple[torch.Tensor, int] | None:

@@ -84,3 +84,26 @@ def test_slow_copy_stops_after_its_probe(monkeypatch) -> None:
     monkeypatch.setattr(hugepages, "_MIN_RATE", 1e18)
     assert hugepages._BUDGET_S >= 1.0 and hugepages.move_to_hugepages(root, min_bytes=1) == 0
     assert qw.data.data_ptr() == ptr
+
+
+def test_big_storages_collapse_in_place(monkeypatch) -> None:
+    """A storage of at least _IN_PLACE_BYTES is not copied (it would exist twice at the load's peak): its tensors
+    keep their pointers and values, and where the kernel has MADV_COLLAPSE its whole 2 MiB pages become huge."""
+    root, small = _model()
+    torch.manual_seed(1)
+    big = quantize.quantize_int8(torch.randn(2048, 4096) * 0.02)  # 8 MiB of int8
+    lin = nn.Module()
+    lin.qweight = big
+    root.layers.append(lin)
+    x = torch.randn(1, 4096)
+    want, data = apply.linear(x, big), big.data.clone()
+    ptr, small_ptr = big.data.data_ptr(), small.data.data_ptr()
+    monkeypatch.setattr(hugepages, "_IN_PLACE_BYTES", 4 << 20)
+    monkeypatch.setattr(hugepages, "_BUDGET_S", 60.0)
+    monkeypatch.setattr(hugepages, "_MIN_RATE", 0.0)
+    moved = hugepages.move_to_hugepages(root, min_bytes=1)
+    assert big.data.data_ptr() == ptr and torch.equal(big.data, data) and torch.equal(apply.linear(x, big), want)
+    assert small.data.data_ptr() != small_ptr  # (the small ones still go into the arena)
+    interior = (ptr + (2 << 20) - 1) // (2 << 20) * (2 << 20)
+    if hugepages.enabled() and moved >= small.nbytes() + (2 << 20):  # (something was collapsed)
+        assert _anon_huge_kib(interior) >= 2048

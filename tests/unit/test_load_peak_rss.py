@@ -95,6 +95,38 @@ def test_huge_page_copy_frees_each_storage_as_it_goes(tmp_path) -> None:
     assert r["growth"] < 0.5 * weights, r
 
 
+def test_a_big_storage_is_never_copied(tmp_path) -> None:
+    """A storage of _IN_PLACE_BYTES or more (a 7B's LM head) collapses into huge pages where it is: the pass adds
+    no second copy of it (copied, it was the peak of a 7B GGUF load), and its tensors keep their addresses."""
+    from hearth.weights import hugepages
+
+    if not hugepages.enabled():
+        pytest.skip("no transparent huge pages here")
+    r = _peak_growth("""
+        from torch import nn
+        from hearth.platform import keep_freed_memory
+        from hearth.weights import hugepages
+        from hearth.weights.packed import QWeight
+
+        MB = 1 << 20
+        def setup():
+            keep_freed_memory()
+            hugepages._BUDGET_S, hugepages._MIN_RATE = 60.0, 0.0
+            root = nn.Module()
+            root.lm_head_qweight = QWeight(8, 4096, torch.ones(24576, 4096, dtype=torch.int8), torch.ones(24576, 1),
+                                           None)  # 96 MiB, every page written
+            return root
+
+        def step(root):
+            ptr = root.lm_head_qweight.data.data_ptr()
+            moved = hugepages.move_to_hugepages(root)
+            return [moved, root.lm_head_qweight.data.data_ptr() == ptr, int(root.lm_head_qweight.data[::512].sum())]
+        """, tmp_path)
+    moved, same, total = r["out"]
+    assert same and total == 48 * 4096, r
+    assert r["growth"] < 16 << 20, r  # (copied, it grew by 96 MiB)
+
+
 def test_int4_at_load_peak_stays_near_the_weights(tmp_path) -> None:
     """A bf16 folder quantized to int4 at load: the peak grows by the int4 weights and a chunk's transients, not by
     a layer's float32 copy and its quantizer temporaries per layer (nor the heap they leave behind)."""
