@@ -45,7 +45,7 @@ _MIN_RATE = 1e9
 _HUGE = 2 << 20
 # Bytes of old storages freed between two malloc_trim calls during the copy (glibc keeps freed heap otherwise,
 # and the process would peak at twice its quantized weights).
-_TRIM_STEP = 128 << 20
+_TRIM_STEP = 64 << 20
 _THP_MODE = "/sys/kernel/mm/transparent_hugepage/enabled"
 # Storages this large collapse in place (the arena's one benefit over that, whole pages at their unaligned ends,
 # is at most 4 MiB of each).

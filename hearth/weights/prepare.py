@@ -178,6 +178,9 @@ def _pack_head_rows(head: gguf.GGUFBlocks, pack_rows: Callable[[gguf.GGUFBlocks]
     the file's mapping is never resident whole beside its packed copy. panels: each step goes on into VNNI panels
     where they run (a step is whole panels: they concatenate), so no plain-row copy of the whole head exists."""
     n, k = head.shape
+    # The layers' freed heap goes back first: the head's one storage fits in none of its holes, so they would stay
+    # resident beside it until the huge-page pass trims (the peak of a 7B GGUF load).
+    hugepages.malloc_trim()
     out: list[torch.Tensor | None] = []
     qw, at = None, 0
     for r0 in range(0, n, HEAD_STEP_ROWS):
