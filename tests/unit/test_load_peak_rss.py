@@ -127,6 +127,31 @@ def test_a_big_storage_is_never_copied(tmp_path) -> None:
     assert r["growth"] < 16 << 20, r  # (copied, it grew by 96 MiB)
 
 
+def test_the_gguf_head_gives_freed_heap_back_before_its_storage(tmp_path) -> None:
+    """Freed heap left by the layers stays resident (the engine's malloc settings) and the head's one big storage
+    fits none of its holes: packing the head trims first, so RSS never holds both (a 7B GGUF load peaked there)."""
+    r = _peak_growth("""
+        from gguf import GGMLQuantizationType
+        from hearth.platform import keep_freed_memory
+        from hearth.weights import gguf, prepare
+
+        MB = 1 << 20
+        def setup():
+            keep_freed_memory()
+            head = gguf.GGUFBlocks(int(GGMLQuantizationType.Q8_0), (16384, 4096),
+                                   torch.zeros(16384, 4096 // 32 * 34, dtype=torch.uint8))  # 68 MiB of blocks
+            held = [torch.ones(4 * MB, dtype=torch.uint8) for _ in range(64)]
+            del held[::2]  # 128 MiB freed in 4 MiB holes, between live chunks
+            return head, held
+
+        def step(state):
+            head, _ = state
+            return prepare.head_weight(head).nbytes()
+        """, tmp_path)
+    # Without the trim the 128 MiB of holes stay and the head's storage and its steps add on top (> 2x the head).
+    assert r["growth"] < r["out"], r
+
+
 def test_int4_at_load_peak_stays_near_the_weights(tmp_path) -> None:
     """A bf16 folder quantized to int4 at load: the peak grows by the int4 weights and a chunk's transients, not by
     a layer's float32 copy and its quantizer temporaries per layer (nor the heap they leave behind)."""
