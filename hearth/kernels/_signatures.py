@@ -22,6 +22,7 @@ SIGNATURES: dict[str, tuple[list, type]] = {
     # quantized packing and dequantization (quant.cpp, quant_panel.cpp)
     "hq_pack_panels": ([ptr, i32, i64, i64, i64, ptr, i32], i32),
     "hq_pack_panels_blocks": ([ptr, i32, i64, i64, i64, i64, i64, ptr, i32], i32),
+    "hq_pack_panel_scales_blocks": ([ptr, i64, i64, i64, i64, i64, ptr, i32], i32),
     "hq_dequant": ([ptr, i32, i64, i64, ptr, ptr, i64, i64, i64, i64, ptr, i32, i32, i32], i32),
     "hq_dequant_gather": ([ptr, i32, i64, i64, ptr, ptr, i64, i64, i64, ptr, i64, ptr, i32, i32, i32], i32),
     # 4-bit codebook weights, bitsandbytes NF4 / FP4 (nf4.cpp)

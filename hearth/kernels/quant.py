@@ -76,3 +76,15 @@ def pack_panels_blocks(raw: torch.Tensor, bits: int, n: int, k: int, block_bytes
     lib = _lib() if available() else None
     return lib is not None and lib.hq_pack_panels_blocks(raw.data_ptr(), bits, n, k, raw.stride(0), block_bytes,
                                                          header, dst.data_ptr(), torch.get_num_threads()) == 0
+
+
+def pack_panel_scales_blocks(raw: torch.Tensor, n: int, k: int, block_bytes: int, offset: int) -> torch.Tensor | None:
+    """The fp16 field at byte `offset` of each GGUF block of raw's rows (a scale, a Q4_1 min) in the panels' layout
+    [ceil(n / 64), k / 32 * 64] (as packed.panel_scales of them); None where the packer cannot run."""
+    lib = _lib() if available() else None
+    if lib is None:
+        return None
+    out = torch.empty(-(-n // 64), k // 32 * 64, dtype=torch.float16)
+    rc = lib.hq_pack_panel_scales_blocks(raw.data_ptr(), n, k, raw.stride(0), block_bytes, offset, out.data_ptr(),
+                                         torch.get_num_threads())
+    return out if rc == 0 else None

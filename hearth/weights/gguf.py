@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from hearth.kernels import quant as qkernels
-from hearth.weights.packed import PANEL_COLS, QWeight, panel_scales
+from hearth.weights.packed import PANEL_COLS, QWeight
 
 # ggml type id -> (name, weights per block, bytes per block) of the types kept quantized.
 KEPT_TYPES = {8: ("Q8_0", 32, 34), 2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20), 12: ("Q4_K", 256, 144),
@@ -136,10 +136,11 @@ def panels_from_blocks(parts: list[GGUFBlocks]) -> QWeight | None:
         raw = part.data if part.data.is_contiguous() else part.data.contiguous()
         if not qkernels.pack_panels_blocks(raw, bits, n, k, nbytes, header, data[p0]):
             return None
-        b = raw.numpy().reshape(n, k // 32, nbytes)
-        scales.append(panel_scales(torch.from_numpy(_f16_raw(b[:, :, 0:2]))))
-        if name == "Q4_1":
-            mins.append(panel_scales(torch.from_numpy(_f16_raw(b[:, :, 2:4]))))
+        for out, at in ((scales, 0), (mins, 2)) if name == "Q4_1" else ((scales, 0),):
+            got = qkernels.pack_panel_scales_blocks(raw, n, k, nbytes, at)
+            if got is None:
+                return None
+            out.append(got)
         p0 += -(-n // PANEL_COLS)
     return QWeight(bits, 32, data, torch.cat(scales), torch.cat(mins) if mins else None, panel_rows=n_all)
 

@@ -70,6 +70,8 @@ int hk_linear(const void* x, int x_dtype, int64_t M, int64_t ldx, const hk_weigh
 int hq_pack_panels(const void* w, int bits, int64_t N, int64_t K, int64_t ldw, uint8_t* dst, int nthreads);
 int hq_pack_panels_blocks(const void* w, int bits, int64_t N, int64_t K, int64_t ldw, int64_t block_bytes,
                           int64_t header, uint8_t* dst, int nthreads);
+int hq_pack_panel_scales_blocks(const void* w, int64_t N, int64_t K, int64_t ldw, int64_t block_bytes,
+                                int64_t offset, uint16_t* dst, int nthreads);
 int hk_rms_norm(const void* x, int64_t ldx, const void* residual, int64_t ldr, const float* weight, float offset,
                 float eps, void* out, void* sum_out, int64_t T, int64_t H, int dtype, int threads);
 int hk_rope_neox(void* q, int64_t ldq, int64_t Hq, void* k, int64_t ldk, int64_t Hk, int64_t head_dim, int64_t rot,

@@ -379,6 +379,32 @@ int hq_pack_panels_blocks(const void* w, int bits, int64_t N, int64_t K, int64_t
 int hq_pack_panels(const void* w, int bits, int64_t N, int64_t K, int64_t ldw, uint8_t* dst, int nthreads) {
   return hq_pack_panels_blocks(w, bits, N, K, ldw, bits == 8 ? 32 : 16, 0, dst, nthreads);
 }
+
+// The fp16 field at byte `offset` of every block of 32 in w (rows of blocks as above: a GGUF Q8_0 / Q4_0 / Q4_1
+// scale at 0, a Q4_1 min at 2) -> dst [ceil(N / 64)][K / 32][64], the panels' scale layout (rows past N: zero),
+// over nthreads. Returns 0, -2 for a shape it does not take. (One pass over the blocks' bytes: numpy's strided
+// gathers and the transpose into panels read them twice.)
+int hq_pack_panel_scales_blocks(const void* w, int64_t N, int64_t K, int64_t ldw, int64_t block_bytes,
+                                int64_t offset, uint16_t* dst, int nthreads) {
+  if (K % 32 || N <= 0 || offset < 0 || offset + 2 > block_bytes || ldw < K / 32 * block_bytes) return -2;
+  const int64_t P = (N + kCols - 1) / kCols, KB = K / 32;
+  const auto src = static_cast<const uint8_t*>(w);
+  const int nt = (int)std::max<int64_t>(1, std::min<int64_t>(nthreads, P));
+#pragma omp parallel for num_threads(nt) schedule(static)
+  for (int64_t p = 0; p < P; ++p) {
+    uint16_t* d = dst + p * KB * kCols;
+    for (int64_t c = 0; c < kCols; ++c) {
+      const int64_t r = p * kCols + c;
+      const uint8_t* row = src + r * ldw + offset;
+      for (int64_t kb = 0; kb < KB; ++kb) {
+        uint16_t v = 0;
+        if (r < N) std::memcpy(&v, row + kb * block_bytes, 2);
+        d[kb * kCols + c] = v;
+      }
+    }
+  }
+  return 0;
+}
 }  // extern "C"
 
 namespace hk_family {
