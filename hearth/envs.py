@@ -101,7 +101,7 @@ def decode_program() -> bool:
 
 
 def hugepages() -> bool:
-    """HEARTH_HUGEPAGES (default on): quantized weights copied into 2 MiB pages after load (weights/hugepages.py)."""
+    """HEARTH_HUGEPAGES (default on): quantized weights moved into 2 MiB pages after load (weights/hugepages.py)."""
     return _flag("HEARTH_HUGEPAGES", True)
 
 
