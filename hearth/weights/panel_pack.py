@@ -218,8 +218,10 @@ def pack_dense_weights(model: nn.Module, source: str | None = None, compute_dtyp
     embed = getattr(getattr(model, "model", None), "embed_tokens", None)
     named = [(name, m) for name, m in model.named_modules()
              if m is not embed and callable(getattr(m, "can_use_panels", None)) and m.can_use_panels()]
-    if getattr(model, "tie_word_embeddings", False) and embed is not None and embed.can_use_panels():
-        named.append(("model.embed_tokens", embed))  # the tied head's weight
+    # the tied head's weight (not where the head has its own int8 copy: the table then serves lookups only)
+    if (getattr(model, "tie_word_embeddings", False) and getattr(model, "lm_head_qweight", None) is None
+            and embed is not None and embed.can_use_panels()):
+        named.append(("model.embed_tokens", embed))
     if not named:
         return 0
     sizes = [[-(-panels.numel(*b.shape) // _ALIGN) * _ALIGN for b in m.row_blocks()] for _, m in named]

@@ -3,7 +3,8 @@
 Per quantized layer, as its shards complete (so plain rows of every layer are never held at once):
     pack_parts(parts, scheme, k)  the source tensors (float, or GGUF blocks) -> a QWeight, through the table's packs
     relayout(qw)                  VNNI panels where dispatch.panels_take, else 4-row tiles (int4 group 32), else rows
-Per LM head: head_weight(blocks) (a GGUF head), tied_head(qw) (the embedding's blocks as the head).
+Per LM head: head_weight(blocks) (a GGUF head), tied_head(qw) (the embedding's blocks as the head), float_head(w)
+(a float head or tied table quantized at load to int8: --quantization int8 / int4 / bitsandbytes).
 Per model, once loaded: prepare_model(model, source, dtype): activation rounding, huge pages, dense bf16 panels.
 """
 from __future__ import annotations
@@ -171,18 +172,34 @@ def head_weight(head: gguf.GGUFBlocks) -> QWeight:
 HEAD_STEP_ROWS = 4096
 
 
-def _pack_head_rows(head: gguf.GGUFBlocks, pack_rows: Callable[[gguf.GGUFBlocks], QWeight],
-                    panels: bool = False) -> QWeight:
-    """pack_rows over HEAD_STEP_ROWS of the head's rows at a time, into one QWeight (exact: block rows, 4-row tiles
-    and plain rows are independent per row); each step's checkpoint pages go back once packed, so a head read from
-    the file's mapping is never resident whole beside its packed copy. panels: each step goes on into VNNI panels
-    where they run (a step is whole panels: they concatenate), so no plain-row copy of the whole head exists."""
+def float_head(w: torch.Tensor) -> QWeight | None:
+    """A float LM head [vocab, hidden] (or a tied head's embedding table) quantized at load to int8 per row (the
+    int8 layout's float pack), in panels where they run; None where the int8 layout cannot hold it (hidden not a
+    multiple of 32). Stepped like a GGUF head: no float32 copy of the whole head exists, and the rows' checkpoint
+    pages go back once packed."""
+    n, k = w.shape
+    if n == 0 or not supports(k, k):
+        return None
+    # (each step in FLOAT_CHUNK_BYTES of float32 rows at a time, as a quantized layer's)
+    return _pack_head_rows(w, lambda rows: pack_float_rows([rows], "int8"), panels=True)
+
+
+def _pack_head_rows(head: gguf.GGUFBlocks | torch.Tensor, pack_rows: Callable, panels: bool = False) -> QWeight:
+    """pack_rows over HEAD_STEP_ROWS of the head's rows at a time (GGUF blocks, or float rows), into one QWeight
+    (exact: block rows, 4-row tiles, plain rows and per-row int8 are independent per row); each step's checkpoint
+    pages go back once packed, so a head read from the file's mapping is never resident whole beside its packed
+    copy. panels: each step goes on into VNNI panels where they run (a step is whole panels: they concatenate), so
+    no plain-row copy of the whole head exists."""
     n, k = head.shape
     out: list[torch.Tensor | None] = []
     qw, at = None, 0
     for r0 in range(0, n, HEAD_STEP_ROWS):
-        rows = head.data[r0:r0 + HEAD_STEP_ROWS]
-        qw = pack_rows(gguf.GGUFBlocks(head.ggml_type, (rows.shape[0], k), rows))
+        if isinstance(head, gguf.GGUFBlocks):
+            rows = head.data[r0:r0 + HEAD_STEP_ROWS]
+            qw = pack_rows(gguf.GGUFBlocks(head.ggml_type, (rows.shape[0], k), rows))
+        else:
+            rows = head[r0:r0 + HEAD_STEP_ROWS]
+            qw = pack_rows(rows)
         if panels and can_panel(qw):
             qw = to_panels(qw)
         parts = (qw.data, qw.scales, qw.mins)
