@@ -181,24 +181,31 @@ def float_head(w: torch.Tensor) -> QWeight | None:
     if n == 0 or not supports(k, k):
         return None
     # (each step in FLOAT_CHUNK_BYTES of float32 rows at a time, as a quantized layer's)
-    return _pack_head_rows(w, lambda rows: pack_float_rows([rows], "int8"), panels=True)
+    return _pack_head_rows(w, lambda rows: pack_float_rows([rows], "int8"), panels=True, step=FLOAT_HEAD_STEP_ROWS)
 
 
-def _pack_head_rows(head: gguf.GGUFBlocks | torch.Tensor, pack_rows: Callable, panels: bool = False) -> QWeight:
-    """pack_rows over HEAD_STEP_ROWS of the head's rows at a time (GGUF blocks, or float rows), into one QWeight
-    (exact: block rows, 4-row tiles, plain rows and per-row int8 are independent per row); each step's checkpoint
-    pages go back once packed, so a head read from the file's mapping is never resident whole beside its packed
-    copy. panels: each step goes on into VNNI panels where they run (a step is whole panels: they concatenate), so
-    no plain-row copy of the whole head exists."""
+# Rows of a float LM head quantized per step (a multiple of 64): each step's float temporaries, plain int8 rows and
+# panels are live at once on top of the head being filled, so fewer rows than a GGUF head's (no float copy) step.
+FLOAT_HEAD_STEP_ROWS = 1024
+
+
+def _pack_head_rows(head: gguf.GGUFBlocks | torch.Tensor, pack_rows: Callable, panels: bool = False,
+                    step: int | None = None) -> QWeight:
+    """pack_rows over `step` (None: HEAD_STEP_ROWS) of the head's rows at a time (GGUF blocks, or float rows), into
+    one QWeight (exact: block rows, 4-row tiles, plain rows and per-row int8 are independent per row); each step's
+    checkpoint pages go back once packed, so a head read from the file's mapping is never resident whole beside its
+    packed copy. panels: each step goes on into VNNI panels where they run (a step is whole panels: they
+    concatenate), so no plain-row copy of the whole head exists."""
     n, k = head.shape
     out: list[torch.Tensor | None] = []
     qw, at = None, 0
-    for r0 in range(0, n, HEAD_STEP_ROWS):
+    step = step or HEAD_STEP_ROWS
+    for r0 in range(0, n, step):
         if isinstance(head, gguf.GGUFBlocks):
-            rows = head.data[r0:r0 + HEAD_STEP_ROWS]
+            rows = head.data[r0:r0 + step]
             qw = pack_rows(gguf.GGUFBlocks(head.ggml_type, (rows.shape[0], k), rows))
         else:
-            rows = head[r0:r0 + HEAD_STEP_ROWS]
+            rows = head[r0:r0 + step]
             qw = pack_rows(rows)
         if panels and can_panel(qw):
             qw = to_panels(qw)

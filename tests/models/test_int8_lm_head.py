@@ -2,8 +2,8 @@
 numbers as the int8 reference quantization of the checkpoint's bf16 head, greedy tokens as with the dense head;
 HEARTH_QUANT_LM_HEAD=0 and small models keep it dense; the memory-fit estimate counts what the load holds.
 
-A tiny checkpoint is far below SMALL_MODEL_PARAMS, so the tests lower it; HEAD_STEP_ROWS and FLOAT_CHUNK_BYTES are
-lowered too, so the head is packed in several steps (and each step in several float chunks), as a real one is."""
+A tiny checkpoint is far below SMALL_MODEL_PARAMS, so the tests lower it; FLOAT_HEAD_STEP_ROWS and FLOAT_CHUNK_BYTES
+are lowered too, so the head is packed in several steps (and each step in several float chunks), as a real one is."""
 from __future__ import annotations
 
 import os
@@ -41,7 +41,7 @@ def folders(tmp_path_factory) -> dict[str, str]:
 def big_enough(monkeypatch) -> None:
     """Every model counts as large (the head rule applies), and the head packs in 8 steps of 64 rows."""
     monkeypatch.setattr(model_loader, "SMALL_MODEL_PARAMS", 1)
-    monkeypatch.setattr(prepare, "HEAD_STEP_ROWS", 64)
+    monkeypatch.setattr(prepare, "FLOAT_HEAD_STEP_ROWS", 64)
     monkeypatch.setattr(prepare, "FLOAT_CHUNK_BYTES", 16 * 4 * 64)  # 16 rows of 64 float32 at a time
     monkeypatch.delenv("HEARTH_QUANT_LM_HEAD", raising=False)
 
