@@ -175,7 +175,7 @@ def _load_hf_folder(folder: str, args: EngineArgs,
     if scheme == "gguf":
         raise ValueError("--quantization gguf needs a .gguf file; use int8 or int4 for an HF folder")
     elem = torch.empty((), dtype=dtype).element_size()
-    head8 = int8_head(scheme, hf_cfg)
+    head8 = int8_head(scheme, hf_cfg) and args.runner != "pooling"  # (a pooling runner never reads the head)
     memory_fit.check_fits(folder, memory_fit.footprint(folder, hf_cfg, elem), memory_fit.option_of(scheme), elem,
                           head8)
     # The tokenizer (mostly transformers' imports, slow) loads beside the weights (copies that release the GIL).

@@ -77,10 +77,17 @@ def _madvise_each(tensors: list[torch.Tensor], advice: int, maps: list[tuple[int
     return done
 
 
-def release_file_pages(tensors: list[torch.Tensor]) -> int:
+def file_mappings() -> list[tuple[int, int]]:
+    """This process's file-backed private mappings, for release_file_pages calls in a loop (each read of
+    /proc/self/maps parses every mapping of the process)."""
+    return _file_mappings()
+
+
+def release_file_pages(tensors: list[torch.Tensor], maps: list[tuple[int, int]] | None = None) -> int:
     """Hand back this process's pages of the checkpoint file mappings the tensors lie in (never written: a later
-    read faults the same bytes in from the file). Returns the bytes advised."""
-    return _madvise_each(tensors, _MADV_DONTNEED, _file_mappings())
+    read faults the same bytes in from the file). maps: file_mappings(), read once by the caller (None: read here).
+    Returns the bytes advised."""
+    return _madvise_each(tensors, _MADV_DONTNEED, _file_mappings() if maps is None else maps)
 
 
 def _pack_releasing(w: torch.Tensor, out: torch.Tensor, maps: list[tuple[int, int]]) -> int:

@@ -98,12 +98,12 @@ FLOAT_CHUNK_BYTES = 16 << 20
 TRIM_FREE_BYTES = 256 << 20
 
 
-def pack_float_rows(parts: list, layout: str, *args) -> QWeight:
+def pack_float_rows(parts: list, layout: str, *args, release: bool = True) -> QWeight:
     """Float shards (or GGUF blocks, dequantized) -> `layout`, FLOAT_CHUNK_BYTES of rows at a time: every float
     layout quantizes rows independently (per row, group or block within a row), so this is exact, and a layer's
     whole float32 copy and the quantizer's float temporaries of it never exist. Each shard's checkpoint pages go
     back once it is packed, else the mapping (kept alive by the embedding's and norms' views of it) holds every
-    quantized layer's bf16 bytes resident beside its int8 / int4."""
+    quantized layer's bf16 bytes resident beside its int8 / int4 (release=False: the caller hands them back)."""
     out: list[QWeight] = []
     for p in parts:
         if isinstance(p, gguf.GGUFBlocks):
@@ -112,7 +112,8 @@ def pack_float_rows(parts: list, layout: str, *args) -> QWeight:
         step = max(1, FLOAT_CHUNK_BYTES // (4 * p.shape[1]))
         for r0 in range(0, p.shape[0], step):
             out.append(pack("float", layout, p[r0:r0 + step].float(), *args))
-        panel_pack.release_file_pages([p])
+        if release:
+            panel_pack.release_file_pages([p])
     return cat(out)
 
 
@@ -181,7 +182,8 @@ def float_head(w: torch.Tensor) -> QWeight | None:
     if n == 0 or not supports(k, k):
         return None
     # (each step in FLOAT_CHUNK_BYTES of float32 rows at a time, as a quantized layer's)
-    return _pack_head_rows(w, lambda rows: pack_float_rows([rows], "int8"), panels=True, step=FLOAT_HEAD_STEP_ROWS)
+    return _pack_head_rows(w, lambda rows: pack_float_rows([rows], "int8", release=False), panels=True,
+                           step=FLOAT_HEAD_STEP_ROWS)
 
 
 # Rows of a float LM head quantized per step (a multiple of 64): each step's float temporaries, plain int8 rows and
@@ -200,6 +202,7 @@ def _pack_head_rows(head: gguf.GGUFBlocks | torch.Tensor, pack_rows: Callable, p
     out: list[torch.Tensor | None] = []
     qw, at = None, 0
     step = step or HEAD_STEP_ROWS
+    maps = panel_pack.file_mappings()  # (read once: a big head is hundreds of steps)
     for r0 in range(0, n, step):
         if isinstance(head, gguf.GGUFBlocks):
             rows = head.data[r0:r0 + step]
@@ -217,7 +220,7 @@ def _pack_head_rows(head: gguf.GGUFBlocks | torch.Tensor, pack_rows: Callable, p
             if o is not None:
                 o[at:at + t.shape[0]] = t
         at += parts[0].shape[0]
-        panel_pack.release_file_pages([rows])
+        panel_pack.release_file_pages([rows], maps)
     assert qw is not None and out  # (a head has rows)
     return dataclasses.replace(qw, data=out[0], scales=out[1], mins=out[2], panel_rows=n if qw.panel_rows else 0)
 

@@ -101,12 +101,14 @@ def test_env_off_keeps_the_dense_head(folders, big_enough, monkeypatch) -> None:
     assert torch.equal(dense, _bf16_head(folders["untied"], False))
 
 
-def test_small_models_and_unquantized_loads_keep_the_dense_head(folders, monkeypatch) -> None:
+def test_small_models_unquantized_and_pooling_loads_keep_the_dense_head(folders, monkeypatch) -> None:
     monkeypatch.delenv("HEARTH_QUANT_LM_HEAD", raising=False)
     assert LLM(folders["untied"], quantization="int4", **ENGINE).engine.model.lm_head_qweight is None  # below 200M
     assert "LM head" not in "\n".join(model_rows(folders["untied"]))
     monkeypatch.setattr(model_loader, "SMALL_MODEL_PARAMS", 1)
     assert LLM(folders["untied"], **ENGINE).engine.model.lm_head_qweight is None  # no --quantization
+    pooled = LLM(folders["tied"], quantization="int4", runner="pooling", **ENGINE).engine.model
+    assert pooled.lm_head_qweight is None  # (embeddings only: no int8 copy of a head nobody reads)
 
 
 @pytest.mark.parametrize("tied", ["untied", "tied"])
