@@ -167,6 +167,13 @@ def q6_tiles() -> bool:
     return _flag("HEARTH_Q6_TILES", True)
 
 
+def quant_lm_head() -> bool:
+    """HEARTH_QUANT_LM_HEAD (default on): --quantization int8 / int4 / bitsandbytes on an HF folder also quantizes
+    the LM head at load, to int8 per row (models from 200M parameters; a tied head gets an int8 copy beside the
+    bf16 embedding); 0: the head stays in the model dtype."""
+    return _flag("HEARTH_QUANT_LM_HEAD", True)
+
+
 def tp_shm_allreduce() -> bool:
     """HEARTH_TP_SHM_ALLREDUCE (default on): tensor-parallel ranks sum their partial results through shared memory
     (hearth/distributed/shm_allreduce.py); 0: through gloo only."""

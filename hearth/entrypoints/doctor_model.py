@@ -21,12 +21,16 @@ def model_rows(path: str) -> list[str]:
         cfg = read_hf_config(path)
     fp = memory_fit.footprint(path, cfg)
     avail = memory_fit.available_bytes()
+    head8 = False
     if fp.prequantized:
         options = [("as stored", fp.weight_bytes("stored"))]
     else:
+        from hearth.loader.model_loader import int8_head
+
+        head8 = int8_head("int8", cfg)  # (the same rule for int4 and nf4: hearth.loader.lm_head)
         options = [("float32", fp.weight_bytes("dense", 4)), ("bf16 / fp16", fp.weight_bytes("dense", 2)),
-                   ("int8", fp.weight_bytes("int8")), ("int4 (group 128)", fp.weight_bytes("int4")),
-                   ("nf4 (bitsandbytes)", fp.weight_bytes("nf4"))]
+                   ("int8", fp.weight_bytes("int8", 2, head8)), ("int4 (group 128)", fp.weight_bytes("int4", 2, head8)),
+                   ("nf4 (bitsandbytes)", fp.weight_bytes("nf4", 2, head8))]
     lines = [f"model {path}: {(cfg.get('architectures') or ['?'])[0]}, max_position_embeddings {fp.max_len}",
              f"KV cache per token: {fp.kv_per_token / 1024:.1f} KiB (bf16), {fp.kv_per_token_int8 / 1024:.1f} KiB "
              "(--kv-cache-dtype int8)",
@@ -44,4 +48,8 @@ def model_rows(path: str) -> list[str]:
         tokens = free // fp.kv_per_token
         lines.append(f"{name:<18}{nbytes / GiB:>8.2f}{tokens:>18,}{min(tokens, fp.max_len):>13,}" + "".join(
             f"{tokens // c:>14,}" for c in CONTEXTS))
+    if head8:
+        lines.append("int8 / int4 / nf4: the LM head quantized at load to int8 per row"
+                     + (", beside the tied embedding table" if fp.head_tied else "")
+                     + " (HEARTH_QUANT_LM_HEAD=0 keeps it bf16)")
     return lines

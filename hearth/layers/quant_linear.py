@@ -11,7 +11,8 @@ Schemes (EngineArgs.quantization):
                 hearth's int8 / int4 layout without going through floats. A layer whose shards arrive in other
                 formats (F16, Q6_K, ... or a mix of int8 and int4 types) is stored dense, exactly like Linear.
 lm_head and the embeddings stay in the model dtype (tied heads read the embedding table); a GGUF's LM head of a kept
-type is also kept in its blocks (model_loader, CausalLMBase.lm_head_qweight).
+type is also kept in its blocks (model_loader, CausalLMBase.lm_head_qweight), and an HF folder's head quantized at
+load (int8 / int4 / nf4) becomes int8 per row after loading (hearth.loader.lm_head), not a QuantLinear.
 
 QuantLinear is a Linear (the model's loader fills it through the same `load_shard`); `weight` holds the packed
 integers, `scales` / `mins` are buffers. Packing and the final layout are

@@ -29,18 +29,25 @@ class Footprint:
     kv_per_token: int  # bytes of KV cache per token in the model dtype (int8 KV: kv_per_token_int8)
     kv_per_token_int8: int
     max_len: int
+    head: int = 0  # weights of the LM head's matrix (a tied head: the embedding table's), counted in `other`
+    head_rows: int = 0
+    head_tied: bool = False  # no lm_head tensor: the head reads the embedding table
 
-    def weight_bytes(self, option: str, elem: int = 2) -> int:
+    def weight_bytes(self, option: str, elem: int = 2, int8_head: bool = False) -> int:
         """Resident weight bytes under `option`: "stored", "dense" (elem bytes a weight), "int8", "int4",
-        "nf4"."""
+        "nf4". int8_head: the LM head quantized at load to int8 per row (hearth.loader.lm_head), replacing the dense
+        head, or beside the embedding table it is tied to."""
         if option == "stored" or self.prequantized:
             return self.stored_bytes
+        head = 0
+        if int8_head and option in ("int8", "int4", "nf4"):  # the head's int8 bytes and scales for its dense ones
+            head = self.head + 4 * self.head_rows - (0 if self.head_tied else elem * self.head)
         if option == "int8":  # a byte a weight + an fp32 scale a row
-            return self.linear + 4 * self.linear_rows + elem * self.other
+            return self.linear + 4 * self.linear_rows + elem * self.other + head
         if option == "int4":  # half a byte a weight + fp32 scale and min per 128
-            return self.linear // 2 + self.linear // 16 + elem * self.other
+            return self.linear // 2 + self.linear // 16 + elem * self.other + head
         if option == "nf4":  # (--quantization bitsandbytes) half a byte a weight + an fp32 absmax per 64
-            return self.linear // 2 + self.linear // 16 + elem * self.other
+            return self.linear // 2 + self.linear // 16 + elem * self.other + head
         return elem * (self.linear + self.other)
 
 
@@ -79,6 +86,8 @@ def footprint(path: str, cfg: HFConfig, elem: int = 2) -> Footprint:
     # bitsandbytes 4-bit layers stay packed (the "nf4" layout), a double-quantized absmax decoded to fp32
     bnb4 = qc.get("quant_method") == "bitsandbytes" and bool(qc.get("load_in_4bit") or qc.get("_load_in_4bit"))
     linear = rows = other = stored = 0
+    head: tuple[int, int] | None = None  # (weights, rows) of the lm_head matrix
+    embed = (0, 0)
     for name, info in _safetensors_headers(safetensors_files(path)).items():
         shape = info["shape"]
         numel = 1
@@ -90,8 +99,13 @@ def footprint(path: str, cfg: HFConfig, elem: int = 2) -> Footprint:
             linear, rows = linear + numel, rows + shape[0]
         else:
             other += numel
+            if len(shape) == 2 and "lm_head" in name:
+                head = (numel, shape[0])
+            elif len(shape) == 2 and "embed" in name and numel > embed[0]:
+                embed = (numel, shape[0])
     pre = cfg.get("quantization_config") is not None or os.path.exists(os.path.join(path, "quantize_config.json"))
-    return Footprint(linear, rows, other, stored, pre, kv * elem, kv8, max_len)
+    (hw, hr), tied = (head, False) if head is not None else (embed, True)
+    return Footprint(linear, rows, other, stored, pre, kv * elem, kv8, max_len, hw, hr, tied)
 
 
 def size(nbytes: float) -> str:
@@ -111,10 +125,10 @@ def option_of(scheme: str | None) -> str:
     return "int8" if scheme == "int8" else "int4" if scheme and scheme.startswith("int4") else "dense"
 
 
-def check_fits(path: str, fp: Footprint, option: str, elem: int) -> None:
+def check_fits(path: str, fp: Footprint, option: str, elem: int, int8_head: bool = False) -> None:
     """Refuse, in one line with the numbers, a model whose weights and the runtime headroom exceed available memory
-    (rather than being OOM-killed half way through the load)."""
-    need = fp.weight_bytes(option, elem)
+    (rather than being OOM-killed half way through the load). int8_head: as Footprint.weight_bytes."""
+    need = fp.weight_bytes(option, elem, int8_head)
     avail = available_bytes()
     if need + HEADROOM_BYTES > avail:
         hint = " or --quantization int4 / int8" if option not in ("int4", "stored") and not fp.prequantized else ""

@@ -16,7 +16,7 @@ from tqdm import tqdm
 
 from hearth.config import EngineArgs, HFConfig, ModelConfig, resolve_dtype
 from hearth.kernels import quant as qkernels
-from hearth.loader import checks, hf_quant, memory_fit
+from hearth.loader import checks, hf_quant, lm_head, memory_fit
 from hearth.loader.errors import LoadError
 from hearth.layers.pooler import PoolerConfig, read_sentence_transformers_config, sentence_transformers_max_len
 from hearth.loader.hf_folder import iter_safetensors, read_generation_config, read_hf_config, safetensors_files
@@ -175,7 +175,9 @@ def _load_hf_folder(folder: str, args: EngineArgs,
     if scheme == "gguf":
         raise ValueError("--quantization gguf needs a .gguf file; use int8 or int4 for an HF folder")
     elem = torch.empty((), dtype=dtype).element_size()
-    memory_fit.check_fits(folder, memory_fit.footprint(folder, hf_cfg, elem), memory_fit.option_of(scheme), elem)
+    head8 = int8_head(scheme, hf_cfg) and args.runner != "pooling"  # (a pooling runner never reads the head)
+    memory_fit.check_fits(folder, memory_fit.footprint(folder, hf_cfg, elem), memory_fit.option_of(scheme), elem,
+                          head8)
     # The tokenizer (mostly transformers' imports, slow) loads beside the weights (copies that release the GIL).
     with ThreadPoolExecutor(1, thread_name_prefix="hearth-tokenizer", initializer=release_calling_thread) as pool:
         tokenizer_job = pool.submit(Tokenizer.from_folder, args.tokenizer or folder,
@@ -186,6 +188,8 @@ def _load_hf_folder(folder: str, args: EngineArgs,
             tokenizer_job.cancel()
             raise
         tokenizer = tokenizer_job.result()
+    if head8:
+        lm_head.quantize_head(model)
     mc = ModelConfig(folder, hf_cfg, arch, dtype, max_len, _eos_ids(gen_cfg, hf_cfg, tokenizer),
                      gen_cfg.get("bos_token_id", hf_cfg.get("bos_token_id")), False,
                      args.served_model_name or os.path.basename(os.path.normpath(folder)))
@@ -194,6 +198,12 @@ def _load_hf_folder(folder: str, args: EngineArgs,
 
 # --dtype auto keeps float32 for models of fewer parameters than this, even where the CPU computes bf16 natively.
 SMALL_MODEL_PARAMS = 200_000_000
+
+
+def int8_head(scheme: str | None, hf_cfg: HFConfig) -> bool:
+    """Whether the LM head is quantized at load to int8 (hearth.loader.lm_head): at-load schemes, models from
+    SMALL_MODEL_PARAMS (below it the head stays as the small-model rule keeps it), HEARTH_QUANT_LM_HEAD on."""
+    return lm_head.wanted(scheme, approx_params(hf_cfg), SMALL_MODEL_PARAMS)
 
 
 def approx_params(hf_cfg: HFConfig) -> int:

@@ -31,7 +31,8 @@ class CausalLMBase(nn.Module):
     tie_word_embeddings: bool = False
     final_logit_softcap: float | None = None
 
-    # The head's weight kept quantized (GGUF head tensors of a kept type); None: the dense weight below.
+    # The head's weight kept quantized (GGUF head tensors of a kept type, or an HF head quantized at load to int8:
+    # hearth.loader.lm_head); None: the dense weight below.
     lm_head_qweight = None
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -77,10 +77,17 @@ def _madvise_each(tensors: list[torch.Tensor], advice: int, maps: list[tuple[int
     return done
 
 
-def release_file_pages(tensors: list[torch.Tensor]) -> int:
+def file_mappings() -> list[tuple[int, int]]:
+    """This process's file-backed private mappings, for release_file_pages calls in a loop (each read of
+    /proc/self/maps parses every mapping of the process)."""
+    return _file_mappings()
+
+
+def release_file_pages(tensors: list[torch.Tensor], maps: list[tuple[int, int]] | None = None) -> int:
     """Hand back this process's pages of the checkpoint file mappings the tensors lie in (never written: a later
-    read faults the same bytes in from the file). Returns the bytes advised."""
-    return _madvise_each(tensors, _MADV_DONTNEED, _file_mappings())
+    read faults the same bytes in from the file). maps: file_mappings(), read once by the caller (None: read here).
+    Returns the bytes advised."""
+    return _madvise_each(tensors, _MADV_DONTNEED, _file_mappings() if maps is None else maps)
 
 
 def _pack_releasing(w: torch.Tensor, out: torch.Tensor, maps: list[tuple[int, int]]) -> int:
@@ -218,8 +225,10 @@ def pack_dense_weights(model: nn.Module, source: str | None = None, compute_dtyp
     embed = getattr(getattr(model, "model", None), "embed_tokens", None)
     named = [(name, m) for name, m in model.named_modules()
              if m is not embed and callable(getattr(m, "can_use_panels", None)) and m.can_use_panels()]
-    if getattr(model, "tie_word_embeddings", False) and embed is not None and embed.can_use_panels():
-        named.append(("model.embed_tokens", embed))  # the tied head's weight
+    # the tied head's weight (not where the head has its own int8 copy: the table then serves lookups only)
+    if (getattr(model, "tie_word_embeddings", False) and getattr(model, "lm_head_qweight", None) is None
+            and embed is not None and embed.can_use_panels()):
+        named.append(("model.embed_tokens", embed))
     if not named:
         return 0
     sizes = [[-(-panels.numel(*b.shape) // _ALIGN) * _ALIGN for b in m.row_blocks()] for _, m in named]

@@ -3,7 +3,8 @@
 Per quantized layer, as its shards complete (so plain rows of every layer are never held at once):
     pack_parts(parts, scheme, k)  the source tensors (float, or GGUF blocks) -> a QWeight, through the table's packs
     relayout(qw)                  VNNI panels where dispatch.panels_take, else 4-row tiles (int4 group 32), else rows
-Per LM head: head_weight(blocks) (a GGUF head), tied_head(qw) (the embedding's blocks as the head).
+Per LM head: head_weight(blocks) (a GGUF head), tied_head(qw) (the embedding's blocks as the head), float_head(w)
+(a float head or tied table quantized at load to int8: --quantization int8 / int4 / bitsandbytes).
 Per model, once loaded: prepare_model(model, source, dtype): activation rounding, huge pages, dense bf16 panels.
 """
 from __future__ import annotations
@@ -97,12 +98,12 @@ FLOAT_CHUNK_BYTES = 16 << 20
 TRIM_FREE_BYTES = 256 << 20
 
 
-def pack_float_rows(parts: list, layout: str, *args) -> QWeight:
+def pack_float_rows(parts: list, layout: str, *args, release: bool = True) -> QWeight:
     """Float shards (or GGUF blocks, dequantized) -> `layout`, FLOAT_CHUNK_BYTES of rows at a time: every float
     layout quantizes rows independently (per row, group or block within a row), so this is exact, and a layer's
     whole float32 copy and the quantizer's float temporaries of it never exist. Each shard's checkpoint pages go
     back once it is packed, else the mapping (kept alive by the embedding's and norms' views of it) holds every
-    quantized layer's bf16 bytes resident beside its int8 / int4."""
+    quantized layer's bf16 bytes resident beside its int8 / int4 (release=False: the caller hands them back)."""
     out: list[QWeight] = []
     for p in parts:
         if isinstance(p, gguf.GGUFBlocks):
@@ -111,7 +112,8 @@ def pack_float_rows(parts: list, layout: str, *args) -> QWeight:
         step = max(1, FLOAT_CHUNK_BYTES // (4 * p.shape[1]))
         for r0 in range(0, p.shape[0], step):
             out.append(pack("float", layout, p[r0:r0 + step].float(), *args))
-        panel_pack.release_file_pages([p])
+        if release:
+            panel_pack.release_file_pages([p])
     return cat(out)
 
 
@@ -171,21 +173,46 @@ def head_weight(head: gguf.GGUFBlocks) -> QWeight:
 HEAD_STEP_ROWS = 4096
 
 
-def _pack_head_rows(head: gguf.GGUFBlocks, pack_rows: Callable[[gguf.GGUFBlocks], QWeight],
-                    panels: bool = False) -> QWeight:
-    """pack_rows over HEAD_STEP_ROWS of the head's rows at a time, into one QWeight (exact: block rows, 4-row tiles
-    and plain rows are independent per row); each step's checkpoint pages go back once packed, so a head read from
-    the file's mapping is never resident whole beside its packed copy. panels: each step goes on into VNNI panels
-    where they run (a step is whole panels: they concatenate), so no plain-row copy of the whole head exists."""
+def float_head(w: torch.Tensor) -> QWeight | None:
+    """A float LM head [vocab, hidden] (or a tied head's embedding table) quantized at load to int8 per row (the
+    int8 layout's float pack), in panels where they run; None where the int8 layout cannot hold it (hidden not a
+    multiple of 32). Stepped like a GGUF head: no float32 copy of the whole head exists, and the rows' checkpoint
+    pages go back once packed."""
+    n, k = w.shape
+    if n == 0 or not supports(k, k):
+        return None
+    # (each step in FLOAT_CHUNK_BYTES of float32 rows at a time, as a quantized layer's)
+    return _pack_head_rows(w, lambda rows: pack_float_rows([rows], "int8", release=False), panels=True,
+                           step=FLOAT_HEAD_STEP_ROWS)
+
+
+# Rows of a float LM head quantized per step (a multiple of 64): each step's float temporaries, plain int8 rows and
+# panels are live at once on top of the head being filled, so fewer rows than a GGUF head's (no float copy) step.
+FLOAT_HEAD_STEP_ROWS = 1024
+
+
+def _pack_head_rows(head: gguf.GGUFBlocks | torch.Tensor, pack_rows: Callable, panels: bool = False,
+                    step: int | None = None) -> QWeight:
+    """pack_rows over `step` (None: HEAD_STEP_ROWS) of the head's rows at a time (GGUF blocks, or float rows), into
+    one QWeight (exact: block rows, 4-row tiles, plain rows and per-row int8 are independent per row); each step's
+    checkpoint pages go back once packed, so a head read from the file's mapping is never resident whole beside its
+    packed copy. panels: each step goes on into VNNI panels where they run (a step is whole panels: they
+    concatenate), so no plain-row copy of the whole head exists."""
     n, k = head.shape
     # The layers' freed heap goes back first: the head's one storage fits in none of its holes, so they would stay
     # resident beside it until the huge-page pass trims (the peak of a 7B GGUF load).
     hugepages.malloc_trim()
     out: list[torch.Tensor | None] = []
     qw, at = None, 0
-    for r0 in range(0, n, HEAD_STEP_ROWS):
-        rows = head.data[r0:r0 + HEAD_STEP_ROWS]
-        qw = pack_rows(gguf.GGUFBlocks(head.ggml_type, (rows.shape[0], k), rows))
+    step = step or HEAD_STEP_ROWS
+    maps = panel_pack.file_mappings()  # (read once: a big head is hundreds of steps)
+    for r0 in range(0, n, step):
+        if isinstance(head, gguf.GGUFBlocks):
+            rows = head.data[r0:r0 + step]
+            qw = pack_rows(gguf.GGUFBlocks(head.ggml_type, (rows.shape[0], k), rows))
+        else:
+            rows = head[r0:r0 + step]
+            qw = pack_rows(rows)
         if panels and can_panel(qw):
             qw = to_panels(qw)
         parts = (qw.data, qw.scales, qw.mins)
@@ -196,7 +223,7 @@ def _pack_head_rows(head: gguf.GGUFBlocks, pack_rows: Callable[[gguf.GGUFBlocks]
             if o is not None:
                 o[at:at + t.shape[0]] = t
         at += parts[0].shape[0]
-        panel_pack.release_file_pages([rows])
+        panel_pack.release_file_pages([rows], maps)
     assert qw is not None and out  # (a head has rows)
     return dataclasses.replace(qw, data=out[0], scales=out[1], mins=out[2], panel_rows=n if qw.panel_rows else 0)
 
