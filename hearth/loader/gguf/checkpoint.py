@@ -16,6 +16,7 @@ from hearth.loader.gguf.reader import TORCH_FLOAT, TYPES, GGUFError, Part, Tenso
 from hearth.loader.gguf.tokenizer import build_tokenizer
 from hearth.tokenizer import Tokenizer
 from hearth.weights.gguf import GGUFBlocks
+from hearth.weights.panel_pack import _MADV_POPULATE_READ
 
 
 @dataclass
@@ -138,9 +139,6 @@ def _file_view(path: str, info: TensorInfo) -> torch.Tensor:
     except (OSError, ValueError):  # (before Linux 5.14: the packer faults the pages in as it reads)
         pass
     return torch.frombuffer(buf, dtype=torch.uint8, count=info.nbytes, offset=info.start - lo)
-
-
-_MADV_POPULATE_READ = 22  # (linux/mman.h; not in Python's mmap module)
 
 
 def _release(buf: mmap.mmap, info: TensorInfo) -> None:
