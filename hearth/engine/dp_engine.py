@@ -16,7 +16,7 @@ from hearth.config import EngineArgs
 from hearth.engine.async_engine import RequestStream
 from hearth.engine.engine_worker import WorkerInfo, WorkerOptions
 from hearth.engine.llm_engine import EngineStats
-from hearth.engine.process_engine import LoadFailedError, ProcessEngine, WorkerDiedError
+from hearth.engine.process_engine import LoadFailedError, NotStartedError, ProcessEngine, WorkerDiedError
 from hearth.metrics_merge import merge_expositions
 from hearth.sampling_params import SamplingParams
 
@@ -161,8 +161,8 @@ class DataParallelEngine:
             t.join()
 
     # ---- requests ----
-    def _pick(self) -> ProcessEngine | None:
-        live = [r for r in self.ranks if r.dead is None and r.info is not None]
+    def _pick(self, exclude: set[int] = frozenset()) -> ProcessEngine | None:
+        live = [r for r in self.ranks if r.dead is None and r.info is not None and id(r) not in exclude]
         return min(live, key=lambda r: r.in_flight, default=None)
 
     async def generate(self, subs: list[tuple[str, list[int], SamplingParams]]) -> RequestStream:
@@ -174,10 +174,19 @@ class DataParallelEngine:
             except TimeoutError:
                 pass
             rank = self._pick()
-        if rank is None:
-            raise WorkerDiedError(f"no engine of model {self.opts.name!r} is running "
-                                  f"({self.ranks[0].dead or 'not loaded'})")
-        return await rank.generate(subs)
+        tried: set[int] = set()
+        while True:
+            if rank is None:
+                raise WorkerDiedError(f"no engine of model {self.opts.name!r} is running "
+                                      f"({self.ranks[0].dead or 'not loaded'})")
+            try:
+                return await rank.generate(subs)
+            except NotStartedError:
+                # The rank died under this request before it started: the next live rank takes it (once each).
+                tried.add(id(rank))
+                rank = self._pick(exclude=tried)
+                if rank is None:
+                    raise
 
     def abort(self, request_ids: list[str]) -> None:
         # NOTE: streams abort through the rank that runs them; this serves callers that only know the ids.

@@ -33,6 +33,10 @@ class WorkerDiedError(EngineDeadError):
     status_code = 503
 
 
+class NotStartedError(WorkerDiedError):
+    """The worker died before it accepted this request: nothing ran or streamed, so another engine may take it."""
+
+
 class LoadFailedError(RuntimeError):
     """The worker could not load its model (bad path, not enough memory for the KV cache, ...)."""
 
@@ -166,14 +170,29 @@ class ProcessEngine:
             self._rid_sid[rid] = sid
         self.in_flight += n
         try:
-            self._send(("add", sid, subs))
-            await pending.accepted
+            try:
+                self._send(("add", sid, subs))
+            except (OSError, ValueError):  # the worker died and the reader thread has not seen it yet
+                self._forget(sid)  # before _on_exit runs: it would fail `accepted`, which nobody awaits now
+                await self._wait_exited(5.0)
+                raise NotStartedError(f"{self.dead or 'the worker process is gone'}; "
+                                      "this request had not started: retry it") from None
+            try:
+                await pending.accepted
+            except WorkerDiedError as e:
+                raise NotStartedError(str(e)) from None
         except BaseException:
             self._forget(sid)
             if not pending.accepted.done() or pending.accepted.cancelled():
                 self._send_quiet(("abort", ids))
             raise
         return RequestStream(self, ids, state)
+
+    async def _wait_exited(self, timeout: float) -> None:
+        try:
+            await asyncio.wait_for(self.exited.wait(), timeout)
+        except TimeoutError:
+            pass
 
     def abort(self, request_ids: list[str]) -> None:
         self._send_quiet(("abort", list(request_ids)))
