@@ -8,6 +8,9 @@ RESULTS=${BENCH_RESULTS:-$PWD/bench-results}        # one JSON per run; summariz
 PY=${BENCH_PYTHON:-$HERE/../.venv/bin/python}       # the venv `make install` builds
 HEARTH=${BENCH_HEARTH:-$(dirname "$PY")/hearth}
 LLAMA_BIN=$PEERS/llamacpp/llama.cpp/build/bin
+# The build that runs prompt processing (prefill, llama-batched-bench), if not LLAMA_BIN's: on the Intel host with
+# AMX, the native build's AMX matmul segfaults on every prompt, and a build without AMX decodes ~40% slower.
+LLAMA_PP_BIN=${LLAMA_PP_BIN:-$LLAMA_BIN}
 VLLM_VENV=$PEERS/vllm/venv
 QW=qwen2.5-0.5b-shape
 TL=tinyllama-1.1b-shape

@@ -47,14 +47,20 @@ hearth() {  # $1 variant (bf16, q8_0, q4_0: the folder or the GGUF; int8, int4: 
   HEARTH_PANEL_CACHE=0 flock "$LOCK" /usr/bin/time -v "$PY" "$HERE/large_hearth.py" "$model" "$OUT/hearth_$1_$2.json" "${q[@]}" \
     --decode-len "$DEC" --batch-in "$BIN" --batch-out "$BOUT" 2> "$OUT/hearth_$1_$2.err" || tail -3 "$OUT/hearth_$1_$2.err"
 }
-llamacpp() {  # $1 variant, $2 tag: llama-bench (pp512, tg) and llama-batched-bench (8 in flight), peak RSS of each
-  local m=$MODELS/$L-${1^^}.gguf
+llamacpp() {  # $1 variant, $2 tag: llama-bench (tg; pp512 apart when LLAMA_PP_BIN is another build) and
+  # llama-batched-bench (8 in flight, LLAMA_PP_BIN's build), peak RSS of each
+  local m=$MODELS/$L-${1^^}.gguf pp=(-p 512)
   [[ -f $m ]] || return 0
   wait_mem "$(need "$1")" || return 0
-  flock "$LOCK" /usr/bin/time -v "$LLAMA_BIN/llama-bench" -m "$m" -t 2 -p 512 -n "$DEC" -r 3 -o json \
+  if [[ $LLAMA_PP_BIN != "$LLAMA_BIN" ]]; then
+    pp=(-p 0)
+    flock "$LOCK" /usr/bin/time -v "$LLAMA_PP_BIN/llama-bench" -m "$m" -t 2 -p 512 -n 0 -r 3 -o json \
+      > "$OUT/llamacpp_$1_$2_pp.json" 2> "$OUT/llamacpp_$1_$2_pp.err"
+  fi
+  flock "$LOCK" /usr/bin/time -v "$LLAMA_BIN/llama-bench" -m "$m" -t 2 "${pp[@]}" -n "$DEC" -r 3 -o json \
     > "$OUT/llamacpp_$1_$2_bench.json" 2> "$OUT/llamacpp_$1_$2_bench.err"
-  flock "$LOCK" /usr/bin/time -v "$LLAMA_BIN/llama-batched-bench" -m "$m" -t 2 -c 2048 -npp "$BIN" -ntg "$BOUT" -npl 8 \
-    --output-format jsonl > "$OUT/llamacpp_$1_$2_batched.jsonl" 2> "$OUT/llamacpp_$1_$2_batched.err"
+  flock "$LOCK" /usr/bin/time -v "$LLAMA_PP_BIN/llama-batched-bench" -m "$m" -t 2 -c 2048 -npp "$BIN" -ntg "$BOUT" \
+    -npl 8 --output-format jsonl > "$OUT/llamacpp_$1_$2_batched.jsonl" 2> "$OUT/llamacpp_$1_$2_batched.err"
 }
 for r in $(seq "${LARGE_FIRST_ROUND:-1}" "${1:-1}"); do
   bandwidth r${r}a

@@ -30,10 +30,11 @@ def _max_rss(err: str) -> float | None:
 def _llamacpp(out: str, v: str, r: str) -> dict:
     row: dict = {}
     bench = os.path.join(out, f"llamacpp_{v}_{r}_bench.json")
-    if os.path.exists(bench) and os.path.getsize(bench):
-        for test in _json(bench):
-            row["prefill" if test["n_prompt"] else "decode"] = test["avg_ts"]
-        row["rss"] = _max_rss(bench.replace(".json", ".err"))
+    for path in (bench, bench.replace("_bench.json", "_pp.json")):  # (_pp: prefill by another build, large.sh)
+        if os.path.exists(path) and os.path.getsize(path):
+            for test in _json(path):
+                row["prefill" if test["n_prompt"] else "decode"] = test["avg_ts"]
+            row["rss"] = max(filter(None, (row.get("rss"), _max_rss(path.replace(".json", ".err")))), default=None)
     batched = os.path.join(out, f"llamacpp_{v}_{r}_batched.jsonl")
     if os.path.exists(batched):
         for line in open(batched):
