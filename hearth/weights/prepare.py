@@ -10,6 +10,7 @@ Per model, once loaded: prepare_model(model, source, dtype): activation rounding
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 from collections.abc import Callable
 
@@ -21,7 +22,7 @@ from hearth.kernels import quant as qkernels
 from hearth.weights import activations, dispatch, gguf, hugepages, panel_pack
 from hearth.weights.formats.source import PackedSource
 from hearth.weights.layouts import BY_NAME, TILES_Q6
-from hearth.weights.packed import PANEL_COLS, QWeight, supports
+from hearth.weights.packed import PANEL_COLS, QWeight, panel_scales, supports
 from hearth.weights.reference import implied_mins
 from hearth.weights.relayout import can_tile
 
@@ -86,10 +87,15 @@ def _pack_parts(parts: list, scheme: str, k: int, int4_group: int | None, final:
             return None
         return done(cat([p.repack() for p in parts]))
     if scheme == "int8":
-        return done(pack_float_rows(parts, "int8")) if k % 32 == 0 else None
+        if k % 32:
+            return None
+        return (final and pack_float_panels(parts, "int8", 8, k)) or done(pack_float_rows(parts, "int8"))
     if scheme == "nf4":  # (--quantization bitsandbytes)
         return pack_float_rows(parts, "nf4") if k % 64 == 0 else None
-    return None if int4_group is None else done(pack_float_rows(parts, "int4", int4_group))
+    if int4_group is None:
+        return None
+    return ((final and pack_float_panels(parts, "int4", 4, int4_group, int4_group))
+            or done(pack_float_rows(parts, "int4", int4_group)))
 
 
 # float32 bytes of one layer's rows quantized at a time (pack_float_rows)
@@ -115,6 +121,41 @@ def pack_float_rows(parts: list, layout: str, *args, release: bool = True) -> QW
         if release:
             panel_pack.release_file_pages([p])
     return cat(out)
+
+
+def pack_float_panels(parts: list, layout: str, bits: int, group: int, *args) -> QWeight | None:
+    """Float shards quantized to `layout` (int8 / int4) straight into VNNI panels, FLOAT_CHUNK_BYTES of rows at a
+    time: the same bytes as relayout(pack_float_rows(...)), without the layer's plain rows and their concatenated
+    copy beside the panels (twice the layer's quantized bytes at the load's peak). None where panels do not run
+    here (or a part is not a float tensor): the caller takes the rows path."""
+    k = parts[0].shape[1] if parts else 0
+    if not parts or not all(isinstance(p, torch.Tensor) for p in parts) or not dispatch.panels_take(bits, group, k):
+        return None
+    n = sum(p.shape[0] for p in parts)
+    npan = -(-n // PANEL_COLS)
+    data = torch.empty(npan, PANEL_COLS * k // (8 // bits), dtype=torch.uint8)
+    scales = mins = None
+    step = max(1, FLOAT_CHUNK_BYTES // (4 * k) // PANEL_COLS) * PANEL_COLS  # (whole panels per chunk)
+    ends = list(itertools.accumulate(p.shape[0] for p in parts))
+    for r0 in range(0, n, step):
+        r1 = min(n, r0 + step)
+        rows = [p[max(r0, e - p.shape[0]) - (e - p.shape[0]):min(r1, e) - (e - p.shape[0])]
+                for p, e in zip(parts, ends) if e > r0 and e - p.shape[0] < r1]
+        qw = pack("float", layout, (rows[0] if len(rows) == 1 else torch.cat(rows)).float(), *args)
+        p0, p1 = r0 // PANEL_COLS, -(-r1 // PANEL_COLS)
+        if not qkernels.pack_panels(qw.data, bits, r1 - r0, k, data[p0:p1]):
+            return None
+        if scales is None:
+            width = PANEL_COLS * qw.scales.shape[1]
+            scales = torch.empty(npan, width, dtype=qw.scales.dtype)
+            mins = None if qw.mins is None else torch.empty(npan, width, dtype=qw.mins.dtype)
+        scales[p0:p1] = panel_scales(qw.scales)
+        if mins is not None:
+            mins[p0:p1] = panel_scales(qw.mins)
+        for p, e in zip(parts, ends):  # (each shard's checkpoint pages go back once its last row is packed)
+            if r0 < e <= r1:
+                panel_pack.release_file_pages([p])
+    return QWeight(bits, qw.group, data, scales, mins, panel_rows=n)
 
 
 def _as_is(qw: QWeight) -> QWeight:

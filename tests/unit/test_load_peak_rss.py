@@ -239,3 +239,49 @@ def test_gguf_head_packed_in_steps_is_exactly_the_whole_heads(monkeypatch, qtype
         whole.bits, whole.group, whole.tiled, whole.panel_rows)
     for a, b in zip(_fields(stepped), _fields(whole), strict=True):
         assert a.dtype == b.dtype and torch.equal(a, b)
+
+
+needs_panels = pytest.mark.skipif(not prepare.dispatch.panels_take(8, 32, 256),
+                                  reason="the VNNI panels do not run here")
+
+
+@needs_panels
+@pytest.mark.parametrize("scheme, group", [("int8", None), ("int4", 32), ("int4", 128)])
+def test_float_shards_stream_into_the_panels_the_rows_path_makes(monkeypatch, scheme: str, group: int | None) -> None:
+    """Quantized at load straight into VNNI panels (chunks of whole panels, across shard boundaries, a ragged last
+    panel): the same bytes as quantizing the whole layer to rows and re-laying them."""
+    from hearth.weights import relayout
+
+    torch.manual_seed(1)
+    parts = [torch.randn(100, 256).to(torch.bfloat16), torch.randn(37, 256).to(torch.bfloat16),
+             torch.randn(64, 256).to(torch.bfloat16)]
+    args = (group,) if group else ()
+    want = relayout.to_panels(prepare.pack("float", scheme, torch.cat([p.float() for p in parts]), *args))
+    monkeypatch.setattr(prepare, "FLOAT_CHUNK_BYTES", 64 * 256 * 4)  # one panel a chunk
+    got = prepare.pack_parts(parts, scheme, 256, group)
+    assert got is not None and got.panel_rows == 201 and got.shape == want.shape
+    for a, b in zip(_fields(got), _fields(want), strict=True):
+        assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+
+
+@needs_panels
+def test_quantizing_into_panels_holds_no_plain_rows(tmp_path) -> None:
+    """A layer quantized at load adds about its panels to the peak, not its plain rows and their concatenated copy
+    beside them (the int8-at-load 7B peaked there: ~2x the layer's int8 bytes over its weights)."""
+    r = _peak_growth("""
+        from hearth.platform import keep_freed_memory
+        from hearth.weights import prepare
+
+        def setup():
+            keep_freed_memory()
+            prepare.FLOAT_CHUNK_BYTES = 4 << 20  # (the quantizer's float temporaries: a few chunks)
+            return [torch.ones(8192, 8192, dtype=torch.bfloat16), torch.ones(8192, 8192, dtype=torch.bfloat16)]
+
+        def step(parts):
+            qw = prepare.pack_parts(parts, "int8", 8192, None)
+            return [qw.panel_rows, qw.data.nbytes]
+        """, tmp_path)
+    rows, nbytes = r["out"]
+    assert rows == 16384 and nbytes == 128 << 20
+    # (the rows path: 128 MiB of chunks + 128 MiB concatenated, then the panels)
+    assert r["growth"] < nbytes + (48 << 20), r
