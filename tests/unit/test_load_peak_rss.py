@@ -284,4 +284,4 @@ def test_quantizing_into_panels_holds_no_plain_rows(tmp_path) -> None:
     rows, nbytes = r["out"]
     assert rows == 16384 and nbytes == 128 << 20
     # (the rows path: 128 MiB of chunks + 128 MiB concatenated, then the panels)
-    assert r["growth"] < nbytes + (48 << 20), r
+    assert r["growth"] < nbytes + (96 << 20), r  # (the rows path: 750 MiB here)

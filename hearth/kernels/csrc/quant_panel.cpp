@@ -39,9 +39,9 @@ constexpr int kQuads = 8;   // k quads per block of 32
 // int4 at 32 KiB rather than 16: one K block for a 896-wide input, so no partial sums through memory.
 constexpr int64_t kKCBytes = 32 << 10;
 
-// Software prefetch of the panel stream, chosen per CPU vendor by measurement: Intel (the Xeon host with AMX): into
-// L2, 16 KiB ahead (L1 at 4 KiB kept batch-1 decode below the plain rows' kernels there); AMD (Zen 5, where this
-// kernel was tuned): into L1, 4 KiB ahead.
+// Software prefetch of the panel stream, chosen per CPU vendor by measurement (BENCHMARKS.md): Intel (a Xeon with
+// AMX): into L2, 16 KiB ahead (L1 at 4 KiB left batch-1 decode behind the plain rows' kernels there); AMD, where
+// this kernel was tuned: into L1, 4 KiB ahead.
 struct Prefetch {
   int64_t ahead;
   bool l2;
