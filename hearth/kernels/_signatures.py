@@ -13,12 +13,13 @@ SIGNATURES: dict[str, tuple[list, type]] = {
     # every linear, on a weight's descriptor (linear_weight.cpp; hearth/kernels/weight.py HkWeight): x, x dtype, M,
     # ldx, const hk_weight*, bias, out, out16, kernel (weight.KERNELS), isa, threads
     "hk_linear": ([ptr, i32, i64, i64, ptr, ptr, ptr, ptr, i32, i32, i32], i32),
-    # dense packing and widening (linear.cpp, panel.cpp, panel_dot.cpp, widen.cpp)
+    # dense packing and widening (linear.cpp, panel.cpp, panel_dot.cpp, panel_rows.cpp, widen.cpp)
     "hk_linear_set_bf16_dot": ([i32], i32),
     "hk_widen": ([ptr, i32, i64, ptr, i32], i32),
     "hk_pack_panels": ([ptr, i64, i64, i64, ptr, i32], i32),
     "hk_widen_panels": ([i64, ptr, ptr, i64, ptr, i64, i32], i32),
     "hk_pack_dot_panels": ([ptr, i64, i64, i64, ptr, i32], i32),
+    "hk_dot_panels_to_rows": ([ptr, i64, i64, i64, i64, ptr, i32], i32),  # (panel_rows.cpp)
     # quantized packing and dequantization (quant.cpp, quant_panel.cpp)
     "hq_pack_panels": ([ptr, i32, i64, i64, i64, ptr, i32], i32),
     "hq_pack_panels_blocks": ([ptr, i32, i64, i64, i64, i64, i64, ptr, i32], i32),

@@ -182,6 +182,9 @@ class DecodeProgram:
         # bf16 pair panels in a bf16 model, quantized VNNI panels), so only the per-layer Python goes. Other weights
         # keep prompts on the layer path (torch's GEMM for long prompts, quantized prompt tiles).
         self.takes_prompts = takes_prompts
+        # Steps of more rows go to the layer path even with takes_prompts (dispatch.program_prompt_rows: where a
+        # layer's long-prompt kernel is one the program does not have, torch's bf16 GEMM on AMX tiles).
+        self.prompt_max_rows: int | None = None
         self.max_rows = max_rows
         # The per-model rounding activations.set_model_activations chose (None: the process-wide one), for
         # prompt rows: set by the stack that builds the program.
@@ -219,6 +222,8 @@ class DecodeProgram:
         if not (x.shape[0] > 0 and x.dtype == self.dtype and x.dim() == 2 and x.shape[1] == self.hidden):
             return False
         if self.takes_prompts:
+            if self.prompt_max_rows is not None and x.shape[0] > self.prompt_max_rows:
+                return False
             return not meta.prefills or prompts_in_kernel
         return not meta.prefills and x.shape[0] <= self.max_rows
 

@@ -131,3 +131,13 @@ def widen(panels: list[torch.Tensor], rows: list[int]) -> torch.Tensor:
     ptrs, ns = _pointers(panels, rows)
     _lib().hk_widen_panels(len(panels), ptrs, ns, k, out.data_ptr(), n, torch.get_num_threads())
     return out
+
+
+def dot_rows(panel: torch.Tensor, n: int, k: int, r0: int, r1: int) -> torch.Tensor:
+    """Rows [r0, r1) (r0 a multiple of ROWS) of an n x k weight in dot-layout panels, as row-major bf16 [r1 - r0, k]
+    (for torch's bf16 GEMM on AMX CPUs, a tile of a long prompt's weight at a time)."""
+    out = torch.empty(r1 - r0, k, dtype=torch.bfloat16)
+    rc = _lib().hk_dot_panels_to_rows(panel.data_ptr(), n, k, r0, r1, out.data_ptr(), torch.get_num_threads())
+    if rc != 0:
+        raise RuntimeError(f"hk_dot_panels_to_rows failed with code {rc}")
+    return out

@@ -15,7 +15,7 @@ from hearth.layers.attention import Attention, AttentionMetadata, sdpa_min_promp
 from hearth.layers.embedding import Embedding
 from hearth.layers.linear import Linear
 from hearth.layers.rotary import RotaryEmbedding
-from hearth.weights import activations, dispatch
+from hearth.weights import activations, apply, dispatch
 
 
 def layer_types(cfg: HFConfig, default_pattern: int | None = None) -> list[str]:
@@ -171,6 +171,8 @@ class DecoderModel(nn.Module):
             if program is not None:  # (the per-model rounding set_model_activations chose, if any)
                 program.activations = next((q.activations for layer in self.layers for m in layer.modules()
                                             if (q := getattr(m, "qweight", None)) is not None), None)
+                if any(getattr(m, "panels", None) is not None for layer in self.layers for m in layer.modules()):
+                    program.prompt_max_rows = dispatch.program_prompt_rows(apply.dense_panels_layout())
             cached = (caches, program)
             self.__dict__["_program"] = cached
         return cached[1]

@@ -239,15 +239,38 @@ def dense_panels_layout():
     return PANELS_BF16_DOT if dense_panels.dtype_code() == PANELS_BF16_DOT.code else PANELS_BF16
 
 
+# Weight rows per tile unpacked from the panels for torch's bf16 GEMM (a multiple of the panels' 32; ~7 MiB at K 3584).
+_AMX_TILE_ROWS = 1024
+
+
+def _amx_rows_linear(x: torch.Tensor, panels: list[torch.Tensor], rows: list[int],
+                     bias: torch.Tensor | None) -> torch.Tensor:
+    """x [M, K] bf16 . cat(weights)^T (+ bias) by torch's bf16 GEMM (oneDNN: AMX tiles), the weights unpacked from
+    the dot-layout panels a tile of rows at a time (the tile stays in cache for the GEMM; never the whole weight)."""
+    k = x.shape[1]
+    y = torch.empty(x.shape[0], sum(rows), dtype=torch.bfloat16)
+    col = 0
+    for panel, n in zip(panels, rows):
+        for r0 in range(0, n, _AMX_TILE_ROWS):
+            r1 = min(n, r0 + _AMX_TILE_ROWS)
+            b = None if bias is None else bias[col + r0:col + r1].to(torch.bfloat16)
+            y[:, col + r0:col + r1] = F.linear(x, dense_panels.dot_rows(panel, n, k, r0, r1), b)
+        col += n
+    return y
+
+
 def dense_panels_linear(x: torch.Tensor, panels: list[torch.Tensor], rows: list[int],
                         bias: torch.Tensor | None = None) -> torch.Tensor:
     """x [..., K] . cat(weights)^T (+ bias), the weights as bf16 panels (part i: rows[i] outputs); x's dtype out."""
     k, n = panels[0].shape[1], sum(rows)
     m = x.numel() // k
     layout = dense_panels_layout()
-    if plan(layout, m, dispatch.caps()) is Kernel.WIDEN:  # long prefill: one fp32 GEMM on the widened weights
+    kernel = plan(layout, m, dispatch.caps())
+    if kernel is Kernel.WIDEN:  # long prefill: one fp32 GEMM on the widened weights
         y = torch.mm(x.reshape(m, k).float(), dense_panels.widen(panels, rows))
         if bias is not None:
             y += bias.float()
         return y.to(x.dtype).reshape(*x.shape[:-1], n)
+    if kernel is Kernel.AMX_ROWS and x.dtype == torch.bfloat16:
+        return _amx_rows_linear(x.reshape(m, k), panels, rows, bias).reshape(*x.shape[:-1], n)
     return kernels.run_linear_parts(x, _parts_descriptor(panels, layout.code, rows), bias)

@@ -13,14 +13,17 @@ choice is made in one place. Row-count rules, from the layout table's `kernel` /
   dense rows: hk_linear up to caps.dense_max_rows rows, torch's GEMM above (prefill; fp32 where bf16 is emulated).
   quantized, "codebook" (NF4 / FP4): the codebook kernel up to CODEBOOK_MAX_ROWS rows on AVX-512, else dequantized
       tiles and torch's GEMM.
-  dense panels: the panel kernel up to DENSE_PANEL_MAX_ROWS rows (fma layout; the dot layout at every count), then
-      the panels widened to fp32 and torch's GEMM.
+  dense panels: the panel kernel up to DENSE_PANEL_MAX_ROWS rows (fma layout), then the panels widened to fp32 and
+      torch's GEMM; the dot layout at every count, except from AMX_MIN_ROWS rows on AMX CPUs: row tiles unpacked from
+      the panels and torch's bf16 GEMM.
 """
 from __future__ import annotations
 
 import enum
 import functools
 from dataclasses import dataclass
+
+import torch
 
 from hearth import envs, kernels
 from hearth.kernels import quant as qkernels
@@ -34,6 +37,10 @@ GEMM_MAX_M = 64  # the quantized fp32-x GEMM's rows; more: dequantized tiles + t
 BCAST_MIN_M = 32  # rows from which a step without prompt tokens takes the GEMM's broadcast form
 CODEBOOK_MAX_ROWS = 32  # the codebook kernel's rows; more: dequantized (bf16) tiles + torch's GEMM
 DENSE_PANEL_MAX_ROWS = 512  # the bf16 fma-panel GEMM's rows; more: widened weights + torch.mm
+# Rows from which a dot-layout bf16 weight goes to torch's bf16 GEMM (row tiles unpacked from the panels) on CPUs
+# with AMX tiles, which run it several times faster than vdpbf16ps. Above decoder.PLAN_ROWS: decode steps keep
+# the panel kernel (and the decode program's plan table never names this kernel).
+AMX_MIN_ROWS = 128
 
 
 class Kernel(str, enum.Enum):
@@ -47,6 +54,7 @@ class Kernel(str, enum.Enum):
     DENSE = "dense"  # hk_linear on rows as loaded (or their row blocks)
     DENSE_PANELS = "dense-panels"  # hk_linear on bf16 panels (bf16 out from pair panels)
     WIDEN = "widen"  # bf16 panels widened to fp32, torch's GEMM
+    AMX_ROWS = "amx-rows"  # bf16 panels unpacked to row tiles, torch's bf16 GEMM (AMX tiles)
     TORCH = "torch"  # torch's F.linear (fp32 where the 16-bit GEMM would be emulated)
 
 
@@ -59,6 +67,7 @@ class Caps:
     vnni: bool  # AVX512-VNNI (vpdpbusd)
     gemm_mode: str  # HEARTH_QUANT_GEMM: "auto", "on", "off"
     quant_panels: bool  # HEARTH_QUANT_PANELS
+    amx: bool = False  # AMX-BF16 tiles, which torch's bf16 GEMM (oneDNN) runs on
 
     @property
     def gemm(self) -> bool:
@@ -76,7 +85,8 @@ def caps() -> Caps:
     """This process's capabilities, read once. Callers go through the module (dispatch.caps()), so a test can
     replace it."""
     return Caps(kernels=qkernels.available(), avx512=kernels.isa() == kernels.ISA_AVX512, vnni=cpu_info().has_vnni,
-                gemm_mode=envs.quant_gemm(), quant_panels=envs.quant_panels())
+                gemm_mode=envs.quant_gemm(), quant_panels=envs.quant_panels(),
+                amx=cpu_info().has_amx and torch.backends.mkldnn.is_available())
 
 
 def gemm_from(layout: Layout, c: Caps) -> int:
@@ -102,6 +112,8 @@ def plan(layout: Layout, rows: int, c: Caps, prompt: bool = False) -> Kernel:
     if layout.kernel == "dense-panels":
         if layout.name == "bf16-panels" and rows > DENSE_PANEL_MAX_ROWS:
             return Kernel.WIDEN
+        if layout.name == "bf16-dot-panels" and c.amx and rows >= AMX_MIN_ROWS:
+            return Kernel.AMX_ROWS
         return Kernel.DENSE_PANELS
     g = gemm_from(layout, c)
     if g and rows <= GEMM_MAX_M and (rows >= g or prompt):
@@ -123,6 +135,13 @@ def program_rows(c: Caps | None = None) -> int:
     """Rows up to which the whole-stack decode program takes a decode step of row-major weights (the dense kernel's
     rows: past them the layer path's torch GEMM is ahead)."""
     return (c or caps()).dense_max_rows
+
+
+def program_prompt_rows(dense_layout: Layout, c: Caps | None = None) -> int | None:
+    """Rows up to which the decode program takes a prompt step of a model whose dense weights are in dense_layout
+    (None: every count): past them plan names a kernel the program does not have (AMX_ROWS)."""
+    c = c or caps()
+    return AMX_MIN_ROWS - 1 if plan(dense_layout, AMX_MIN_ROWS, c) is Kernel.AMX_ROWS else None
 
 
 def program_plan(layout: Layout, c: Caps | None = None) -> list[str]:

@@ -43,7 +43,9 @@ def test_kernel_equals_f_linear_on_uneven_shapes(x_dtype: torch.dtype, k: int, r
         ref = F.linear((x.bfloat16() if DOT else x).float(), ref_w, bias)
         tol = 1e-4 * (k / 83) ** 0.5 if x_dtype == torch.float32 else 3e-2 * ref.abs().max().item()
         torch.testing.assert_close(y.float(), ref, rtol=0, atol=tol, msg=f"m={m}")
-        if DOT and x_dtype == torch.bfloat16:
+        # (AMX CPUs' long prompts: torch's bf16 GEMM rounds its own sums, so the fp32 x path's numbers differ there)
+        amx = dispatch.plan(apply.dense_panels_layout(), m, dispatch.caps()) is dispatch.Kernel.AMX_ROWS
+        if DOT and x_dtype == torch.bfloat16 and not amx:
             assert torch.equal(y, apply.dense_panels_linear(x.float(), packed, list(rows), bias).bfloat16()), f"m={m}"
             # rows read where they lie at a wider stride, and (odd offset: not 4-byte aligned) packed first
             for off in (2, 1):
