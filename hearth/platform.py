@@ -197,6 +197,27 @@ def keep_freed_memory() -> bool:
     return bool(libc.mallopt(_M_MMAP_MAX, 0)) and bool(libc.mallopt(_M_TRIM_THRESHOLD, 1 << 30))
 
 
+# madvise(2) advice values (linux/mman.h; Python's mmap module lacks the newer ones before 3.12).
+MADV_DONTNEED, MADV_HUGEPAGE, MADV_POPULATE_READ, MADV_COLLAPSE = 4, 14, 22, 25
+
+
+@functools.cache
+def _libc_madvise():
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).madvise
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes, fn.restype = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int), ctypes.c_int
+    return fn
+
+
+def madvise(addr: int, nbytes: int, advice: int) -> bool:
+    """madvise(2) on [addr, addr + nbytes) (page-aligned); whether it succeeded (False without libc's madvise, or
+    an advice this kernel does not know: MADV_POPULATE_READ before Linux 5.14, MADV_COLLAPSE before 6.1)."""
+    fn = _libc_madvise()
+    return fn is not None and fn(addr, nbytes, advice) == 0
+
+
 def setup_threads(threads: int | None, bind: str) -> tuple[int, list[int]]:
     """Set torch's thread count and bind OpenMP threads to cores. Returns (threads, bound cores or [])."""
     import torch

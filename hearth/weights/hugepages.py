@@ -26,7 +26,7 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
-from hearth import envs
+from hearth import envs, platform
 from hearth.weights.packed import QWeight
 
 logger = logging.getLogger("hearth")
@@ -50,7 +50,6 @@ _THP_MODE = "/sys/kernel/mm/transparent_hugepage/enabled"
 # Storages this large collapse in place (the arena's one benefit over that, whole pages at their unaligned ends,
 # is at most 4 MiB of each).
 _IN_PLACE_BYTES = 64 << 20
-_MADV_HUGEPAGE, _MADV_COLLAPSE = 14, 25  # (linux/mman.h; Python's mmap module has no MADV_COLLAPSE before 3.12)
 # Bytes collapsed per madvise call: the budget is checked between them.
 _COLLAPSE_STEP = 32 << 20
 
@@ -168,7 +167,7 @@ def _collapse_all(storages: list[torch.UntypedStorage], t_start: float) -> tuple
     for s in storages:
         lo = (s.data_ptr() + _HUGE - 1) // _HUGE * _HUGE
         hi = (s.data_ptr() + s.nbytes()) // _HUGE * _HUGE
-        if hi <= lo or not _madvise(lo, hi - lo, _MADV_HUGEPAGE):
+        if hi <= lo or not _madvise(lo, hi - lo, platform.MADV_HUGEPAGE):
             continue
         for at in range(lo, hi, _COLLAPSE_STEP):
             spent = time.perf_counter() - t_start
@@ -176,20 +175,14 @@ def _collapse_all(storages: list[torch.UntypedStorage], t_start: float) -> tuple
                 logger.info("huge pages: collapsing stopped after %.1f s (2 MiB pages are slow to come by)", spent)
                 return done, True
             n = min(_COLLAPSE_STEP, hi - at)
-            if not _madvise(at, n, _MADV_COLLAPSE):
+            if not _madvise(at, n, platform.MADV_COLLAPSE):
                 return done, False  # (unsupported before Linux 6.1, or no huge page free: the copies' probe tells)
             done += n
     return done, False
 
 
 def _madvise(addr: int, nbytes: int, advice: int) -> bool:
-    """madvise(2) on [addr, addr + nbytes) (page-aligned); whether it succeeded."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-    except OSError:
-        return False
-    libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
-    ok = libc.madvise(ctypes.c_void_p(addr), ctypes.c_size_t(nbytes), advice) == 0
+    ok = platform.madvise(addr, nbytes, advice)
     if not ok:
         logger.debug("madvise(%d) failed: %s", advice, ctypes.get_errno())
     return ok

@@ -19,7 +19,6 @@ Runs before anything caches raw weight pointers (the decode program is built lat
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import glob
 import hashlib
 import logging
@@ -31,7 +30,7 @@ import time
 import torch
 from torch import nn
 
-from hearth import envs
+from hearth import envs, platform
 from hearth.kernels import panels
 from hearth.weights import hugepages
 
@@ -39,8 +38,6 @@ logger = logging.getLogger("hearth")
 
 FORMAT = "hearth-panels-1"  # bump when the panel layout or what gets packed changes
 _ALIGN = 32  # bf16 elements: 64 bytes
-_MADV_DONTNEED = 4
-_MADV_POPULATE_READ = 22  # Linux >= 5.14; older kernels refuse it (EINVAL) and the pages fault in one by one
 _PAGE = 4096
 _DISK_MARGIN = 1 << 30  # leave this much free on the cache's disk
 _PACK_STEP_BYTES = 64 << 20  # checkpoint bytes packed (and released) per step of a first pack
@@ -63,8 +60,6 @@ def _file_mappings() -> list[tuple[int, int]]:
 
 def _madvise_each(tensors: list[torch.Tensor], advice: int, maps: list[tuple[int, int]]) -> int:
     """madvise the whole pages of each tensor that lies in one of maps; returns the bytes advised."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     done = 0
     for t in tensors:
         lo = t.data_ptr()
@@ -72,7 +67,7 @@ def _madvise_each(tensors: list[torch.Tensor], advice: int, maps: list[tuple[int
         if not any(a <= lo and hi <= b for a, b in maps):
             continue
         start, end = -(-lo // _PAGE) * _PAGE, hi // _PAGE * _PAGE
-        if end > start and libc.madvise(start, end - start, advice) == 0:
+        if end > start and platform.madvise(start, end - start, advice):
             done += end - start
     return done
 
@@ -87,7 +82,7 @@ def release_file_pages(tensors: list[torch.Tensor], maps: list[tuple[int, int]] 
     """Hand back this process's pages of the checkpoint file mappings the tensors lie in (never written: a later
     read faults the same bytes in from the file). maps: file_mappings(), read once by the caller (None: read here).
     Returns the bytes advised."""
-    return _madvise_each(tensors, _MADV_DONTNEED, _file_mappings() if maps is None else maps)
+    return _madvise_each(tensors, platform.MADV_DONTNEED, _file_mappings() if maps is None else maps)
 
 
 def _pack_releasing(w: torch.Tensor, out: torch.Tensor, maps: list[tuple[int, int]]) -> int:
@@ -100,9 +95,9 @@ def _pack_releasing(w: torch.Tensor, out: torch.Tensor, maps: list[tuple[int, in
     released = 0
     for r0 in range(0, n, step):
         rows = w[r0:r0 + step]
-        _madvise_each([rows], _MADV_POPULATE_READ, maps)
+        _madvise_each([rows], platform.MADV_POPULATE_READ, maps)
         panels.pack(rows, out[r0 * k:])  # (panel r0 / ROWS starts at element r0 * k: ROWS rows of k each)
-        released += _madvise_each([rows], _MADV_DONTNEED, maps)
+        released += _madvise_each([rows], platform.MADV_DONTNEED, maps)
     return released
 
 
@@ -267,7 +262,7 @@ def pack_dense_weights(model: nn.Module, source: str | None = None, compute_dtyp
                 offset = first
             replaced = m.use_panels(alloc, pack=False)
             if cached:
-                dropped += _madvise_each(replaced, _MADV_DONTNEED, maps)
+                dropped += _madvise_each(replaced, platform.MADV_DONTNEED, maps)
             del replaced
     if tmp is not None:
         try:

@@ -16,7 +16,7 @@ from hearth.loader.gguf.reader import TORCH_FLOAT, TYPES, GGUFError, Part, Tenso
 from hearth.loader.gguf.tokenizer import build_tokenizer
 from hearth.tokenizer import Tokenizer
 from hearth.weights.gguf import GGUFBlocks
-from hearth.weights.panel_pack import _MADV_POPULATE_READ
+from hearth.platform import MADV_POPULATE_READ
 
 
 @dataclass
@@ -135,7 +135,7 @@ def _file_view(path: str, info: TensorInfo) -> torch.Tensor:
     with open(path, "rb") as f:
         buf = mmap.mmap(f.fileno(), info.start + info.nbytes - lo, access=mmap.ACCESS_COPY, offset=lo)
     try:
-        buf.madvise(_MADV_POPULATE_READ)
+        buf.madvise(MADV_POPULATE_READ)
     except (OSError, ValueError):  # (before Linux 5.14: the packer faults the pages in as it reads)
         pass
     return torch.frombuffer(buf, dtype=torch.uint8, count=info.nbytes, offset=info.start - lo)
