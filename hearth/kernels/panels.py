@@ -13,8 +13,9 @@ HEARTH_PANELS=0 keeps row-major weights.
 
 The dot layout (AVX512-BF16 CPUs, bf16 models: x must be bf16 already, as the kernel rounds it to bf16) holds the
 same bytes in another order: at each k pair, 32-bit lane j holds row j's (w[2kp], w[2kp + 1]), so one vdpbf16ps
-multiplies a broadcast x pair into 16 outputs. It keeps up with torch's bf16 GEMM even at prompt sizes, so every
-row count runs it: no widening path for this layout.
+multiplies a broadcast x pair into 16 outputs. Without AMX it keeps up with torch's bf16 GEMM even at prompt sizes,
+so every row count runs it; on CPUs with AMX tiles, long prompts take torch's bf16 GEMM on row tiles unpacked from
+the panels (dot_rows; hearth.weights.dispatch decides when).
 """
 from __future__ import annotations
 
