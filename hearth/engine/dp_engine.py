@@ -11,6 +11,7 @@ import asyncio
 import dataclasses
 import logging
 import threading
+from collections.abc import Collection
 
 from hearth.config import EngineArgs
 from hearth.engine.async_engine import RequestStream
@@ -161,7 +162,7 @@ class DataParallelEngine:
             t.join()
 
     # ---- requests ----
-    def _pick(self, exclude: set[int] = frozenset()) -> ProcessEngine | None:
+    def _pick(self, exclude: Collection[int] = ()) -> ProcessEngine | None:
         live = [r for r in self.ranks if r.dead is None and r.info is not None and id(r) not in exclude]
         return min(live, key=lambda r: r.in_flight, default=None)
 
@@ -174,11 +175,11 @@ class DataParallelEngine:
             except TimeoutError:
                 pass
             rank = self._pick()
+        if rank is None:
+            raise WorkerDiedError(f"no engine of model {self.opts.name!r} is running "
+                                  f"({self.ranks[0].dead or 'not loaded'})")
         tried: set[int] = set()
         while True:
-            if rank is None:
-                raise WorkerDiedError(f"no engine of model {self.opts.name!r} is running "
-                                      f"({self.ranks[0].dead or 'not loaded'})")
             try:
                 return await rank.generate(subs)
             except NotStartedError:
