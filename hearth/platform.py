@@ -77,7 +77,7 @@ def cpu_info() -> CPUInfo:
                     cores.add((physical_id, core_id))
     except OSError:
         pass
-    usable = len(_PROCESS_AFFINITY)
+    usable = len(PROCESS_AFFINITY)
     physical = min(len(cores) or usable, usable)
     numa = len([d for d in os.listdir("/sys/devices/system/node") if d.startswith("node")]) \
         if os.path.isdir("/sys/devices/system/node") else 1
@@ -115,9 +115,9 @@ def bind_omp_threads(cores: list[int]) -> bool:
     """
     import torch  # noqa: F401  (loads libgomp)
 
-    from hearth.kernels import _build
+    from hearth import kernels
 
-    lib = _build.load()
+    lib = kernels.library()
     if lib is not None:
         arr = (ctypes.c_int32 * len(cores))(*cores)
         failed = lib.hk_bind_threads(arr, len(cores))
@@ -162,7 +162,7 @@ def release_calling_thread() -> None:
     has its own pool): it may run on every allowed core again, and its idle OpenMP workers exit, so they neither
     share the engine master's core nor count against libgomp's spin budget."""
     try:
-        os.sched_setaffinity(0, _PROCESS_AFFINITY)
+        os.sched_setaffinity(0, PROCESS_AFFINITY)
     except OSError as e:
         logger.debug("could not reset thread affinity: %s", e)
     gomp = _libgomp()
@@ -171,7 +171,7 @@ def release_calling_thread() -> None:
 
 
 # The cores this process may use, read before any binding narrows the calling thread's mask.
-_PROCESS_AFFINITY = frozenset(os.sched_getaffinity(0))
+PROCESS_AFFINITY = frozenset(os.sched_getaffinity(0))
 
 
 _M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4  # mallopt parameters (malloc.h)
@@ -223,7 +223,7 @@ def setup_threads(threads: int | None, bind: str) -> tuple[int, list[int]]:
     import torch
 
     info = cpu_info()
-    allowed = sorted(_PROCESS_AFFINITY)
+    allowed = sorted(PROCESS_AFFINITY)
     if threads is None:
         from hearth import envs
 

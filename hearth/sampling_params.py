@@ -3,6 +3,7 @@ import math
 from dataclasses import dataclass, field
 from enum import IntEnum
 
+from hearth.errors import ParamError
 from hearth.structured.params import StructuredOutputsParams
 from hearth.structured.reasoning import ReasoningParams
 
@@ -60,55 +61,55 @@ class SamplingParams:
         self._validate()
 
     def _validate(self) -> None:
-        def bad(msg: str) -> ValueError:
-            return ValueError(msg)
+        bad = ParamError
 
         if not isinstance(self.n, int) or self.n < 1:
-            raise bad(f"n must be an integer >= 1, got {self.n!r}")
+            raise bad("n", f"n must be an integer >= 1, got {self.n!r}")
         if self.n > MAX_N:
-            raise bad(f"n must be <= {MAX_N} (OpenAI's limit), got {self.n}")
+            raise bad("n", f"n must be <= {MAX_N} (OpenAI's limit), got {self.n}")
         if not math.isfinite(self.temperature) or self.temperature < 0:
-            raise bad(f"temperature must be a finite number >= 0, got {self.temperature}")
+            raise bad("temperature", f"temperature must be a finite number >= 0, got {self.temperature}")
         if not 0.0 < self.top_p <= 1.0:
-            raise bad(f"top_p must be in (0, 1], got {self.top_p}")
+            raise bad("top_p", f"top_p must be in (0, 1], got {self.top_p}")
         if not isinstance(self.top_k, int) or self.top_k < 0:
-            raise bad(f"top_k must be -1 (disabled), 0 (disabled) or a positive integer, got {self.top_k!r}")
+            raise bad("top_k", f"top_k must be -1 (disabled), 0 (disabled) or a positive integer, got {self.top_k!r}")
         if not 0.0 <= self.min_p <= 1.0:
-            raise bad(f"min_p must be in [0, 1], got {self.min_p}")
+            raise bad("min_p", f"min_p must be in [0, 1], got {self.min_p}")
         if not -2.0 <= self.presence_penalty <= 2.0:
-            raise bad(f"presence_penalty must be in [-2, 2], got {self.presence_penalty}")
+            raise bad("presence_penalty", f"presence_penalty must be in [-2, 2], got {self.presence_penalty}")
         if not -2.0 <= self.frequency_penalty <= 2.0:
-            raise bad(f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}")
+            raise bad("frequency_penalty", f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}")
         if not 0.0 < self.repetition_penalty <= 2.0:
-            raise bad(f"repetition_penalty must be in (0, 2], got {self.repetition_penalty}")
+            raise bad("repetition_penalty", f"repetition_penalty must be in (0, 2], got {self.repetition_penalty}")
         if self.max_tokens is not None and (not isinstance(self.max_tokens, int) or self.max_tokens < 1):
-            raise bad(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
+            raise bad("max_tokens", f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
         if not isinstance(self.min_tokens, int) or self.min_tokens < 0:
-            raise bad(f"min_tokens must be an integer >= 0, got {self.min_tokens!r}")
+            raise bad("min_tokens", f"min_tokens must be an integer >= 0, got {self.min_tokens!r}")
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
-            raise bad(f"min_tokens ({self.min_tokens}) must be <= max_tokens ({self.max_tokens})")
+            raise bad("min_tokens", f"min_tokens ({self.min_tokens}) must be <= max_tokens ({self.max_tokens})")
         if self.logprobs is not None and (not isinstance(self.logprobs, int) or not 0 <= self.logprobs <= 20):
-            raise bad(f"logprobs must be in [0, 20], got {self.logprobs}")
+            raise bad("logprobs", f"logprobs must be in [0, 20], got {self.logprobs}")
         if self.prompt_logprobs is not None and (not isinstance(self.prompt_logprobs, int)
                                                  or not 0 <= self.prompt_logprobs <= 20):
-            raise bad(f"prompt_logprobs must be in [0, 20], got {self.prompt_logprobs}")
+            raise bad("prompt_logprobs", f"prompt_logprobs must be in [0, 20], got {self.prompt_logprobs}")
         if self.seed is not None and not isinstance(self.seed, int):
-            raise bad(f"seed must be an integer, got {self.seed!r}")
+            raise bad("seed", f"seed must be an integer, got {self.seed!r}")
         # Sequence i of n samples with seed + i; torch generators take 64-bit seeds.
         if self.seed is not None and not -(2**63) <= self.seed <= 2**63 - self.n:
-            raise bad(f"seed must fit in a signed 64-bit integer, got {self.seed}")
+            raise bad("seed", f"seed must fit in a signed 64-bit integer, got {self.seed}")
         if any(not isinstance(s, str) or not s for s in self._stop_list):
-            raise bad("stop must be a non-empty string or a list of non-empty strings")
+            raise bad("stop", "stop must be a non-empty string or a list of non-empty strings")
         if self.structured_outputs is not None and not isinstance(self.structured_outputs, StructuredOutputsParams):
-            raise bad("structured_outputs must be a StructuredOutputsParams")
+            raise bad("structured_outputs", "structured_outputs must be a StructuredOutputsParams")
         if self.logit_bias:
             for tok, bias in self.logit_bias.items():
                 try:
                     int(tok), float(bias)
                 except (TypeError, ValueError):
-                    raise bad(f"logit_bias must map token ids to numbers, got {tok!r}: {bias!r}") from None
+                    raise bad("logit_bias",
+                              f"logit_bias must map token ids to numbers, got {tok!r}: {bias!r}") from None
                 if not -100.0 <= float(bias) <= 100.0:
-                    raise bad(f"logit_bias values must be in [-100, 100], got {bias} for token {tok}")
+                    raise bad("logit_bias", f"logit_bias values must be in [-100, 100], got {bias} for token {tok}")
             self.logit_bias = {int(k): float(v) for k, v in self.logit_bias.items()}
 
     @property
@@ -130,5 +131,5 @@ class SamplingParams:
         for name, ids in (("logit_bias", list(self.logit_bias or {})), ("stop_token_ids", self.stop_token_ids or [])):
             for tok in ids:
                 if not 0 <= tok < vocab_size:
-                    raise ValueError(f"{name}: token id {tok} is out of range for this model's vocabulary "
+                    raise ParamError(name, f"{name}: token id {tok} is out of range for this model's vocabulary "
                                      f"(size {vocab_size})")

@@ -28,7 +28,7 @@ from hearth.distributed.shard import AllReduce, AllReduceStats, Sharder
 from hearth.distributed.shm_allreduce import GlooAllReduce, SharedBuffers, ShmAllReduce
 
 if TYPE_CHECKING:
-    from hearth.engine.dp_cores import Topology
+    from hearth.distributed.dp_cores import Topology
 
 logger = logging.getLogger("hearth")
 
@@ -42,7 +42,7 @@ def rank_threads(threads: int | None, bind: str, rank: int, world: int,
     ranks), else the physical cores split evenly (dp_cores.dp_core_sets, shared with --data-parallel-size); a
     '|'-separated --omp-threads-bind gives one list per rank, a single list is split evenly; nobind stays unbound.
     More --threads than the rank's cores: unbound."""
-    from hearth.engine.dp_cores import dp_core_sets
+    from hearth.distributed.dp_cores import dp_core_sets
     from hearth.platform import parse_core_list
 
     bind = (bind or "auto").strip()
@@ -106,7 +106,9 @@ def _portable_meta(meta: Any) -> Any:
 class TensorParallel:
     """Rank 0's side: starts the workers, shards rank 0's model, mirrors its forwards."""
 
-    def __init__(self, args: Any, bind: str) -> None:
+    def __init__(self, args: Any, bind: str, worker_main: Callable[..., None]) -> None:
+        """worker_main(args, bind, rank, world, port, buffers, conn): a worker rank's process entry point (the
+        engine's: it loads the model through worker_sharder and then calls serve_forwards)."""
         self.world = args.tensor_parallel_size
         if args.speculative_config:
             raise ValueError("speculative decoding is not available with --tensor-parallel-size > 1 yet")
@@ -124,8 +126,8 @@ class TensorParallel:
         self.conns, self.procs = [], []
         for rank in range(1, self.world):
             ours, theirs = ctx.Pipe()
-            p = ctx.Process(target=_worker_main, args=(args, bind, rank, self.world, port, self.buffers, theirs), daemon=True,
-                            name=f"hearth-tp{rank}")
+            p = ctx.Process(target=worker_main, args=(args, bind, rank, self.world, port, self.buffers, theirs),
+                            daemon=True, name=f"hearth-tp{rank}")
             p.start()
             theirs.close()
             self.conns.append(ours)
@@ -188,27 +190,20 @@ class TensorParallel:
         self.conns, self.procs = [], []
 
 
-def _worker_main(args: Any, bind: str, rank: int, world: int, port: int, buffers: SharedBuffers | None,
-                 conn: Any) -> None:
-    """A worker rank: load and shard the model, allocate its KV heads, then run every forward rank 0 sends."""
-    from hearth.engine.model_runner import ModelRunner
-    from hearth.loader.model_loader import load_model
+def worker_sharder(args: Any, bind: str, rank: int, world: int, port: int,
+                   buffers: SharedBuffers | None) -> Sharder:
+    """A worker rank's set-up before it loads the model: its threads and cores, the process group, its all-reduce."""
     from hearth.platform import setup_threads
 
-    try:
-        setup_threads(*rank_threads(args.threads, bind, rank, world))
-        torch.manual_seed(args.seed)
-        group = _group(rank, world, port)
-        parent = os.getppid()  # (rank 0: when it is gone, this process is re-parented)
-        loaded = load_model(args, Sharder(rank, world, _all_reduce(buffers, rank, group,
-                                                                   lambda: os.getppid() == parent)))
-        num_blocks, block_size, kv_dtype = conn.recv()
-        ModelRunner(loaded.model, num_blocks, block_size, kv_dtype, loaded.model_config.vocab_size, args.seed)
-    except BaseException as e:  # noqa: BLE001 (reported to rank 0, which raises it)
-        conn.send(f"{type(e).__name__}: {e}")
-        return
-    conn.send("ready")
-    model = loaded.model
+    setup_threads(*rank_threads(args.threads, bind, rank, world))
+    torch.manual_seed(args.seed)
+    group = _group(rank, world, port)
+    parent = os.getppid()  # (rank 0: when it is gone, this process is re-parented)
+    return Sharder(rank, world, _all_reduce(buffers, rank, group, lambda: os.getppid() == parent))
+
+
+def serve_forwards(model: nn.Module, conn: Any) -> None:
+    """A worker rank's loop: run every forward rank 0 sends, until it sends the end or goes away."""
     with torch.inference_mode():
         while True:
             try:

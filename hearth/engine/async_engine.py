@@ -16,15 +16,17 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from hearth.engine.llm_engine import EngineStats, LLMEngine
+from hearth.engine.output_processor import OutputProcessor, StopRequest
 from hearth.engine.outputs import StepOutput
 from hearth.engine.request import Request
 from hearth.metrics import ServerMetrics
 from hearth.platform import bind_omp_threads, release_calling_thread
 from hearth.sampling_params import SamplingParams
+from hearth.structured.compiler import CompiledGrammar
 
 logger = logging.getLogger("hearth")
 
-_END = object()  # queued after a stream's last output
+STREAM_END = object()  # queued after a stream's last output
 
 
 class QueueFullError(Exception):
@@ -42,7 +44,7 @@ class ShutdownError(RuntimeError):
 
 
 @dataclass
-class _StreamState:
+class StreamState:
     loop: asyncio.AbstractEventLoop
     queue: asyncio.Queue
     remaining: int  # sequences not yet finished, over all the stream's requests
@@ -58,7 +60,7 @@ class _StreamState:
 class _Track:
     """Engine-thread bookkeeping of one engine request (all its n sequences), for the stream and the metrics."""
 
-    state: _StreamState
+    state: StreamState
     arrival: float
     requests: list[Request]
     n_left: int
@@ -70,7 +72,8 @@ class _Track:
 @dataclass
 class _Add:
     subs: list[tuple[str, list[int], SamplingParams]]
-    state: _StreamState
+    grammars: list[CompiledGrammar | None]  # each sub's constraint, compiled off the engine thread
+    state: StreamState
     accepted: asyncio.Future
     arrival: float
 
@@ -80,16 +83,23 @@ class _Abort:
     request_ids: list[str]
 
 
+@dataclass
+class _Stop:
+    stops: list[StopRequest]
+
+
 class RequestStream:
     """The outputs of one HTTP request's engine requests (several for a list of prompts), in step order.
 
     Iterate it to get StepOutputs until every sequence has finished. abort() is idempotent and safe after the end.
     """
 
-    def __init__(self, engine: AsyncEngine, request_ids: list[str], state: _StreamState) -> None:
+    def __init__(self, engine: AsyncEngine, request_ids: list[str], state: StreamState,
+                 processor: OutputProcessor) -> None:
         self.engine = engine
         self.request_ids = request_ids
         self._state = state
+        self._processor = processor  # text and stop strings, on the reader's side
         self.finished = False  # the last output arrived, or aborted
         self.aborted = False
 
@@ -99,14 +109,21 @@ class RequestStream:
     async def _iter(self) -> AsyncIterator[StepOutput]:
         while True:
             item = await self._state.queue.get()
-            if item is _END:
+            if item is STREAM_END:
                 self.finished = True
                 return
             if isinstance(item, BaseException):
                 self.finished = True
                 raise item
-            for out in item:
+            outputs = self._processor.process(item)
+            if self._processor.to_stop:
+                self.engine.stop(self._processor.to_stop)
+                self._processor.to_stop = []
+            for out in outputs:
                 yield out
+            if self._processor.num_unfinished == 0:  # (the last may have ended at a stop string, here)
+                self.finished = True
+                return
 
     def __del__(self) -> None:
         # NOTE: safety net for a response that never started iterating (client gone before the first byte).
@@ -125,7 +142,7 @@ class RequestStream:
         if not self.finished:
             self.finished = self.aborted = True
             self.engine.abort(self.request_ids)
-            self._state.queue.put_nowait(_END)
+            self._state.queue.put_nowait(STREAM_END)
 
 
 class AsyncEngine:
@@ -199,25 +216,36 @@ class AsyncEngine:
             raise EngineDeadError("the engine loop has stopped after an internal error; restart the server")
         if self._stop or self.draining:
             raise QueueFullError("the server is shutting down")
+        state = StreamState(asyncio.get_running_loop(), asyncio.Queue(), sum(p.n for _, _, p in subs))
+        await self.submit(subs, state)
+        stream = RequestStream(self, [rid for rid, _, _ in subs], state,
+                               OutputProcessor.for_requests(self.engine.tokenizer, subs))
+        self._streams.add(stream)
+        return stream
+
+    async def submit(self, subs: list[tuple[str, list[int], SamplingParams]], state: StreamState) -> None:
+        """Queue engine requests whose outputs go to `state` and wait until the engine thread has accepted them
+        (raises what generate raises). Constraints are compiled here, off the engine thread (cached by spec)."""
         loop = asyncio.get_running_loop()
-        state = _StreamState(loop, asyncio.Queue(), sum(p.n for _, _, p in subs))
+        grammars = [await asyncio.to_thread(self.engine.structured.compile, p.structured_outputs)
+                    if getattr(p, "structured_outputs", None) else None for _, _, p in subs]
         accepted = loop.create_future()
-        ids = [rid for rid, _, _ in subs]
-        self._submit(_Add(subs, state, accepted, time.monotonic()))
+        self._submit(_Add(subs, grammars, state, accepted, time.monotonic()))
         try:
             await accepted
         except asyncio.CancelledError:
-            self.abort(ids)
+            self.abort([rid for rid, _, _ in subs])
             raise
-        stream = RequestStream(self, ids, state)
-        self._streams.add(stream)
-        return stream
 
     def abort(self, request_ids: list[str]) -> None:
         """Abort requests (thread-safe): the engine frees their blocks before its next step."""
         self._submit(_Abort(list(request_ids)))
 
-    def _submit(self, cmd: _Add | _Abort) -> None:
+    def stop(self, stops: list[StopRequest]) -> None:
+        """Finish sequences at the stop strings the front found (thread-safe); frees their blocks."""
+        self._submit(_Stop(list(stops)))
+
+    def _submit(self, cmd: _Add | _Abort | _Stop) -> None:
         with self._cond:
             self._cmds.append(cmd)
             self._cond.notify()
@@ -265,7 +293,11 @@ class AsyncEngine:
         with self._cond:
             self._cond.wait_for(lambda: self._cmds or self._stop, timeout=self.refill_wait_s)
 
-    def _apply(self, cmd: _Add | _Abort) -> None:
+    def _apply(self, cmd: _Add | _Abort | _Stop) -> None:
+        if isinstance(cmd, _Stop):
+            outputs = [self.engine.stop_sequence(s.request_id, s.index, s.stop) for s in cmd.stops]
+            self._dispatch([o for o in outputs if o is not None])
+            return
         if isinstance(cmd, _Abort):
             for rid in cmd.request_ids:
                 self.engine.abort_request(rid)
@@ -294,9 +326,9 @@ class AsyncEngine:
                                       f"waiting, {free_slots} free slots, this request needs {need}); retry after "
                                       f"{QueueFullError.retry_after} s")
         added: list[str] = []
-        for rid, ids, params in cmd.subs:
+        for (rid, ids, params), grammar in zip(cmd.subs, cmd.grammars):
             try:
-                self.engine.add_request(rid, ids, params, arrival_time=cmd.arrival)
+                self.engine.add_request(rid, ids, params, arrival_time=cmd.arrival, grammar=grammar)
             except ValueError as e:
                 for done in added:
                     self.engine.abort_request(done)
@@ -309,7 +341,7 @@ class AsyncEngine:
 
     def _dispatch(self, outputs: list[StepOutput]) -> None:
         now = time.monotonic()
-        batches: dict[int, tuple[_StreamState, list[StepOutput]]] = {}
+        batches: dict[int, tuple[StreamState, list[StepOutput]]] = {}
         for out in outputs:
             track = self._tracks.get(out.request_id)
             if track is None:
@@ -324,7 +356,7 @@ class AsyncEngine:
         for state, outs in batches.values():
             state.post(outs)
             if state.remaining == 0:
-                state.post(_END)
+                state.post(STREAM_END)
 
     def _observe(self, track: _Track, out: StepOutput, now: float) -> None:
         m = self.metrics

@@ -10,7 +10,7 @@ unpinned, one list puts every model on it; a model's own omp-threads-bind (its T
 """
 from __future__ import annotations
 
-from hearth.engine.dp_cores import dp_core_sets
+from hearth.distributed.dp_cores import dp_core_sets
 from hearth.platform import cpu_info
 
 

@@ -1,6 +1,7 @@
 """The far side of ProcessEngine: an LLMEngine + AsyncEngine in a spawned process, driven over a Pipe.
 
-Messages (pickled tuples) from the front: ("add", sid, subs), ("abort", request_ids), ("metrics", qid),
+Messages (pickled tuples) from the front: ("add", sid, subs), ("abort", request_ids), ("stop", [StopRequest]),
+("metrics", qid),
 ("shutdown", timeout). To the front: ("ready", WorkerInfo) or ("load_failed", message), ("accepted", sid, error),
 ("out", [(sid, list[StepOutput] | "end" | BaseException), ...]) once per engine step, ("stats", EngineStats),
 ("metrics", qid, bytes).
@@ -11,7 +12,7 @@ import asyncio
 import logging
 import os
 import threading
-import time
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
@@ -77,9 +78,9 @@ class _SidQueue:
         self.outbox, self.sid = outbox, sid
 
     def put_nowait(self, item: object) -> None:
-        from hearth.engine.async_engine import _END
+        from hearth.engine.async_engine import STREAM_END
 
-        self.outbox.put(self.sid, "end" if item is _END else item)
+        self.outbox.put(self.sid, "end" if item is STREAM_END else item)
 
 
 def _build_engine(args: EngineArgs):
@@ -133,7 +134,7 @@ def _kv_bytes(llm) -> int:
 
 
 async def _serve(conn: Connection, engine, info: WorkerInfo) -> None:
-    from hearth.engine.async_engine import _Add, _StreamState
+    from hearth.engine.async_engine import StreamState
 
     loop = asyncio.get_running_loop()
     send_lock = threading.Lock()
@@ -159,7 +160,7 @@ async def _serve(conn: Connection, engine, info: WorkerInfo) -> None:
 
     threading.Thread(target=read, name="hearth-worker-recv", daemon=True).start()
 
-    async def accept(sid: int, fut: asyncio.Future) -> None:
+    async def accept(sid: int, fut: Awaitable[None]) -> None:
         try:
             await fut
             error = None
@@ -182,12 +183,12 @@ async def _serve(conn: Connection, engine, info: WorkerInfo) -> None:
         kind = msg[0]
         if kind == "add":
             _, sid, subs = msg
-            state = _StreamState(loop, outbox.queue_for(sid), sum(p.n for _, _, p in subs))
-            fut = loop.create_future()
-            engine._submit(_Add(subs, state, fut, time.monotonic()))
-            asyncio.create_task(accept(sid, fut))
+            state = StreamState(loop, outbox.queue_for(sid), sum(p.n for _, _, p in subs))
+            asyncio.create_task(accept(sid, engine.submit(subs, state)))
         elif kind == "abort":
             engine.abort(msg[1])
+        elif kind == "stop":
+            engine.stop(msg[1])
         elif kind == "metrics":
             send(("metrics", msg[1], engine.metrics.render()))
         elif kind == "shutdown":

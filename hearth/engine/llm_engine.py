@@ -11,15 +11,16 @@ import torch
 
 from hearth import envs, generation_defaults
 from hearth.config import CacheConfig, EngineArgs, SchedulerConfig
-from hearth.detokenizer import IncrementalDetokenizer, find_stop, partial_stop_len
+from hearth.errors import ContextLengthError, ParamError
 from hearth.engine.block_manager import BlockManager, freeable_window
-from hearth.engine.kv_sizing import num_kv_blocks
+from hearth.kv_sizing import num_kv_blocks
 from hearth.engine.model_runner import ModelRunner
 from hearth.engine.outputs import StepOutput
 from hearth.engine.pooling import PoolingExecutor, resolve_runner
 from hearth.engine.request import Request, RequestStatus
 from hearth.engine.scheduler import Scheduler
 from hearth.distributed import start_tensor_parallel
+from hearth.engine.tp_worker import tp_worker_main
 from hearth.layers.attention import Attention
 from hearth.layers.pooler import PoolerConfig
 from hearth.loader.model_loader import DEFAULT_MODEL_FILE, load_model
@@ -29,6 +30,7 @@ from hearth.sampling_params import SamplingParams
 from hearth.engine.spec_decode.config import SpeculativeConfig
 from hearth.engine.spec_decode.draft_proposer import DraftProposer, load_draft_model
 from hearth.engine.spec_decode.speculator import Speculator
+from hearth.structured.compiler import CompiledGrammar
 from hearth.structured.manager import StructuredOutputManager
 from hearth.structured.reasoning import ReasoningGate
 
@@ -42,8 +44,6 @@ class _Sequence:
     request: Request
     parent_id: str
     index: int
-    detok: IncrementalDetokenizer | None
-    emitted_chars: int = 0
     sent_prompt_logprobs: bool = False
     prompt_logprobs: list = field(default_factory=list)
 
@@ -68,7 +68,7 @@ class LLMEngine:
     def __init__(self, args: EngineArgs) -> None:
         self.args = args
         bind = args.omp_threads_bind or envs.omp_threads_bind()
-        self.tp = start_tensor_parallel(args, bind, self)
+        self.tp = start_tensor_parallel(args, bind, self, tp_worker_main)
         self.threads, self.bound_cores = setup_threads(*((self.tp.threads, self.tp.bind) if self.tp else
                                                          (args.threads, bind)))
         keep_freed_memory()  # process-wide glibc setting, before the model and its activations are allocated
@@ -174,43 +174,49 @@ class LLMEngine:
 
     # ---- requests ----
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams | PoolingParams,
-                    arrival_time: float | None = None) -> None:
-        """Queue a request. Raises ValueError (a user error) for an empty or too-long prompt, bad token ids."""
+                    arrival_time: float | None = None, grammar: CompiledGrammar | None = None) -> None:
+        """Queue a request. Raises ParamError (a user error) for an empty or too-long prompt, bad token ids.
+        grammar: params.structured_outputs compiled by the caller (off the engine thread); compiled here if None."""
         if request_id in self.parents:
-            raise ValueError(f"request id {request_id!r} is already in use")
+            raise ParamError(None, f"request id {request_id!r} is already in use")
         mc = self.model_config
         n_prompt = len(prompt_token_ids)
         if n_prompt == 0:
-            raise ValueError("the prompt is empty: give at least one token")
+            raise ParamError("prompt", "the prompt is empty: give at least one token")
         vocab = mc.vocab_size
         if any(not 0 <= t < vocab for t in prompt_token_ids):
-            raise ValueError(f"prompt token ids must be in [0, {vocab})")
+            raise ParamError("prompt", f"prompt token ids must be in [0, {vocab})")
         if isinstance(params, PoolingParams):
             if n_prompt > mc.max_model_len:
-                raise ValueError(f"the input has {n_prompt} tokens, but this model's maximum input length is "
-                                 f"{mc.max_model_len} tokens: shorten it, or set truncate_prompt_tokens")
+                raise ContextLengthError(f"the input has {n_prompt} tokens, but this model's maximum input length "
+                                         f"is {mc.max_model_len} tokens: shorten it, or set truncate_prompt_tokens",
+                                         n_prompt, None, mc.max_model_len)
             self.pooling.check(params)
             return self.pooling.add(request_id, prompt_token_ids, params, arrival_time)
         if self.runner_type == "pooling":
-            raise ValueError(f"model {mc.served_model_name!r} is served for pooling (--runner pooling): it answers "
-                             "embeddings and scores, not text generation")
+            raise ParamError("model", f"model {mc.served_model_name!r} is served for pooling (--runner pooling): it "
+                             "answers embeddings and scores, not text generation")
         params.check_vocab(vocab)
         if params.priority != 0 and self.scheduler_config.scheduling_policy != "priority":
-            raise ValueError("priority is only used with --scheduling-policy priority (this server is fcfs): "
-                             "leave it at 0")
+            raise ParamError("priority", "priority is only used with --scheduling-policy priority (this server is "
+                             "fcfs): leave it at 0")
         max_tokens = params.max_tokens
         if n_prompt >= mc.max_model_len:
-            raise ValueError(f"the prompt has {n_prompt} tokens, but this model's context is {mc.max_model_len} "
-                             "tokens (the prompt must leave room for at least one generated token)")
+            raise ContextLengthError(f"the prompt has {n_prompt} tokens, but this model's context is "
+                                     f"{mc.max_model_len} tokens (the prompt must leave room for at least one "
+                                     "generated token)", n_prompt, max_tokens, mc.max_model_len)
         if max_tokens is not None and n_prompt + max_tokens > mc.max_model_len:
-            raise ValueError(f"this model's maximum context length is {mc.max_model_len} tokens, but the request "
-                             f"asks for {n_prompt + max_tokens} ({n_prompt} in the prompt and {max_tokens} to "
-                             "generate): shorten the prompt or lower max_tokens")
+            raise ContextLengthError(f"this model's maximum context length is {mc.max_model_len} tokens, but the "
+                                     f"request asks for {n_prompt + max_tokens} ({n_prompt} in the prompt and "
+                                     f"{max_tokens} to generate): shorten the prompt or lower max_tokens",
+                                     n_prompt, max_tokens, mc.max_model_len)
         if params.min_tokens > mc.max_model_len - n_prompt:
-            raise ValueError(f"min_tokens ({params.min_tokens}) is more than this model's context leaves after the "
-                             f"prompt ({mc.max_model_len} - {n_prompt} = {mc.max_model_len - n_prompt} tokens)")
-        # NOTE: compiled here, before anything is queued: an invalid schema is a ValueError (400), never a step error.
-        grammar = self.structured.compile(params.structured_outputs) if params.structured_outputs else None
+            raise ParamError("min_tokens", f"min_tokens ({params.min_tokens}) is more than this model's context "
+                             f"leaves after the prompt ({mc.max_model_len} - {n_prompt} = "
+                             f"{mc.max_model_len - n_prompt} tokens)")
+        # NOTE: before anything is queued: an invalid schema is a ParamError (400), never a step error.
+        if grammar is None and params.structured_outputs:
+            grammar = self.structured.compile(params.structured_outputs)
         children = []
         for i in range(params.n):
             child_params = params
@@ -223,9 +229,7 @@ class LLMEngine:
                 req.grammar = grammar.new_matcher()  # each of the n sequences walks the grammar on its own
             if params.reasoning is not None:  # thinking first, then the grammar (if any)
                 req.grammar = ReasoningGate(params.reasoning, req.grammar, self.structured.compiler.vocab_size)
-            detok = (IncrementalDetokenizer(self.tokenizer, prompt_token_ids, params.skip_special_tokens)
-                     if params.detokenize else None)
-            self.seqs[rid] = _Sequence(req, request_id, i, detok)
+            self.seqs[rid] = _Sequence(req, request_id, i)
             children.append(rid)
         self.parents[request_id] = children
         for rid in children:
@@ -238,6 +242,20 @@ class LLMEngine:
             seq = self.seqs.pop(rid, None)
             if seq is not None:
                 self.scheduler.finish(seq.request, RequestStatus.FINISHED_ABORTED)
+
+    def stop_sequence(self, request_id: str, index: int, stop: str) -> StepOutput | None:
+        """The front found stop string `stop` in sequence `index`'s text: finish it as stopped (its KV blocks are
+        freed) and return its last output, with no new tokens. None if it has finished already."""
+        children = self.parents.get(request_id, [])
+        seq = self.seqs.get(children[index]) if index < len(children) else None
+        if seq is None:
+            return None
+        req = seq.request
+        self.scheduler.finish(req, RequestStatus.FINISHED_STOPPED)
+        self._forget(seq)
+        return StepOutput(request_id, index, [], [], finished=True, finish_reason="stop", stop_reason=stop,
+                          num_prompt_tokens=req.num_prompt_tokens, num_output_tokens=req.num_output_tokens,
+                          num_cached_tokens=req.num_cached_tokens)
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished() or self.pooling.num_waiting > 0
@@ -297,7 +315,9 @@ class LLMEngine:
         return outputs
 
     def _process_token(self, seq: _Sequence, token: int, lp, now: float) -> StepOutput:
-        req, p = seq.request, seq.request.params
+        """Token-level stops only (EOS, stop token ids, lengths, a complete grammar); stop strings are the front's
+        (hearth.engine.output_processor), which calls stop_sequence when one appears."""
+        req = seq.request
         req.append_output_token(token)
         if req.first_token_time is None:
             req.first_token_time = now
@@ -306,44 +326,21 @@ class LLMEngine:
         if (req.grammar is not None and self.structured.accept(req.grammar, token, req.request_id)
                 and status in (None, RequestStatus.FINISHED_LENGTH)):
             status = RequestStatus.FINISHED_STOPPED  # the grammar is complete: nothing but EOS could follow
-        new_text = ""
-        if seq.detok is not None:
-            hide_token = status is not None and not p.include_stop_str_in_output and stop_reason is not None
-            if not hide_token and not (status is not None and token in req.eos_token_ids and not p.ignore_eos):
-                seq.detok.add_one(token)
-            if status is not None:
-                seq.detok.flush()
-            text = seq.detok.text
-            # NOTE: the length limit too: a stop string in the last allowed token still ends (and cuts) the text
-            if (p.stop_strings and req.num_output_tokens >= p.min_tokens
-                    and status in (None, RequestStatus.FINISHED_LENGTH)):
-                # Only text not yet streamed: a stop string that began in streamed text (possible only while
-                # min_tokens held the check off) was let through then and must not cut what the client has.
-                hit = find_stop(text, len(text) - seq.emitted_chars, p.stop_strings)
-                if hit is not None and hit[0] >= seq.emitted_chars:
-                    start, stop = hit
-                    end = start + len(stop) if p.include_stop_str_in_output else start
-                    seq.detok.text = text = text[:end]
-                    status, stop_reason = RequestStatus.FINISHED_STOPPED, stop
-            visible = len(text)
-            if status is None and p.stop_strings:
-                visible -= partial_stop_len(text, p.stop_strings)  # hold back what may become a stop string
-            if visible > seq.emitted_chars:
-                new_text = text[seq.emitted_chars:visible]
-                seq.emitted_chars = visible
         if status is None and req.num_tokens >= self.model_config.max_model_len:
             status = RequestStatus.FINISHED_LENGTH
         prompt_lp = None
-        if p.prompt_logprobs is not None and not seq.sent_prompt_logprobs:
+        if req.params.prompt_logprobs is not None and not seq.sent_prompt_logprobs:
             prompt_lp = [None] + seq.prompt_logprobs
             seq.sent_prompt_logprobs = True
-        out = StepOutput(seq.parent_id, seq.index, [token], new_text, [lp] if lp is not None else [],
+        out = StepOutput(seq.parent_id, seq.index, [token], [lp] if lp is not None else [],
                          finished=status is not None, num_prompt_tokens=req.num_prompt_tokens,
                          num_output_tokens=req.num_output_tokens, num_cached_tokens=req.num_cached_tokens,
                          prompt_logprobs=prompt_lp)
         if status is not None:
             self.scheduler.finish(req, status)
             out.finish_reason, out.stop_reason = status.finish_reason, stop_reason
+            out.ended_by_stop_token = ((token in req.eos_token_ids and not req.params.ignore_eos)
+                                       or stop_reason is not None)
             self._forget(seq)
         return out
 
@@ -376,7 +373,6 @@ def _merge(outs: list[StepOutput]) -> StepOutput:
     """One sequence's per-token outputs of one step as a single delta (the last one's status and counts)."""
     merged = outs[-1]
     merged.new_token_ids = [t for o in outs for t in o.new_token_ids]
-    merged.new_text = "".join(o.new_text for o in outs)
     merged.new_logprobs = [lp for o in outs for lp in o.new_logprobs]
     merged.prompt_logprobs = next((o.prompt_logprobs for o in outs if o.prompt_logprobs is not None), None)
     return merged

@@ -10,12 +10,12 @@ from hearth.layers.sampler import TokenLogprobs
 
 @dataclass(slots=True)
 class StepOutput:
-    """What one sequence (one of a request's n) produced in one engine step."""
+    """What one sequence (one of a request's n) produced in one engine step. The engine fills the token ids; the
+front's output processor (output_processor.py) adds the text and may end the sequence at a stop string."""
 
     request_id: str  # the user's request id (shared by the n sequences)
     index: int  # which of the n sequences
     new_token_ids: list[int]
-    new_text: str
     new_logprobs: list[TokenLogprobs]
     finished: bool
     finish_reason: str | None = None  # "stop" | "length" | "abort"
@@ -25,6 +25,9 @@ class StepOutput:
     num_cached_tokens: int = 0
     prompt_logprobs: list[TokenLogprobs | None] | None = None  # set once, on the sequence's first output
     pooled: torch.Tensor | None = None  # a pooling request's result: its embedding [H], or its score [1]
+    # The last new token is the EOS or stop token id that ended the sequence (the text leaves it out).
+    ended_by_stop_token: bool = False
+    new_text: str = ""  # (the output processor's)
 
 
 @dataclass

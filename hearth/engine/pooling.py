@@ -18,6 +18,7 @@ from torch import nn
 from hearth.config import ModelConfig
 from hearth.engine.block_manager import BlockManager
 from hearth.engine.input_batch import SeqInput, prepare_inputs
+from hearth.errors import ParamError
 from hearth.engine.outputs import StepOutput
 from hearth.engine.request import Request
 from hearth.weights import activations
@@ -86,16 +87,17 @@ class PoolingExecutor:
         if params.dimensions is not None:
             dims = self.mc.hf_config.get("matryoshka_dimensions")
             if not is_matryoshka(self.mc):
-                raise ValueError(f"model {self.mc.served_model_name!r} does not support matryoshka representation: "
-                                 "'dimensions' cannot be set")
+                raise ParamError("dimensions", f"model {self.mc.served_model_name!r} does not support matryoshka "
+                                 "representation: 'dimensions' cannot be set")
             if params.dimensions > self.hidden_size or (dims and params.dimensions not in dims):
                 allowed = dims or f"1..{self.hidden_size}"
-                raise ValueError(f"dimensions {params.dimensions} is not one this model supports ({allowed})")
+                raise ParamError("dimensions",
+                                 f"dimensions {params.dimensions} is not one this model supports ({allowed})")
 
     def add(self, request_id: str, prompt_token_ids: list[int], params: PoolingParams,
             arrival_time: float | None) -> None:
         if request_id in self.waiting:
-            raise ValueError(f"request id {request_id!r} is already in use")
+            raise ParamError(None, f"request id {request_id!r} is already in use")
         tt = params.token_type_ids
         if tt is not None and len(tt) != len(prompt_token_ids):
             raise ValueError("token_type_ids must have one entry per prompt token")
@@ -139,7 +141,7 @@ class PoolingExecutor:
                 p = req.params
                 normalize = self.pooler.normalize if p.normalize is None else p.normalize
                 results.append(finish_embedding(pooled[i], normalize, p.dimensions))
-        return [StepOutput(r.request_id, 0, [], "", [], finished=True, finish_reason="stop",
+        return [StepOutput(r.request_id, 0, [], [], finished=True, finish_reason="stop",
                            num_prompt_tokens=n, pooled=v) for r, n, v in zip(batch, lens, results)]
 
     def _encode(self, batch: list[PoolingRequest]) -> torch.Tensor:

@@ -17,9 +17,10 @@ import threading
 from dataclasses import dataclass, field
 
 from hearth.config import EngineArgs
-from hearth.engine.async_engine import _END, EngineDeadError, RequestStream, _StreamState
+from hearth.engine.async_engine import STREAM_END, EngineDeadError, RequestStream, StreamState
 from hearth.engine.engine_worker import WorkerInfo, WorkerOptions, worker_main
 from hearth.engine.llm_engine import EngineStats
+from hearth.engine.output_processor import OutputProcessor, StopRequest
 from hearth.sampling_params import SamplingParams
 
 logger = logging.getLogger("hearth")
@@ -43,7 +44,7 @@ class LoadFailedError(RuntimeError):
 
 @dataclass
 class _Pending:
-    state: _StreamState
+    state: StreamState
     request_ids: list[str]
     accepted: asyncio.Future
     num_seqs: int
@@ -161,7 +162,7 @@ class ProcessEngine:
             raise EngineDeadError(f"model {self.opts.name!r} is not loaded")
         loop = asyncio.get_running_loop()
         n = sum(p.n for _, _, p in subs)
-        state = _StreamState(loop, asyncio.Queue(), n)
+        state = StreamState(loop, asyncio.Queue(), n)
         sid = next(self._sids)
         ids = [rid for rid, _, _ in subs]
         pending = _Pending(state, ids, loop.create_future(), n)
@@ -186,7 +187,7 @@ class ProcessEngine:
             if not pending.accepted.done() or pending.accepted.cancelled():
                 self._send_quiet(("abort", ids))
             raise
-        return RequestStream(self, ids, state)
+        return RequestStream(self, ids, state, OutputProcessor.for_requests(self.info.tokenizer, subs))
 
     async def _wait_exited(self, timeout: float) -> None:
         try:
@@ -201,6 +202,10 @@ class ProcessEngine:
                 self._loop.call_soon_threadsafe(self._forget_rids, list(request_ids))
             except RuntimeError:
                 pass
+
+    def stop(self, stops: list[StopRequest]) -> None:
+        """Finish sequences at the stop strings this front found; the worker answers with their last outputs."""
+        self._send_quiet(("stop", list(stops)))
 
     async def render_metrics(self, timeout: float = 5.0) -> bytes:
         """The worker's exposition (its registry carries model_name and engine labels)."""
@@ -251,7 +256,7 @@ class ProcessEngine:
                 if p is None:
                     continue  # aborted meanwhile
                 if item == "end":
-                    p.state.queue.put_nowait(_END)
+                    p.state.queue.put_nowait(STREAM_END)
                     self._forget(sid)
                 elif isinstance(item, BaseException):
                     p.state.queue.put_nowait(item)

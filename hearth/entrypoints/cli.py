@@ -153,7 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(asctime)s %(message)s", datefmt="%H:%M:%S")
-    from hearth.loader.errors import LoadError
+    from hearth.errors import LoadError
 
     command = "hearth"
     try:

@@ -46,11 +46,15 @@ def _stream(engine, request_id: str, ids: list[int], params) -> str:
     room = engine.model_config.max_model_len - len(ids)
     if params.max_tokens is not None and 0 < room < params.max_tokens:
         params = dataclasses.replace(params, max_tokens=room)
+    from hearth.engine.output_processor import OutputProcessor, run_step
+
     engine.add_request(request_id, ids, params)
+    processor = OutputProcessor(engine.tokenizer)
+    processor.add_request(request_id, ids, params)
     text = ""
     try:
         while engine.has_unfinished_requests():
-            for out in engine.step():
+            for out in run_step(engine, processor):
                 if out.request_id == request_id and out.new_text:
                     sys.stdout.write(out.new_text)
                     sys.stdout.flush()

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 
-from hearth.engine.kv_sizing import AUTO_FRACTION, GiB, HEADROOM_BYTES
+from hearth.kv_sizing import AUTO_FRACTION, GiB, HEADROOM_BYTES
 from hearth.loader import memory_fit
 
 CONTEXTS = (2048, 8192, 32768)

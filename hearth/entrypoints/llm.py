@@ -9,6 +9,7 @@ from tqdm import tqdm
 
 from hearth.config import EngineArgs
 from hearth.engine.llm_engine import LLMEngine
+from hearth.engine.output_processor import OutputProcessor, run_step
 from hearth.engine.outputs import CompletionOutput, RequestOutput
 from hearth.entrypoints import llm_pooling
 from hearth.entrypoints.llm_pooling import PoolingRequestOutput
@@ -48,6 +49,7 @@ class LLM:
             raise ValueError("give one SamplingParams, or one per prompt")
         results: dict[str, RequestOutput] = {}
         order: list[str] = []
+        processor = OutputProcessor(self.tokenizer)
         for prompt, params in zip(prompts, params_list):
             text, ids = self._tokenize(prompt)
             if params is None:  # the checkpoint's defaults; their max_tokens no longer than the context leaves
@@ -57,9 +59,10 @@ class LLM:
                     params = dataclasses.replace(params, max_tokens=room)
             rid = str(next(self._ids))
             self.engine.add_request(rid, ids, params)
+            processor.add_request(rid, ids, params)
             results[rid] = RequestOutput(rid, text, ids, [CompletionOutput(i) for i in range(params.n)])
             order.append(rid)
-        return self._run(results, order, use_tqdm)
+        return self._run(results, order, processor, use_tqdm)
 
     def chat(self, messages: list[dict] | list[list[dict]], sampling_params: SamplingParams | None = None,
              add_generation_prompt: bool = True, chat_template: str | None = None,
@@ -91,11 +94,12 @@ class LLM:
             return prompt["prompt"], self.tokenizer.encode(prompt["prompt"])
         return None, list(prompt)
 
-    def _run(self, results: dict[str, RequestOutput], order: list[str], use_tqdm: bool) -> list[RequestOutput]:
+    def _run(self, results: dict[str, RequestOutput], order: list[str], processor: OutputProcessor,
+             use_tqdm: bool) -> list[RequestOutput]:
         bar = tqdm(total=len(order), desc="generate", disable=not use_tqdm)
         try:
             while self.engine.has_unfinished_requests():
-                for step in self.engine.step():
+                for step in run_step(self.engine, processor):
                     res = results.get(step.request_id)
                     if res is None:
                         continue

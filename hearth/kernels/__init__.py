@@ -45,6 +45,11 @@ def isa() -> int | None:
     return ISA_AVX2
 
 
+def library() -> ctypes.CDLL | None:
+    """The compiled kernels (compiled on first call), or None where they cannot be built or loaded."""
+    return _build.load()
+
+
 @functools.cache
 def available() -> bool:
     """True when the compiled kernels can run on this CPU (compiles them on first call)."""

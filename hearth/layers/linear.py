@@ -16,6 +16,7 @@ from torch import nn
 from hearth import kernels
 from hearth.kernels import panels
 from hearth.kernels.decoder import LinearSpec
+from hearth.kernels.weight import DTYPE_CODE
 from hearth.weights import apply, dispatch
 from hearth.weights.layouts import of_dense
 
@@ -123,12 +124,12 @@ class Linear(nn.Module):
                               any_rows=layout.name == "bf16-dot-panels")
         parts = self.row_blocks()
         dtypes = {w.dtype for w in parts}
-        if (len(dtypes) != 1 or dtypes.pop() not in kernels._DTYPE_CODE
+        if (len(dtypes) != 1 or dtypes.pop() not in DTYPE_CODE
                 or any(w.dim() != 2 or w.stride(1) != 1 or w.shape[0] == 0 for w in parts)
                 or (len(parts) > 1 and not all(w.is_contiguous() for w in parts))):
             return None
         w = parts[0]
-        return LinearSpec(0, kernels._DTYPE_CODE[w.dtype], [(p, p.shape[0]) for p in parts],
+        return LinearSpec(0, DTYPE_CODE[w.dtype], [(p, p.shape[0]) for p in parts],
                           sum(p.shape[0] for p in parts), w.shape[1], w.stride(0), bias,
                           plan=dispatch.program_plan(of_dense(w.dtype)))
 

@@ -10,7 +10,7 @@ import torch
 from safetensors import safe_open
 
 from hearth.config import HFConfig
-from hearth.loader.errors import LoadError
+from hearth.errors import LoadError
 
 _REMOTE_CODE_HINT = ("hearth never runs model code shipped with a checkpoint; use a model whose architecture "
                      "hearth supports natively")

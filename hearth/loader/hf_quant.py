@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import torch
 
 from hearth.config import HFConfig
-from hearth.loader.errors import LoadError
+from hearth.errors import LoadError
 from hearth.loader.hf_folder import read_json
 from hearth.weights.formats import bitsandbytes as bnb
 from hearth.weights.formats.source import PackedSource

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 import psutil
 
 from hearth.config import HFConfig
-from hearth.engine.kv_sizing import GiB, HEADROOM_BYTES
-from hearth.loader.errors import LoadError
+from hearth.kv_sizing import GiB, HEADROOM_BYTES
+from hearth.errors import LoadError
 
 _ELEM = {"F64": 8, "F32": 4, "BF16": 2, "F16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1,
          "F8_E4M3": 1, "F8_E5M2": 1}

@@ -17,7 +17,7 @@ from tqdm import tqdm
 from hearth.config import EngineArgs, HFConfig, ModelConfig, resolve_dtype
 from hearth.kernels import quant as qkernels
 from hearth.loader import checks, hf_quant, lm_head, memory_fit
-from hearth.loader.errors import LoadError
+from hearth.errors import LoadError
 from hearth.layers.pooler import PoolerConfig, read_sentence_transformers_config, sentence_transformers_max_len
 from hearth.loader.hf_folder import iter_safetensors, read_generation_config, read_hf_config, safetensors_files
 from hearth.models.registry import get_model_class, supported_architectures

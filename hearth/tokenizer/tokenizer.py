@@ -12,7 +12,7 @@ import logging
 import os
 from typing import Any
 
-from hearth.loader.errors import LoadError
+from hearth.errors import LoadError
 from hearth.tokenizer import cache as tokenizer_cache
 from hearth.tokenizer.info import TokenizerInfo
 

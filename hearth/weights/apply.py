@@ -46,7 +46,7 @@ def linear(x: torch.Tensor, qw: QWeight, bias: torch.Tensor | None = None) -> to
     layout = of(qw)
     c = dispatch.caps()
     if x.dtype in _DTYPE_CODE:
-        kernel = plan(layout, m, c, getattr(activations._prompt, "on", False))
+        kernel = plan(layout, m, c, activations.in_prompt())
     else:
         kernel = Kernel.TILED if c.kernels and m > 0 else Kernel.REFERENCE
     if kernel is Kernel.PANELS:

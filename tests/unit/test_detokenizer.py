@@ -3,6 +3,7 @@ import pytest
 
 from hearth import LLM, SamplingParams
 from hearth.detokenizer import IncrementalDetokenizer, find_stop, partial_stop_len
+from hearth.engine.output_processor import OutputProcessor, run_step
 from hearth.tokenizer import Tokenizer
 from tests.tiny_models import build_checkpoint, tiny_config, tiny_tokenizer
 
@@ -177,10 +178,13 @@ def test_stop_string_never_streams_partially(llm: LLM, refs) -> None:
     prompt, ref = PROMPTS[0], refs[0]
     stop = stop_candidates(ref.text)[0]
     eng = llm.engine
-    eng.add_request("s", prompt, SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, stop=stop))
+    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, stop=stop)
+    eng.add_request("s", prompt, params)
+    processor = OutputProcessor(eng.tokenizer)
+    processor.add_request("s", prompt, params)
     streamed = ""
     while eng.has_unfinished_requests():
-        for step in eng.step():
+        for step in run_step(eng, processor):
             streamed += step.new_text
             assert stop not in streamed
             assert streamed == ref.text[: len(streamed)]

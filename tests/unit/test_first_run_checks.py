@@ -10,7 +10,7 @@ import torch
 from hearth.config import EngineArgs, HFConfig
 from hearth.entrypoints.openai.cli_serve import bind_socket
 from hearth.loader import checks, model_loader
-from hearth.loader.errors import LoadError
+from hearth.errors import LoadError
 from hearth.loader.model_loader import load_model
 from tests.tiny_models import build_checkpoint, tiny_config
 

@@ -7,7 +7,7 @@ import torch
 
 from hearth.config import HFConfig
 from hearth.loader import hf_quant
-from hearth.loader.errors import LoadError
+from hearth.errors import LoadError
 from hearth.weights import prepare
 from hearth.weights.reference import dequantize
 from tests import quant_checkpoints as qc

@@ -135,6 +135,103 @@ def test_lower_layers_never_import_higher_ones() -> None:
     assert bad == []
 
 
+# Every package and top-level module, lowest first. A module imports (anywhere, lazily too) only from its own layer
+# and the layers below it; inside the base layer, kernels is below the rest (the rule above).
+LAYERS: list[tuple[str, ...]] = [
+    ("hearth.errors", "hearth.envs", "hearth.platform", "hearth.kernels"),
+    ("hearth.weights",),
+    ("hearth.tokenizer", "hearth.structured", "hearth.sampling_params", "hearth.pooling_params", "hearth.detokenizer",
+     "hearth.generation_defaults", "hearth.vllm_compat", "hearth.config", "hearth.kv_sizing", "hearth.metrics",
+     "hearth.metrics_merge"),
+    ("hearth.layers",),
+    ("hearth.models",),
+    ("hearth.loader",),
+    ("hearth.distributed",),
+    ("hearth.engine",),
+    ("hearth.entrypoints", "hearth.ray", "hearth.benchmarks"),  # the doors
+]
+
+
+def _layer_of(module: str) -> int | None:
+    for i, layer in enumerate(LAYERS):
+        if any(module == top or module.startswith(top + ".") for top in layer):
+            return i
+    return None
+
+
+def test_every_module_has_a_layer() -> None:
+    assert [m for m in MODULES if m != "hearth" and _layer_of(m) is None] == []
+
+
+def test_no_package_imports_a_higher_layer() -> None:
+    upward = [(name, dep) for name, deps in USES.items() if name != "hearth"
+              for dep in sorted(deps) if (_layer_of(dep) or 0) > (_layer_of(name) or 0)]
+    assert upward == []
+
+
+def _package_of(module: str) -> str:
+    path = MODULES[module]
+    return module if path.name == "__init__.py" else module.rpartition(".")[0]
+
+
+def _private_imports(name: str) -> list[tuple[int, str]]:
+    """(line, what) of `from hearth.x import _name` reaching a private name outside its home: a module's private
+    names are its own; a package's (its private submodules, its __init__'s private names) are its modules'."""
+    tree = ast.parse(MODULES[name].read_text())
+    found = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("hearth")
+                and not node.level):
+            continue
+        is_package = node.module in MODULES and MODULES[node.module].name == "__init__.py"
+        inside = name == node.module or name.startswith(node.module + ".")
+        for a in node.names:
+            if a.name.startswith("_") and not a.name.startswith("__") and not (is_package and inside):
+                found.append((node.lineno, f"{node.module}.{a.name}"))
+    return found
+
+
+# Private attributes of other libraries that hearth reads on purpose (torch modules and tensors, argparse,
+# namedtuples), and modules whose private classes it names (argparse's actions in type hints).
+FOREIGN_PRIVATES = {"_parameters", "_buffers", "_version", "_replace", "_actions", "_asdict", "_fields"}
+FOREIGN_MODULES = {"argparse"}
+
+
+def _private_attribute_uses(name: str) -> list[tuple[int, str]]:
+    """(line, attribute) of `obj._attr` where obj is not self / cls and this module defines no `_attr` itself: a
+    private name of another module's class or module, used from outside it."""
+    tree = ast.parse(MODULES[name].read_text())
+    defined = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            defined.add(node.name)
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+            defined.add(node.attr)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            defined.add(node.id)
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            defined.add(node.target.id)
+        elif isinstance(node, ast.arg):
+            defined.add(node.arg)
+    own_package = _package_of(name).rpartition(".")[2]  # `kernels._x` inside hearth.kernels is the package's own
+    found = []
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__")
+                and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls", own_package,
+                                                                                *FOREIGN_MODULES))
+                and node.attr not in defined and node.attr not in FOREIGN_PRIVATES):
+            found.append((node.lineno, f"{ast.unparse(node.value)}.{node.attr}"))
+    return found
+
+
+def test_no_private_name_is_used_outside_its_module() -> None:
+    """Private names (a leading underscore) stay home: a private module or module-level name is used by its own
+    package only, a private attribute of a class only in the module that defines it."""
+    bad = [f"{MODULES[name].relative_to(ROOT.parent)}:{line}: {what}" for name in sorted(MODULES)
+           for line, what in _private_imports(name) + _private_attribute_uses(name)]
+    assert bad == []
+
+
 def _env_reads(tree: ast.AST) -> list[tuple[int, str]]:
     """(line, variable) of every os.environ.get / os.getenv / os.environ[...] read of a HEARTH_* literal."""
     reads = []

@@ -6,7 +6,7 @@ import shutil
 import pytest
 
 from hearth.config import EngineArgs
-from hearth.loader.errors import LoadError
+from hearth.errors import LoadError
 from hearth.loader.model_loader import load_model
 from tests.tiny_models import build_checkpoint, tiny_config
 

@@ -6,11 +6,11 @@ import pytest
 import torch
 
 from hearth import LLM
-from hearth.engine.kv_sizing import HEADROOM_BYTES
+from hearth.kv_sizing import HEADROOM_BYTES
 from hearth.engine.model_runner import ModelRunner
 from hearth.entrypoints.doctor_model import model_rows
 from hearth.loader import memory_fit
-from hearth.loader.errors import LoadError
+from hearth.errors import LoadError
 from hearth.loader.hf_folder import read_hf_config
 from tests.tiny_models import build_checkpoint, tiny_config
 

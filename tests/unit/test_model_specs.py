@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 
-from hearth.engine.dp_cores import _split, dp_core_sets
+from hearth.distributed.dp_cores import _split, dp_core_sets
 from hearth.entrypoints.openai.model_specs import check_names, specs_from_dir, specs_from_toml
 from hearth.metrics_merge import merge_expositions
 
@@ -116,13 +116,13 @@ def test_dp_core_sets() -> None:
 def test_core_slots(monkeypatch: pytest.MonkeyPatch) -> None:
     """Resident models get their own cores by default: one slot per model that may be resident."""
     import hearth.engine.core_slots as cs
-    import hearth.engine.dp_cores as dc
+    import hearth.distributed.dp_cores as dc
     from hearth.platform import CPUInfo
 
     info = CPUInfo("test", frozenset(), physical_cores=4, numa_nodes=1)
     monkeypatch.setattr(cs, "cpu_info", lambda: info)
     monkeypatch.setattr(dc, "cpu_info", lambda: info)
-    monkeypatch.setattr(dc, "_PROCESS_AFFINITY", {0, 1, 2, 3})
+    monkeypatch.setattr(dc, "PROCESS_AFFINITY", {0, 1, 2, 3})
     monkeypatch.setattr(dc, "numa_core_lists", lambda: [])
     assert cs.slot_count(3, None, 1) == 3 and cs.slot_count(3, 2, 1) == 2 and cs.slot_count(9, None, 1) == 4
     assert cs.slot_count(5, None, 2) == 2 and cs.slot_count(1, None, 1) == 1

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from hearth.distributed.tensor_parallel import rank_threads
-from hearth.engine.dp_cores import Topology, numa_core_lists
+from hearth.distributed.dp_cores import Topology, numa_core_lists
 
 # Two sockets of 4 cores with SMT siblings numbered after every core (Linux's order): node0 0-3,8-11, node1 4-7,12-15.
 TWO_NODES = Topology([[0, 1, 2, 3, 8, 9, 10, 11], [4, 5, 6, 7, 12, 13, 14, 15]], 8, list(range(16)))

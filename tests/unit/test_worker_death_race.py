@@ -4,6 +4,7 @@ it. Deterministic: the pipe and the exit are simulated, no process is spawned.""
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 
 import pytest
 
@@ -33,7 +34,7 @@ class _Accepting:
 
 def _engine(label: str) -> ProcessEngine:
     e = ProcessEngine(EngineArgs(model="unused"), WorkerOptions(name="tiny", engine_label=label))
-    e.info = object()  # loaded, as far as generate() is concerned
+    e.info = SimpleNamespace(tokenizer=None)  # loaded, as far as generate() is concerned
     return e
 
 

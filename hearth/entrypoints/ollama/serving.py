@@ -28,9 +28,10 @@ from hearth.entrypoints.ollama.protocol import (
     sampling_fields,
     think_kwargs,
 )
-from hearth.entrypoints.openai.errors import APIError, _validation_message, bad_request
+from hearth.entrypoints.openai.errors import APIError, validation_message, bad_request
 from hearth.entrypoints.openai.fim import fim_prompt_ids
-from hearth.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest, FieldError
+from hearth.errors import ParamError
+from hearth.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
 from hearth.entrypoints.openai.serving_chat import ChoiceStream, start_chat
 from hearth.entrypoints.openai.served_models import ServedModels
 from hearth.entrypoints.openai.serving_common import SAMPLING_PARAMS, ServingContext, new_id
@@ -187,7 +188,7 @@ class OllamaAPI:
         try:
             spec, param = creq.structured_params()
             params = creq.sampling_params(creq.max_tokens, None, structured_outputs=spec)
-        except FieldError as e:
+        except ParamError as e:
             raise APIError(400, str(e), param=e.param) from None
         except ValueError as e:
             raise bad_request(e, SAMPLING_PARAMS) from None
@@ -266,7 +267,7 @@ def register(app: FastAPI, models: ServedModels, parse_body: Callable[[Request, 
         except APIError as e:
             return _error(e.status, e.message)
         except RequestValidationError as e:
-            return _error(400, _validation_message(e)[0])
+            return _error(400, validation_message(e)[0])
 
     @app.get("/api/version")
     async def version() -> dict:

@@ -34,7 +34,7 @@ def build_router(ns: argparse.Namespace) -> ModelRouter | None:
     """The router the flags ask for, or None for the plain in-process `hearth serve MODEL`."""
     from hearth import envs
     from hearth.engine.core_slots import core_slots, slot_count
-    from hearth.engine.dp_cores import dp_core_sets
+    from hearth.distributed.dp_cores import dp_core_sets
     from hearth.entrypoints.cli import engine_args_from
     from hearth.entrypoints.openai.model_router import ModelRouter, RouterConfig
     from hearth.entrypoints.openai.model_specs import ModelSpec, check_names, specs_from_dir, specs_from_toml

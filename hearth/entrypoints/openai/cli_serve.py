@@ -205,7 +205,7 @@ def bind_socket(host: str, port: int) -> socket.socket:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from hearth.loader.errors import LoadError
+    from hearth.errors import LoadError
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(asctime)s %(message)s", datefmt="%H:%M:%S")
     p = argparse.ArgumentParser(prog="hearth serve", formatter_class=argparse.ArgumentDefaultsHelpFormatter)

@@ -3,12 +3,13 @@ mistake a 4xx (never a 500)."""
 from __future__ import annotations
 
 import logging
-import re
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from hearth.errors import ParamError
 
 logger = logging.getLogger("hearth")
 
@@ -52,18 +53,16 @@ def error_response(err: APIError) -> JSONResponse:
                         headers=err.headers)
 
 
-_PARAM_RE = re.compile(r"^([a-z_]+)[: ]")
-
-
 def bad_request(e: ValueError, known_params: set[str] | None = None) -> APIError:
-    """A ValueError from SamplingParams or the engine as a 400; its first word names the parameter when it is one."""
-    message = str(e)
-    m = _PARAM_RE.match(message)
-    param = m.group(1) if m and (known_params is None or m.group(1) in known_params) else None
-    return APIError(400, message, param=param)
+    """A ValueError from SamplingParams or the engine as a 400; a ParamError names its parameter (kept when it is
+    one of known_params, the fields this API has)."""
+    param = e.param if isinstance(e, ParamError) else None
+    if known_params is not None and param not in known_params:
+        param = None
+    return APIError(400, str(e), param=param)
 
 
-def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
+def validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     errors = exc.errors()
     if not errors:
         return "invalid request body", None
@@ -89,7 +88,7 @@ def install_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
-        message, param = _validation_message(exc)
+        message, param = validation_message(exc)
         return JSONResponse(shaped_for(request.url.path, 400, error_body(message, param=param)), status_code=400)
 
     @app.exception_handler(StarletteHTTPException)

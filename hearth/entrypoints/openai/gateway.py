@@ -171,7 +171,7 @@ class Gateway:
     async def _prompt_tokens(self, req: ChatCompletionRequest | CompletionRequest) -> int:
         """The longest prompt's token count, by this server's tokenizer and chat template."""
         from hearth.entrypoints.openai.serving_chat import render_chat
-        from hearth.entrypoints.openai.serving_completion import _prompts as prompt_token_ids
+        from hearth.entrypoints.openai.serving_completion import prompts_of as prompt_token_ids
 
         if isinstance(req, CompletionRequest):
             return max(len(ids) for _, ids in prompt_token_ids(self.ctx, req))

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from hearth.config import EngineArgs
 from hearth.engine.core_slots import CoreSlots
-from hearth.engine.dp_cores import dp_core_sets
+from hearth.distributed.dp_cores import dp_core_sets
 from hearth.engine.dp_engine import DataParallelEngine
 from hearth.engine.engine_worker import WorkerOptions
 from hearth.engine.llm_engine import EngineStats

@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
+from hearth.errors import ParamError
 from hearth.sampling_params import SamplingParams
 from hearth.structured.params import StructuredOutputsParams
 
@@ -21,14 +22,6 @@ class OpenAIModel(BaseModel):
 class StreamOptions(OpenAIModel):
     include_usage: bool | None = False
     continuous_usage_stats: bool | None = False
-
-
-class FieldError(ValueError):
-    """A user error in one request field (a 400 with that param)."""
-
-    def __init__(self, message: str, param: str | None) -> None:
-        super().__init__(message)
-        self.param = param
 
 
 class JSONSchemaFormat(OpenAIModel):
@@ -90,14 +83,14 @@ class _SamplingFields(OpenAIModel):
     structured_outputs: StructuredOutputsField | None = None
 
     def structured_params(self) -> tuple[StructuredOutputsParams | None, str | None]:
-        """The requested constraint and the field that asked for it. Raises FieldError naming the problem."""
+        """The requested constraint and the field that asked for it. Raises ParamError naming the problem."""
         asked: list[tuple[str, dict[str, Any]]] = []
         rf = self.response_format
         if rf is not None and rf.type == "json_object":
             asked.append(("response_format", {"json_object": True}))
         elif rf is not None and rf.type == "json_schema":
             if rf.json_schema is None or rf.json_schema.schema_ is None:
-                raise FieldError("response_format of type json_schema needs json_schema.schema", "response_format")
+                raise ParamError("response_format", "response_format of type json_schema needs json_schema.schema")
             asked.append(("response_format", {"json": rf.json_schema.schema_}))
         for name, key in (("guided_json", "json"), ("guided_regex", "regex"), ("guided_choice", "choice"),
                           ("guided_grammar", "grammar")):
@@ -106,8 +99,8 @@ class _SamplingFields(OpenAIModel):
         so = self.structured_outputs
         if so is not None:
             if so.structural_tag is not None:
-                raise FieldError("structured_outputs.structural_tag is not supported by this server",
-                                 "structured_outputs")
+                raise ParamError("structured_outputs",
+                                 "structured_outputs.structural_tag is not supported by this server")
             fields = {"json": so.json_, "regex": so.regex, "choice": so.choice, "grammar": so.grammar,
                       "json_object": so.json_object}
             asked.append(("structured_outputs", {k: v for k, v in fields.items() if v is not None}))
@@ -116,13 +109,13 @@ class _SamplingFields(OpenAIModel):
         if not asked:
             return None, None
         if len(asked) > 1:
-            raise FieldError(f"give one structured output constraint, not several "
-                             f"({', '.join(n for n, _ in asked)})", asked[1][0])
+            raise ParamError(asked[1][0], f"give one structured output constraint, not several "
+                                         f"({', '.join(n for n, _ in asked)})")
         name, kwargs = asked[0]
         try:
             return StructuredOutputsParams(**kwargs), name
         except ValueError as e:
-            raise FieldError(f"{name}: {e}", name) from None
+            raise ParamError(name, f"{name}: {e}") from None
 
     def sampling_params(self, max_tokens: int | None, logprobs: int | None,
                         prompt_logprobs: int | None = None,
@@ -141,7 +134,7 @@ class _SamplingFields(OpenAIModel):
             try:
                 bias = {int(k): v for k, v in self.logit_bias.items()}
             except ValueError:
-                raise ValueError("logit_bias keys must be token ids (integers as strings)") from None
+                raise ParamError("logit_bias", "logit_bias keys must be token ids (integers as strings)") from None
         return SamplingParams(
             n=self.n, temperature=pick(self.temperature, "temperature", 1.0),
             top_p=pick(self.top_p, "top_p", 1.0), top_k=pick(self.top_k, "top_k", 0) or 0,

@@ -15,7 +15,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from hearth.entrypoints.openai.body import openapi_body
 from hearth.entrypoints.openai.chat_drive import Tally, drive, run_whole
 from hearth.entrypoints.openai.anthropic_protocol import CountTokensRequest, MessagesRequest, chat_request
-from hearth.entrypoints.openai.errors import APIError, _validation_message, anthropic_body
+from hearth.entrypoints.openai.errors import APIError, validation_message, anthropic_body
 from hearth.entrypoints.openai.serving_chat import ChatRun, render_chat, start_chat
 from hearth.entrypoints.openai.served_models import ServedModels
 from hearth.entrypoints.openai.serving_tools import plan_tools
@@ -169,7 +169,7 @@ def register(app: FastAPI, models: ServedModels, parse_body: Callable[[Request, 
         except APIError as e:
             return anthropic_error(e.status, e.message)
         except RequestValidationError as e:
-            return anthropic_error(400, _validation_message(e)[0])
+            return anthropic_error(400, validation_message(e)[0])
 
     @app.post("/v1/messages", openapi_extra=openapi_body(MessagesRequest))
     async def messages(raw: Request):

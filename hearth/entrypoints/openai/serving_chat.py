@@ -12,7 +12,8 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from hearth.engine.async_engine import RequestStream
 from hearth.entrypoints.openai.errors import APIError, bad_request
-from hearth.entrypoints.openai.protocol import ChatCompletionRequest, ChatMessage, FieldError
+from hearth.errors import ParamError
+from hearth.entrypoints.openai.protocol import ChatCompletionRequest, ChatMessage
 from hearth.entrypoints.openai.serving_common import (
     SAMPLING_PARAMS,
     Guarded,
@@ -146,7 +147,7 @@ async def start_chat(ctx: ServingContext, req: ChatCompletionRequest, id_prefix:
     plan = plan_tools(req)
     try:
         spec, spec_param = req.structured_params()
-    except FieldError as e:
+    except ParamError as e:
         raise APIError(400, str(e), param=e.param) from None
     if plan.constraint is not None:
         if spec is not None:

@@ -5,7 +5,6 @@ import asyncio
 import dataclasses
 import functools
 import json
-import re
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -130,11 +129,9 @@ class ServingContext:
         full queue 503 with Retry-After."""
         try:
             return meter(await self.engine.generate(subs), subs)  # counts tokens for the request's API key
-        except ValueError as e:
-            err = bad_request(e, SAMPLING_PARAMS)
-            if "context length" in err.message:
-                err.param = "max_tokens" if "max_tokens" in err.message else prompt_param
-            elif err.param == "prompt" or (err.param is None and re.search(r"\bprompt\b", err.message)):
+        except ValueError as e:  # (a ParamError names its field; "prompt" is this API's prompt_param)
+            err = bad_request(e, SAMPLING_PARAMS | {"dimensions"})
+            if err.param == "prompt":
                 err.param = prompt_param
             raise err from None
         except QueueFullError as e:

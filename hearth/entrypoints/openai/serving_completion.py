@@ -11,7 +11,8 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from hearth.engine.outputs import StepOutput
 from hearth.entrypoints.openai.errors import APIError, bad_request
 from hearth.entrypoints.openai.fim import fim_prompt_ids
-from hearth.entrypoints.openai.protocol import CompletionRequest, FieldError
+from hearth.errors import ParamError
+from hearth.entrypoints.openai.protocol import CompletionRequest
 from hearth.entrypoints.openai.serving_common import (
     SAMPLING_PARAMS,
     Guarded,
@@ -36,7 +37,7 @@ class _Choice:
     text_offset: int = 0  # streaming: characters already sent, for logprobs' text_offset
 
 
-def _prompts(ctx: ServingContext, req: CompletionRequest) -> list[tuple[str, list[int]]]:
+def prompts_of(ctx: ServingContext, req: CompletionRequest) -> list[tuple[str, list[int]]]:
     """The prompt field as (text, token ids) pairs: a string, strings, token ids, or lists of token ids."""
     p = req.prompt
     if isinstance(p, str):
@@ -83,7 +84,7 @@ async def create_completion(ctx: ServingContext, req: CompletionRequest, raw: Re
     if req.best_of is not None and req.best_of != 1:
         raise APIError(400, "best_of is not supported by this server: use n to get several completions",
                        param="best_of")
-    prompts = _prompts(ctx, req)
+    prompts = prompts_of(ctx, req)
     if req.suffix is not None:  # fill-in-the-middle: each prompt is the prefix
         if any(not isinstance(p, str) for p in ([req.prompt] if isinstance(req.prompt, str) else req.prompt)):
             raise APIError(400, "suffix needs the prompt as text, not token ids", param="suffix")
@@ -93,7 +94,7 @@ async def create_completion(ctx: ServingContext, req: CompletionRequest, raw: Re
         prompt_lp = req.logprobs  # echo with logprobs returns the prompt's logprobs too
     try:
         spec, spec_param = req.structured_params()
-    except FieldError as e:
+    except ParamError as e:
         raise APIError(400, str(e), param=e.param) from None
     try:
         params = req.sampling_params(req.max_tokens, req.logprobs, prompt_lp, structured_outputs=spec,

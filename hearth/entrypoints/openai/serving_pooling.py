@@ -26,10 +26,10 @@ async def run_pooling(ctx: ServingContext, raw: Request, inputs: list[tuple[list
     base = new_id(prefix)
     subs = [(f"{base}-{i}", ids, params) for i, (ids, params) in enumerate(inputs)]
     try:
-        stream = await ctx.generate(subs)
+        stream = await ctx.generate(subs, prompt_param="input")
     except APIError as e:
-        if e.param is None and e.status == 400:
-            e.param = "dimensions" if "dimensions" in e.message else "input"
+        if e.param is None and e.status == 400:  # what this model cannot do with these inputs
+            e.param = "input"
         raise
     index = {rid: i for i, (rid, _, _) in enumerate(subs)}
     results: list[torch.Tensor | None] = [None] * len(subs)

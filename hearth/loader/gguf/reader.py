@@ -14,7 +14,7 @@ import gguf
 import numpy as np
 import torch
 
-from hearth.loader.errors import LoadError
+from hearth.errors import LoadError
 
 
 class GGUFError(LoadError):

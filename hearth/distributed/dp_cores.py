@@ -9,12 +9,12 @@ import re
 from collections.abc import Collection
 from dataclasses import dataclass
 
-from hearth.platform import _PROCESS_AFFINITY, cpu_info, parse_core_list
+from hearth.platform import PROCESS_AFFINITY, cpu_info, parse_core_list
 
 NODE_ROOT = "/sys/devices/system/node"
 
 
-def numa_core_lists(root: str = NODE_ROOT, allowed: Collection[int] = _PROCESS_AFFINITY) -> list[list[int]]:
+def numa_core_lists(root: str = NODE_ROOT, allowed: Collection[int] = PROCESS_AFFINITY) -> list[list[int]]:
     """The allowed cores of each NUMA node that has any, in node order ([] when sysfs does not say)."""
     nodes = []
     paths = glob.glob(os.path.join(root, "node[0-9]*", "cpulist"))
@@ -37,7 +37,7 @@ class Topology:
 
 
 def topology() -> Topology:
-    return Topology(numa_core_lists(), cpu_info().physical_cores, sorted(_PROCESS_AFFINITY))
+    return Topology(numa_core_lists(), cpu_info().physical_cores, sorted(PROCESS_AFFINITY))
 
 
 def _split(cores: list[int], parts: int) -> list[list[int]]:
