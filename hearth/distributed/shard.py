@@ -19,6 +19,9 @@ import torch
 from torch import nn
 
 from hearth.layers.linear import Linear
+from hearth.layers.mlp import GatedMLP
+from hearth.layers.moe import SparseMoE
+from hearth.layers.qkv_attention import QKVAttention
 from hearth.layers.quant_linear import QuantLinear
 from hearth.weights import split
 
@@ -103,10 +106,6 @@ def plan(model: nn.Module, rank: int, world: int) -> dict[str, split.Slice]:
     """Each split linear layer's slice for `rank`, by module name, from the model's shape alone (no weights read):
     qkv and gate_up keep rows, o_proj and down_proj columns, another rank's expert nothing. Raises ValueError on a
     layer the sharding does not cover."""
-    from hearth.models.blocks import QKVAttention
-    from hearth.models.llama import LlamaMLP
-    from hearth.models.mixtral import SparseMoE
-
     out: dict[str, split.Slice] = {}
     experts: set[str] = set()
     for name, m in model.named_modules():
@@ -127,7 +126,7 @@ def plan(model: nn.Module, rank: int, world: int) -> dict[str, split.Slice]:
                 if e % world != rank:  # another rank's: dropped (every rank routes alike and runs its own)
                     for proj in ("gate_up_proj", "down_proj"):
                         out[f"{name}.experts.{e}.{proj}"] = split.Slice(f"{name}.experts.{e}.{proj}")
-        elif isinstance(m, LlamaMLP) and name not in experts:
+        elif isinstance(m, GatedMLP) and name not in experts:
             full = m.gate_up_proj.out_features // 2
             inter = _split(full, world, "intermediate size")
             out[f"{name}.gate_up_proj"] = split.Slice(f"{name}.gate_up_proj", rows=(
@@ -170,10 +169,6 @@ def _check_layer(name: str, lin: nn.Module, want: split.Slice | None) -> Linear:
 def shard_model(model: nn.Module, rank: int, world: int, reduce: AllReduce) -> AllReduceStats:
     """Shard `model` (loaded; quantized layers already cut by Sharder.before_load) for `rank` of `world`. Returns
     its all-reduce stats."""
-    from hearth.models.blocks import DecoderModel, QKVAttention
-    from hearth.models.llama import LlamaMLP
-    from hearth.models.mixtral import SparseMoE
-
     slices = plan(model, rank, world)
     stats = AllReduceStats()
     handled: set[int] = set()
@@ -203,7 +198,7 @@ def shard_model(model: nn.Module, rank: int, world: int, reduce: AllReduce) -> A
             m.fp32_out = True
             parent, attr = _parent(model, name)
             setattr(parent, attr, RowParallel(m, reduce, stats, widen=False))
-        elif isinstance(m, LlamaMLP) and id(m.gate_up_proj) not in handled:
+        elif isinstance(m, GatedMLP) and id(m.gate_up_proj) not in handled:
             gu = _check_layer(f"{name}.gate_up_proj", m.gate_up_proj, slices[f"{name}.gate_up_proj"])
             down = _check_layer(f"{name}.down_proj", m.down_proj, slices[f"{name}.down_proj"])
             inter = slices[f"{name}.gate_up_proj"].rows[0][1]
@@ -211,7 +206,7 @@ def shard_model(model: nn.Module, rank: int, world: int, reduce: AllReduce) -> A
             _cols(down, *slices[f"{name}.down_proj"].cols, rank)
             m.down_proj = RowParallel(down, reduce, stats)
             handled.update(id(x) for x in (gu, down))
-        elif isinstance(m, DecoderModel):
+        elif hasattr(m, "tensor_parallel"):  # (a decoder stack)
             m.tensor_parallel = True  # NOTE: the whole-stack C decode program cannot all-reduce between layers
     head = getattr(model, "lm_head", None)
     if head is not None:

@@ -41,8 +41,7 @@ logger = logging.getLogger("hearth")
 class _Sequence:
     """Engine-side state of one of a request's n sequences."""
 
-    request: Request
-    parent_id: str
+    request: Request  # (its group_id is the user request id its n siblings share)
     index: int
     sent_prompt_logprobs: bool = False
     prompt_logprobs: list = field(default_factory=list)
@@ -229,7 +228,7 @@ class LLMEngine:
                 req.grammar = grammar.new_matcher()  # each of the n sequences walks the grammar on its own
             if params.reasoning is not None:  # thinking first, then the grammar (if any)
                 req.grammar = ReasoningGate(params.reasoning, req.grammar, self.structured.compiler.vocab_size)
-            self.seqs[rid] = _Sequence(req, request_id, i)
+            self.seqs[rid] = _Sequence(req, i)
             children.append(rid)
         self.parents[request_id] = children
         for rid in children:
@@ -332,7 +331,7 @@ class LLMEngine:
         if req.params.prompt_logprobs is not None and not seq.sent_prompt_logprobs:
             prompt_lp = [None] + seq.prompt_logprobs
             seq.sent_prompt_logprobs = True
-        out = StepOutput(seq.parent_id, seq.index, [token], [lp] if lp is not None else [],
+        out = StepOutput(seq.request.group_id, seq.index, [token], [lp] if lp is not None else [],
                          finished=status is not None, num_prompt_tokens=req.num_prompt_tokens,
                          num_output_tokens=req.num_output_tokens, num_cached_tokens=req.num_cached_tokens,
                          prompt_logprobs=prompt_lp)
@@ -358,9 +357,9 @@ class LLMEngine:
 
     def _forget(self, seq: _Sequence) -> None:
         self.seqs.pop(seq.request.request_id, None)
-        siblings = self.parents.get(seq.parent_id)
+        siblings = self.parents.get(seq.request.group_id)
         if siblings is not None and all(rid not in self.seqs for rid in siblings):
-            del self.parents[seq.parent_id]
+            del self.parents[seq.request.group_id]
 
 
 def _default_budget(model: torch.nn.Module, max_num_seqs: int) -> int:

@@ -14,11 +14,12 @@ from torch import nn
 from hearth.config import HFConfig
 from hearth.layers.attention import Attention, AttentionMetadata, alibi_slopes
 from hearth.layers.linear import Linear
+from hearth.layers.mlp import GatedMLP
 from hearth.layers.norm import RMSNorm
+from hearth.layers.qkv_attention import QKVAttention
 from hearth.layers.rotary import get_rope
-from hearth.models.blocks import DecoderModel, PreNormDecoderLayer, QKVAttention
+from hearth.models.blocks import DecoderModel, PreNormDecoderLayer
 from hearth.models.common import CausalLMBase
-from hearth.models.llama import LlamaMLP
 
 BAICHUAN2_VOCAB = 125696  # Baichuan 2's tokenizer; only Baichuan 2 normalizes its lm_head
 
@@ -48,7 +49,7 @@ class BaichuanForCausalLM(CausalLMBase):
         alibi = "max_position_embeddings" not in cfg
         layers = [PreNormDecoderLayer(
             _attention(cfg, max_len, alibi),
-            LlamaMLP(hidden, cfg["intermediate_size"], cfg.get("hidden_act", "silu")),
+            GatedMLP(hidden, cfg["intermediate_size"], cfg.get("hidden_act", "silu")),
             RMSNorm(hidden, eps), RMSNorm(hidden, eps)) for _ in range(cfg["num_hidden_layers"])]
         self.model = DecoderModel(cfg, layers, RMSNorm(hidden, eps))
         self.lm_head = Linear(hidden, cfg["vocab_size"])

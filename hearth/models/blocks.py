@@ -11,10 +11,9 @@ from torch import nn
 
 from hearth.config import HFConfig
 from hearth.kernels.decoder import DecodeProgram, LayerSpec
-from hearth.layers.attention import Attention, AttentionMetadata, sdpa_min_prompt
+from hearth.layers.attention import AttentionMetadata, sdpa_min_prompt
 from hearth.layers.embedding import Embedding
-from hearth.layers.linear import Linear
-from hearth.layers.rotary import RotaryEmbedding
+from hearth.layers.qkv_attention import program_spec_of
 from hearth.weights import activations, apply, dispatch
 
 
@@ -36,52 +35,6 @@ def sliding_windows(cfg: HFConfig, default_pattern: int | None = None) -> list[i
     return [window if t == "sliding_attention" and window else None for t in layer_types(cfg, default_pattern)]
 
 
-class QKVAttention(nn.Module):
-    """Attention with a fused qkv projection. q_norm/k_norm (optional) see [T, H, D] when per_head, else the
-    flat [T, H * D] projections (OLMo2). clip_qkv clamps the fused projection (OLMo)."""
-
-    def __init__(self, hidden: int, num_heads: int, num_kv_heads: int, head_dim: int, rope: RotaryEmbedding,
-                 scale: float, *, qkv_bias: bool = False, o_bias: bool = False, sliding_window: int | None = None,
-                 logit_softcap: float | None = None, q_norm: nn.Module | None = None,
-                 k_norm: nn.Module | None = None, per_head_norm: bool = True, clip_qkv: float | None = None) -> None:
-        super().__init__()
-        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
-        self.q_size, self.kv_size = num_heads * head_dim, num_kv_heads * head_dim
-        self.qkv_proj = Linear(hidden, self.q_size + 2 * self.kv_size, bias=qkv_bias,
-                               shard_sizes={"q": self.q_size, "k": self.kv_size, "v": self.kv_size})
-        self.o_proj = Linear(self.q_size, hidden, bias=o_bias)
-        self.q_norm, self.k_norm, self.per_head_norm = q_norm, k_norm, per_head_norm
-        self.clip_qkv = clip_qkv
-        self.rotary_emb = rope  # NOTE: shared by every layer of one kind; not a checkpoint tensor
-        self.attn = Attention(num_heads, num_kv_heads, head_dim, scale, sliding_window, logit_softcap)
-
-    def program_spec(self) -> dict | None:
-        """The attention's part of a decoder layer's LayerSpec (None: clipping, flat q/k norms, or a part the
-        program cannot run)."""
-        if self.clip_qkv is not None or (self.q_norm is not None and not self.per_head_norm):
-            return None
-        spec = {"qkv": _spec(self.qkv_proj), "o": _spec(self.o_proj), "attn": _spec(self.attn),
-                "rope": _spec(self.rotary_emb)}
-        if self.q_norm is not None:
-            spec["q_norm"], spec["k_norm"] = _spec(self.q_norm), _spec(self.k_norm)
-        return None if any(v is None for v in spec.values()) else spec
-
-    def forward(self, positions: torch.Tensor, x: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        qkv = self.qkv_proj(x)
-        if self.clip_qkv is not None:
-            qkv = qkv.clamp(-self.clip_qkv, self.clip_qkv)
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        if self.q_norm is not None and not self.per_head_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q = q.reshape(-1, self.num_heads, self.head_dim)  # [T, H, D]
-        k = k.reshape(-1, self.num_kv_heads, self.head_dim)
-        v = v.reshape(-1, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None and self.per_head_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rotary_emb(positions, q, k)
-        return self.o_proj(self.attn(q, k, v, meta))
-
-
 class PreNormDecoderLayer(nn.Module):
     """x -> x + attn(norm(x)) -> x + mlp(norm(x)), with HF's norm names (Llama, Qwen3, Phi3, Mixtral)."""
 
@@ -92,9 +45,9 @@ class PreNormDecoderLayer(nn.Module):
         self.post_attention_layernorm = pre_mlp_norm
         self.mlp = mlp
 
-    def program_spec(self) -> LayerSpec | None:
+    def programprogram_spec_of(self) -> LayerSpec | None:
         """This layer for the whole-stack decode program (None: some part it cannot run)."""
-        return layer_spec(self.self_attn, self.mlp, self.input_layernorm, self.post_attention_layernorm)
+        return layerprogram_spec_of(self.self_attn, self.mlp, self.input_layernorm, self.post_attention_layernorm)
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | None,
                 meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
@@ -108,17 +61,11 @@ class PreNormDecoderLayer(nn.Module):
         return self.mlp(x), residual
 
 
-def _spec(module: nn.Module | None):
-    """module.program_spec() if the module describes itself to the decode program, else None."""
-    describe = getattr(module, "program_spec", None)
-    return describe() if describe is not None else None
-
-
-def layer_spec(attn: nn.Module, mlp: nn.Module, norm1: nn.Module, norm2: nn.Module, post1: nn.Module | None = None,
+def layerprogram_spec_of(attn: nn.Module, mlp: nn.Module, norm1: nn.Module, norm2: nn.Module, post1: nn.Module | None = None,
                post2: nn.Module | None = None) -> LayerSpec | None:
     """A decoder layer's LayerSpec from its parts' own specs (None if any part has none)."""
-    a, m, n1, n2 = _spec(attn), _spec(mlp), _spec(norm1), _spec(norm2)
-    p1, p2 = (_spec(post1), _spec(post2)) if post1 is not None else (None, None)
+    a, m, n1, n2 = program_spec_of(attn), program_spec_of(mlp), program_spec_of(norm1), program_spec_of(norm2)
+    p1, p2 = (program_spec_of(post1), program_spec_of(post2)) if post1 is not None else (None, None)
     if a is None or m is None or n1 is None or n2 is None or any(v is None for v in m.values()) or (
             post1 is not None and (p1 is None or p2 is None)):
         return None
@@ -147,7 +94,7 @@ class DecoderModel(nn.Module):
         if program is not None and program.takes(x, meta, sdpa_min_prompt() is None):  # every layer in one C call
             # (prompt rows' rounding: activations.prompt_rows; the model's own choice first)
             int8_from = activations.int8_from(x.shape[0], program.activations)
-            final = _spec(self.norm)
+            final = program_spec_of(self.norm)
             if final is not None:  # (x: this step's fresh embeddings, the program's to overwrite)
                 return program.run(x, positions, meta, int8_from, final_norm=final, owned=True)
             x, residual = program.run(x, positions, meta, int8_from)
@@ -167,7 +114,7 @@ class DecoderModel(nn.Module):
         caches = tuple(id(getattr(getattr(getattr(layer, "self_attn", None), "attn", None), "kv_cache", None))
                        for layer in (self.layers[0], self.layers[-1]))
         if cached is None or cached[0] != caches:
-            program = DecodeProgram.build([_spec(layer) for layer in self.layers], dispatch.program_rows())
+            program = DecodeProgram.build([program_spec_of(layer) for layer in self.layers], dispatch.program_rows())
             if program is not None:  # (the per-model rounding set_model_activations chose, if any)
                 program.activations = next((q.activations for layer in self.layers for m in layer.modules()
                                             if (q := getattr(m, "qweight", None)) is not None), None)

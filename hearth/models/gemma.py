@@ -6,21 +6,22 @@ import torch
 from hearth.config import HFConfig
 from hearth.layers.attention import AttentionMetadata
 from hearth.layers.linear import Linear
+from hearth.layers.mlp import GatedMLP
 from hearth.layers.norm import RMSNorm
+from hearth.layers.qkv_attention import QKVAttention
 from hearth.layers.rotary import get_rope
-from hearth.models.blocks import DecoderModel, PreNormDecoderLayer, QKVAttention
+from hearth.models.blocks import DecoderModel, PreNormDecoderLayer
 from hearth.models.common import CausalLMBase
-from hearth.models.llama import LlamaMLP
 
 
 def gemma_norm(cfg: HFConfig, dim: int | None = None) -> RMSNorm:
     return RMSNorm(dim or cfg["hidden_size"], cfg.get("rms_norm_eps", 1e-6), offset=1.0)
 
 
-def gemma_mlp(cfg: HFConfig) -> LlamaMLP:
+def gemma_mlp(cfg: HFConfig) -> GatedMLP:
     # Gemma 1 checkpoints say hidden_act "gelu" but were trained with the tanh approximation (ACT_AND_MUL maps it).
     act = cfg.get("hidden_activation") or cfg.get("hidden_act") or "gelu_pytorch_tanh"
-    return LlamaMLP(cfg["hidden_size"], cfg["intermediate_size"], act)
+    return GatedMLP(cfg["hidden_size"], cfg["intermediate_size"], act)
 
 
 class GemmaBase(CausalLMBase):

@@ -6,10 +6,11 @@ import torch
 from torch import nn
 
 from hearth.config import HFConfig
-from hearth.layers.attention import AttentionMetadata
-from hearth.layers.rotary import get_rope
 from hearth.kernels.decoder import LayerSpec
-from hearth.models.blocks import QKVAttention, layer_spec, layer_types
+from hearth.layers.attention import AttentionMetadata
+from hearth.layers.qkv_attention import QKVAttention
+from hearth.layers.rotary import get_rope
+from hearth.models.blocks import layer_spec, layer_types
 from hearth.models.gemma import GemmaBase, gemma_mlp, gemma_norm
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from torch import nn
 
 from hearth.config import HFConfig
+from hearth.layers.qkv_attention import QKVAttention
 from hearth.layers.rotary import get_rope
-from hearth.models.blocks import QKVAttention
 from hearth.models.gemma import gemma_norm
 from hearth.models.gemma2 import Gemma2ForCausalLM
 

@@ -2,35 +2,16 @@
 from __future__ import annotations
 
 import torch
-from torch import nn
 
 from hearth.config import HFConfig
-from hearth.layers.activation import ACT_AND_MUL, gelu_tanh_and_mul, silu_and_mul
 from hearth.layers.attention import AttentionMetadata
 from hearth.layers.linear import Linear
+from hearth.layers.mlp import GatedMLP
 from hearth.layers.norm import RMSNorm
+from hearth.layers.qkv_attention import QKVAttention
 from hearth.layers.rotary import RotaryEmbedding, get_rope
-from hearth.models.blocks import DecoderModel, PreNormDecoderLayer, QKVAttention
+from hearth.models.blocks import DecoderModel, PreNormDecoderLayer
 from hearth.models.common import CausalLMBase
-
-
-class LlamaMLP(nn.Module):
-    def __init__(self, hidden: int, intermediate: int, act: str, bias: bool = False) -> None:
-        super().__init__()
-        self.gate_up_proj = Linear(hidden, 2 * intermediate, bias=bias,
-                                   shard_sizes={"gate": intermediate, "up": intermediate})
-        self.down_proj = Linear(intermediate, hidden, bias=bias)
-        self.act_and_mul = ACT_AND_MUL[act]
-
-    def program_spec(self) -> dict | None:
-        """The gated MLP's part of a decoder layer's LayerSpec (None: an activation the program lacks)."""
-        act = {silu_and_mul: 0, gelu_tanh_and_mul: 1}.get(self.act_and_mul)
-        if act is None:
-            return None
-        return {"gate_up": self.gate_up_proj.program_spec(), "down": self.down_proj.program_spec(), "act": act}
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act_and_mul(self.gate_up_proj(x)))
 
 
 def llama_layer(cfg: HFConfig, rope: RotaryEmbedding, qkv_bias: bool,
@@ -40,7 +21,7 @@ def llama_layer(cfg: HFConfig, rope: RotaryEmbedding, qkv_bias: bool,
     attn = QKVAttention(hidden, cfg["num_attention_heads"], cfg.num_kv_heads_, head_dim, rope, head_dim ** -0.5,
                         qkv_bias=qkv_bias, o_bias=qkv_bias and bool(cfg.get("attention_bias", False)),
                         sliding_window=sliding_window)
-    mlp = LlamaMLP(hidden, cfg["intermediate_size"], cfg.get("hidden_act", "silu"), bool(cfg.get("mlp_bias", False)))
+    mlp = GatedMLP(hidden, cfg["intermediate_size"], cfg.get("hidden_act", "silu"), bool(cfg.get("mlp_bias", False)))
     return PreNormDecoderLayer(attn, mlp, RMSNorm(hidden, eps), RMSNorm(hidden, eps))
 
 

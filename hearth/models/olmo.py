@@ -6,11 +6,12 @@ import torch
 from hearth.config import HFConfig
 from hearth.layers.attention import AttentionMetadata
 from hearth.layers.linear import Linear
+from hearth.layers.mlp import GatedMLP
 from hearth.layers.norm import LayerNorm
+from hearth.layers.qkv_attention import QKVAttention
 from hearth.layers.rotary import get_rope
-from hearth.models.blocks import DecoderModel, PreNormDecoderLayer, QKVAttention
+from hearth.models.blocks import DecoderModel, PreNormDecoderLayer
 from hearth.models.common import CausalLMBase
-from hearth.models.llama import LlamaMLP
 
 
 class OlmoForCausalLM(CausalLMBase):
@@ -26,7 +27,7 @@ class OlmoForCausalLM(CausalLMBase):
         layers = [PreNormDecoderLayer(
             QKVAttention(hidden, cfg["num_attention_heads"], cfg.num_kv_heads_, head_dim, rope, head_dim ** -0.5,
                          qkv_bias=bias, o_bias=bias, clip_qkv=cfg.get("clip_qkv")),
-            LlamaMLP(hidden, cfg["intermediate_size"], cfg.get("hidden_act", "silu")), norm(), norm())
+            GatedMLP(hidden, cfg["intermediate_size"], cfg.get("hidden_act", "silu")), norm(), norm())
             for _ in range(cfg["num_hidden_layers"])]
         self.model = DecoderModel(cfg, layers, norm())
         self.tie_word_embeddings = bool(cfg.get("tie_word_embeddings", False))

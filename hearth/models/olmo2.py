@@ -8,11 +8,12 @@ from torch import nn
 from hearth.config import HFConfig
 from hearth.layers.attention import AttentionMetadata
 from hearth.layers.linear import Linear
+from hearth.layers.mlp import GatedMLP
 from hearth.layers.norm import RMSNorm
+from hearth.layers.qkv_attention import QKVAttention
 from hearth.layers.rotary import get_rope
-from hearth.models.blocks import DecoderModel, QKVAttention
+from hearth.models.blocks import DecoderModel
 from hearth.models.common import CausalLMBase
-from hearth.models.llama import LlamaMLP
 
 
 class Olmo2DecoderLayer(nn.Module):
@@ -25,7 +26,7 @@ class Olmo2DecoderLayer(nn.Module):
                                       o_bias=bias, q_norm=RMSNorm(heads * head_dim, eps),
                                       k_norm=RMSNorm(kv_heads * head_dim, eps), per_head_norm=False)
         self.post_attention_layernorm = RMSNorm(hidden, eps)
-        self.mlp = LlamaMLP(hidden, cfg["intermediate_size"], cfg.get("hidden_act", "silu"))
+        self.mlp = GatedMLP(hidden, cfg["intermediate_size"], cfg.get("hidden_act", "silu"))
         self.post_feedforward_layernorm = RMSNorm(hidden, eps)
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | None,

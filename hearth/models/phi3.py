@@ -7,11 +7,12 @@ import torch
 from hearth.config import HFConfig
 from hearth.layers.attention import AttentionMetadata
 from hearth.layers.linear import Linear
+from hearth.layers.mlp import GatedMLP
 from hearth.layers.norm import RMSNorm
+from hearth.layers.qkv_attention import QKVAttention
 from hearth.layers.rotary import get_rope
-from hearth.models.blocks import DecoderModel, PreNormDecoderLayer, QKVAttention, rotary_dim, sliding_windows
+from hearth.models.blocks import DecoderModel, PreNormDecoderLayer, rotary_dim, sliding_windows
 from hearth.models.common import CausalLMBase
-from hearth.models.llama import LlamaMLP
 
 
 def sequence_lengths(positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
@@ -30,7 +31,7 @@ class Phi3ForCausalLM(CausalLMBase):
         layers = [PreNormDecoderLayer(
             QKVAttention(hidden, cfg["num_attention_heads"], cfg.num_kv_heads_, head_dim, self.rope,
                          head_dim ** -0.5, sliding_window=window),
-            LlamaMLP(hidden, cfg["intermediate_size"], cfg.get("hidden_act", "silu")),
+            GatedMLP(hidden, cfg["intermediate_size"], cfg.get("hidden_act", "silu")),
             RMSNorm(hidden, eps), RMSNorm(hidden, eps)) for window in sliding_windows(cfg)]
         self.model = DecoderModel(cfg, layers, RMSNorm(hidden, eps))
         self.tie_word_embeddings = bool(cfg.get("tie_word_embeddings", False))

@@ -6,11 +6,12 @@ import torch
 from hearth.config import HFConfig
 from hearth.layers.attention import AttentionMetadata
 from hearth.layers.linear import Linear
+from hearth.layers.mlp import GatedMLP
 from hearth.layers.norm import RMSNorm
+from hearth.layers.qkv_attention import QKVAttention
 from hearth.layers.rotary import get_rope
-from hearth.models.blocks import DecoderModel, PreNormDecoderLayer, QKVAttention, sliding_windows
+from hearth.models.blocks import DecoderModel, PreNormDecoderLayer, sliding_windows
 from hearth.models.common import CausalLMBase
-from hearth.models.llama import LlamaMLP
 
 
 def qwen3_attention(cfg: HFConfig, rope, sliding_window: int | None) -> QKVAttention:
@@ -34,7 +35,7 @@ class Qwen3ForCausalLM(CausalLMBase):
             self.lm_head = Linear(hidden, cfg["vocab_size"])
 
     def make_mlp(self, cfg: HFConfig, layer: int) -> torch.nn.Module:
-        return LlamaMLP(cfg["hidden_size"], cfg["intermediate_size"], cfg.get("hidden_act", "silu"))
+        return GatedMLP(cfg["hidden_size"], cfg["intermediate_size"], cfg.get("hidden_act", "silu"))
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         return self.model(input_ids, positions, meta)

@@ -9,11 +9,12 @@ from torch import nn
 from hearth.config import HFConfig
 from hearth.layers.attention import AttentionMetadata
 from hearth.layers.linear import Linear
+from hearth.layers.mlp import GatedMLP
 from hearth.layers.norm import LayerNorm
+from hearth.layers.qkv_attention import QKVAttention
 from hearth.layers.rotary import get_rope
-from hearth.models.blocks import DecoderModel, PreNormDecoderLayer, QKVAttention, rotary_dim
+from hearth.models.blocks import DecoderModel, PreNormDecoderLayer, rotary_dim
 from hearth.models.common import CausalLMBase
-from hearth.models.llama import LlamaMLP
 
 
 class PerHeadLayerNorm(nn.Module):
@@ -54,7 +55,7 @@ class StableLmForCausalLM(CausalLMBase):
                       k_norm=PerHeadLayerNorm(head_dim, kv_heads, eps)) if cfg.get("qk_layernorm") else {}
             attn = QKVAttention(hidden, heads, kv_heads, head_dim, rope, head_dim ** -0.5,
                                 qkv_bias=bool(cfg.get("use_qkv_bias")), **qk)
-            mlp = LlamaMLP(hidden, cfg["intermediate_size"], cfg.get("hidden_act", "silu"))
+            mlp = GatedMLP(hidden, cfg["intermediate_size"], cfg.get("hidden_act", "silu"))
             if cfg.get("use_parallel_residual"):
                 layers.append(ParallelDecoderLayer(attn, mlp, LayerNorm(hidden, eps)))
             else:

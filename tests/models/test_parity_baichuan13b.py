@@ -18,8 +18,6 @@ from tests.models.test_parity_baichuan import _repack_as_baichuan
 from tests.tiny_models import baichuan_alibi_slopes, build_checkpoint, tiny_config
 
 
-
-
 class Baichuan13BReference:
     def __init__(self, folder: str) -> None:
         with open(os.path.join(folder, "config.json")) as f:

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from hearth.models.mixtral import SparseMoE
+from hearth.layers.moe import SparseMoE
 from tests.models.parity import assert_greedy_parity
 from tests.tiny_models import build_checkpoint, tiny_config
 
