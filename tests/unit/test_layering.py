@@ -158,6 +158,31 @@ def test_every_hearth_variable_is_read_in_envs() -> None:
     assert outside == []
 
 
+def _import_time_env_reads(tree: ast.AST) -> list[int]:
+    """Lines of `envs.<accessor>(...)` calls and os.environ reads that run when the module is imported (outside
+    function bodies)."""
+    inside = _function_lines(tree)
+    lines = []
+    for node in ast.walk(tree):
+        if getattr(node, "lineno", None) in inside:
+            continue
+        if isinstance(node, ast.Call) and ast.unparse(node.func).startswith(("envs.", "os.environ.get", "os.getenv")):
+            lines.append(node.lineno)
+        elif isinstance(node, ast.Subscript) and ast.unparse(node.value) == "os.environ":
+            lines.append(node.lineno)
+    return lines
+
+
+def test_no_environment_variable_is_read_at_import() -> None:
+    """envs.VARIABLES is read when a value is needed, never while a module is imported: a worker's environment,
+    a test's setenv and `hearth doctor` all see the value that is in effect."""
+    found = [(str(path.relative_to(ROOT.parent)), line) for name, path in MODULES.items()
+             for line in _import_time_env_reads(ast.parse(path.read_text()))]
+    assert found == []
+    assert _import_time_env_reads(ast.parse("from hearth import envs\nX = envs.q6_tiles()\ndef f():\n"
+                                            "    return envs.q6_tiles()\n")) == [2]
+
+
 # A measurement in a comment: a number with a time / throughput unit, a speed-up ratio, or a machine name.
 _UNIT = r"(?:ms|us|µs|ns|(?<= )s|sec|seconds|GB/s|GiB/s|MB/s|GF/s|GFLOP/s|GOP/s|TF/s|tok/s|tokens/s)"
 TIMING = re.compile(r"(?<![\w.])~?\d+(?:\.\d+)?\s?(?:-\s?\d+(?:\.\d+)?\s?)?" + _UNIT + r"(?![\w/])"
