@@ -36,7 +36,8 @@ build_seconds: float | None = None
 
 
 def cache_dir() -> Path:
-    """$XDG_CACHE_HOME/hearth/kernels/<hash of sources, flags and torch version>: rebuilt only when one of those changes."""
+    """$XDG_CACHE_HOME/hearth/kernels/<hash of sources, flags and torch version> (envs.cache_root): rebuilt only
+    when one of those changes."""
     h = hashlib.sha256()
     for name in SOURCES + HEADERS:
         h.update(name.encode())
