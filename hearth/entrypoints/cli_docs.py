@@ -108,11 +108,30 @@ def render() -> str:
         "| flag or variable | default | where | what it does |",
         "|---|---|---|---|",
     ]
-    flags = flag_rows()
-    for row in [*flags, *env_rows()]:
+    for row in [*flag_rows(), *env_rows()]:
         where = ", ".join(f"`{c}`" if c != "environment" else c for c in row.commands)
         lines.append(f"| {_cell(row.name)} | {_cell(row.default)} | {where} | {_cell(row.description)} |")
-    return "\n".join(lines) + "\n"
+    return "\n".join([*lines, *vllm_lines()]) + "\n"
+
+
+def vllm_lines() -> list[str]:
+    """The vLLM flag mapping (serve_args.vllm_flag_mapping, from the same declarations as the flags above)."""
+    from hearth.entrypoints.openai.serve_args import vllm_flag_mapping
+
+    lines = [
+        "",
+        "## vLLM's flags",
+        "",
+        "`vllm serve` command lines run with the program renamed: `hearth serve` accepts every vLLM flag below.",
+        "same: the same meaning; mapped: some values become the closest thing a CPU has, or are refused with the fix "
+        "(a log line says which); no-op: accepted, nothing to do on a CPU (an info line says so).",
+        "",
+        "| vLLM flag | in hearth | sets |",
+        "|---|---|---|",
+    ]
+    for flag, (how, name) in sorted(vllm_flag_mapping().items(), key=lambda kv: kv[0].lstrip("-").lower()):
+        lines.append(f"| `{flag}` | {how} | `{name}` |")
+    return lines
 
 
 def main() -> int:
