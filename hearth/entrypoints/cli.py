@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
 
     command = "hearth"
     try:
-        parser = build_parser()  # (imports kernel modules, which read their environment variables)
+        parser = build_parser()
         ns = parser.parse_args(argv)
         command = f"hearth {ns.command}"
         return int(ns.func(ns) or 0)
