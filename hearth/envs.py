@@ -117,6 +117,8 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in (
              "(platform.keep_freed_memory)."),
     Variable("HEARTH_API_KEY", _text, None, "The API key clients must send (what `--api-key` sets).",
              aliases=("VLLM_API_KEY",)),
+    Variable("OPENAI_API_KEY", _text, None, "The key `hearth ps` sends when neither --api-key nor HEARTH_API_KEY "
+             "gives one (as the openai client reads it)."),
     Variable("HEARTH_UPSTREAM_API_KEY", _text, None, "The gateway's key for its upstream (what `--upstream-api-key` "
              "sets)."),
     Variable("HEARTH_KERNELS", _flag, True, "hearth's compiled C++ kernels; 0 runs torch's operators only "
@@ -191,6 +193,10 @@ def keep_freed_memory() -> bool:
 
 def api_key() -> str | None:
     return get("HEARTH_API_KEY")
+
+
+def openai_api_key() -> str | None:
+    return get("OPENAI_API_KEY")
 
 
 def upstream_api_key() -> str | None:
