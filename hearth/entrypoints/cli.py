@@ -7,8 +7,12 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from typing import TYPE_CHECKING
 
 from hearth import __version__
+
+if TYPE_CHECKING:
+    from hearth.engine_args import EngineArgs
 
 
 def add_engine_args(p: argparse.ArgumentParser, model_optional: bool = False, max_prefills_per_step: int = 0) -> None:
@@ -25,7 +29,7 @@ def add_engine_args(p: argparse.ArgumentParser, model_optional: bool = False, ma
     add_args(p, [EngineArgs], GROUP_DESCRIPTIONS, overrides)
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> list[str]:
     if name == "ENGINE_ARG_NAMES":  # the old list's name, now derived from EngineArgs' fields
         from hearth.engine_args import engine_arg_names
 
@@ -33,7 +37,7 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def engine_args_from(ns: argparse.Namespace):
+def engine_args_from(ns: argparse.Namespace) -> EngineArgs:
     """EngineArgs from parsed flags: every EngineArgs field the namespace holds (vLLM's --model instead of the
     positional MODEL; --task and a list of served names are mapped by vllm_compat.normalize)."""
     import dataclasses
