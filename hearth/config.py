@@ -1,10 +1,12 @@
-"""Engine configuration: small dataclasses, validated once in __post_init__."""
+"""Engine configuration: small dataclasses, validated once in __post_init__ (EngineArgs: hearth/engine_args.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
+from hearth.engine_args import EngineArgs  # noqa: F401 (declared apart, without torch, for the CLI; imported here)
 
 
 class HFConfig(dict):
@@ -121,56 +123,3 @@ class SchedulerConfig:
                              f"got {self.max_prefills_per_decode_step}")
         if self.max_num_batched_tokens < 1:
             raise ValueError(f"--max-num-batched-tokens must be >= 1, got {self.max_num_batched_tokens}")
-
-
-@dataclass
-class EngineArgs:
-    """Everything a user can set, by vLLM's names. `hearth.LLM(model, **engine_args)` takes these."""
-
-    model: str | None = None
-    tokenizer: str | None = None
-    dtype: str = "auto"
-    max_model_len: int | None = None
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int | None = None
-    max_prefills_per_decode_step: int = 0
-    max_num_seqs_per_request: int | None = None
-    scheduling_policy: str = "fcfs"
-    block_size: int = 16
-    kv_cache_space: float | None = None
-    enable_prefix_caching: bool = True
-    threads: int | None = None
-    omp_threads_bind: str | None = None
-    seed: int = 0
-    served_model_name: str | None = None
-    chat_template: str | None = None
-    max_waiting_requests: int | None = None
-    kv_cache_dtype: str = "auto"  # auto (the model dtype) | int8 (per-token, per-kv-head scales)
-    # auto (None) | none | int8 | int4[-g32|-g64|-g128] | gguf (layers/quant_linear.py) | gptq | awq |
-    # compressed-tensors | bitsandbytes (loader/hf_quant.py)
-    quantization: str | None = None
-    # Speculative decoding, vLLM's JSON (a dict or a JSON string): hearth/engine/spec_decode/config.py. None: off.
-    speculative_config: dict | str | None = None
-    # Sampling defaults for requests that leave fields unset: hearth/generation_defaults.py.
-    generation_config: str = "auto"  # auto | vllm | FOLDER
-    override_generation_config: dict | str | None = None
-    max_tokens_default: int | None = None
-    # vLLM's arguments with no (or a mapped) meaning on a CPU: hearth/vllm_compat.py accepts, maps or refuses them.
-    device: str = "auto"
-    pipeline_parallel_size: int = 1
-    enforce_eager: bool = False
-    gpu_memory_utilization: float | None = None
-    swap_space: float | None = None
-    disable_log_stats: bool = False
-    trust_remote_code: bool = False
-    # vLLM's --runner: auto | generate | pooling (embeddings and scores; encoders always pool). hearth/engine/pooling.py
-    runner: str = "auto"
-    # vLLM's --pooler-config JSON, {"pooling_type": "MEAN"|"CLS"|"LAST", "normalize": bool}; None: the checkpoint's
-    pooler_config: dict | str | None = None
-    # Ranks of tensor parallelism (processes on this host, gloo all-reduce): hearth/distributed/. 1: off.
-    tensor_parallel_size: int = 1
-
-    def __post_init__(self) -> None:
-        from hearth import vllm_compat
-
-        vllm_compat.normalize(self)

@@ -1,12 +1,12 @@
 """vLLM's engine arguments that mean nothing on a CPU, or something slightly different: accepted, mapped, told.
 
 One place for both doors: EngineArgs.__post_init__ (Python: `EngineArgs(device="cpu", swap_space=2, ...)`) and the
-CLI (the flags in add_vllm_args land in the same EngineArgs fields). A value hearth cannot honour is a ValueError
-naming what to do; a no-op is one info line.
+CLI (vLLM's flags are EngineArgs fields too, marked with how they map: hearth/engine_args.py). A value hearth cannot
+honour is a ValueError naming what to do; a no-op is one info line.
+entrypoints/openai/serve_args.vllm_flag_mapping() lists every vLLM flag hearth takes.
 """
 from __future__ import annotations
 
-import argparse
 import logging
 from typing import Any
 
@@ -36,6 +36,11 @@ def normalize(args: Any) -> None:
         raise ValueError(f"--pipeline-parallel-size {args.pipeline_parallel_size}: hearth has no pipeline "
                          "parallelism; use --pipeline-parallel-size 1 (and --tensor-parallel-size N to split a model "
                          "over processes)")
+    if isinstance(args.served_model_name, list):  # (vLLM's flag takes several names; the API uses the first)
+        args.served_model_name = args.served_model_name[0] if args.served_model_name else None
+    if args.task not in (None, "auto"):  # vLLM's older name for --runner
+        args.runner = "generate" if args.task == "generate" else "pooling"
+    args.task = None
     if args.dtype in _DTYPE_ALIASES:
         args.dtype = _DTYPE_ALIASES[args.dtype]
     if args.dtype == "float16":
@@ -61,32 +66,17 @@ def normalize(args: Any) -> None:
         noops.append("--disable-log-stats (hearth logs no periodic stats; /metrics stays on)")
     if args.device == "cpu":
         noops.append("--device cpu (hearth always runs on the CPU)")
+    if args.disable_log_requests:
+        noops.append("--disable-log-requests (hearth does not log requests)")
+    if args.enable_chunked_prefill is not None:
+        noops.append("--enable-chunked-prefill (prefill is always chunked by the token budget)")
+    if args.distributed_executor_backend is not None:
+        noops.append("--distributed-executor-backend (tensor parallelism is hearth's own processes)")
+    if args.load_format != "auto":
+        noops.append(f"--load-format {args.load_format} (the format is read from the files)")
     for what in noops:
         logger.info("accepted %s", what)
     if args.trust_remote_code:
         logger.info("accepted --trust-remote-code: hearth never runs a model's own Python code; the architecture "
                     "must be one hearth implements")
-
-
-def add_vllm_args(p: argparse.ArgumentParser) -> None:
-    """vLLM's flags with no hearth meaning (or a mapped one), so a `vllm serve` line runs with the program renamed."""
-    g = p.add_argument_group("vLLM compatibility", "accepted so vLLM command lines run unchanged; on a CPU most "
-                                                   "mean nothing (one info line says so)")
-    g.add_argument("--pipeline-parallel-size", "-pp", type=int, default=1,
-                   help="must be 1 (default: %(default)s)")
-    g.add_argument("--enforce-eager", action="store_true", help="no-op: no CUDA graphs (default: off)")
-    g.add_argument("--gpu-memory-utilization", type=float, default=None,
-                   help="no-op: no GPU; size the KV cache with --kv-cache-space (default: %(default)s)")
-    g.add_argument("--swap-space", type=float, default=None,
-                   help="no-op: preemption recomputes; GiB in vLLM (default: %(default)s)")
-    g.add_argument("--disable-log-stats", action="store_true", help="no-op (default: off)")
-    g.add_argument("--disable-log-requests", action="store_true", help="no-op: requests are not logged (default: off)")
-    g.add_argument("--device", default="auto", choices=["auto", "cpu"], help="always the CPU (default: %(default)s)")
-    g.add_argument("--trust-remote-code", action="store_true",
-                   help="accepted; hearth never runs a checkpoint's Python code (default: off)")
-    g.add_argument("--load-format", default="auto", help="accepted; the format is read from the files "
-                                                        "(default: %(default)s)")
-    g.add_argument("--enable-chunked-prefill", action="store_true", default=None,
-                   help="no-op: prefill is always chunked by the token budget")
-    g.add_argument("--distributed-executor-backend", default=None, help="no-op: one process")
 

@@ -1,4 +1,4 @@
-"""docs/configuration.md from the code: every CLI flag of every subcommand and every environment variable in envs.py.
+"""docs/configuration.md from the code: every CLI flag of every subcommand and every variable of envs.VARIABLES.
 
 Regenerate with `python -m hearth.entrypoints.cli_docs > docs/configuration.md`; tests/unit/test_config_docs.py
 fails when the file and the code disagree, so the table cannot drift.
@@ -6,16 +6,10 @@ fails when the file and the code disagree, so the table cannot drift.
 from __future__ import annotations
 
 import argparse
-import ast
-import inspect
-import os
-import re
 import sys
 from dataclasses import dataclass, field
-from unittest import mock
 
 REGENERATE = "python -m hearth.entrypoints.cli_docs > docs/configuration.md"
-_VARIABLE = re.compile(r"^(HEARTH|VLLM|OMP)_[A-Z0-9_]+$")
 
 
 @dataclass
@@ -82,53 +76,23 @@ def flag_rows() -> list[Row]:
     return list(rows.values())
 
 
-def _variables(function) -> list[str]:
-    """The HEARTH_* / VLLM_* / OMP_* names an envs.py function reads (the string constants in its body)."""
-    tree = ast.parse(inspect.getsource(function))
-    names = [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)]
-    return list(dict.fromkeys(n for n in names if _VARIABLE.match(n)))
+def _env_default(var) -> str:
+    if var.shown_default is not None:
+        return f"`{var.shown_default}`"
+    if isinstance(var.default, bool):
+        return "`1` (on)" if var.default else "`0` (off)"
+    return "-" if var.default is None else f"`{var.default}`"
 
 
-def _env_default(name: str, value: object) -> str:
-    if isinstance(value, bool):
-        return "`1` (on)" if value else "`0` (off)"
-    if value is None:
-        return "-"
-    if isinstance(value, int) and name.endswith("_bytes") and value % (1 << 30) == 0:
-        return f"`{value >> 30}` (GiB)"  # the variable is read in GiB, the function returns bytes
-    return f"`{value}`"
-
-
-def env_rows(flags: list[Row]) -> list[Row]:
+def env_rows() -> list[Row]:
+    """One row per variable of envs.VARIABLES, by name."""
     from hearth import envs
 
     rows = []
-    for name, function in inspect.getmembers(envs, inspect.isfunction):
-        if name.startswith("_") or function.__module__ != envs.__name__:
-            continue
-        if any(p.default is inspect.Parameter.empty for p in inspect.signature(function).parameters.values()):
-            continue
-        variables = _variables(function)
-        if not variables:
-            continue
-        # The default is what the function returns in an environment without any of hearth's variables; the cache
-        # root is shown as the variable it comes from, not this machine's home directory.
-        clean = {k: v for k, v in os.environ.items() if not _VARIABLE.match(k)}
-        clean["XDG_CACHE_HOME"] = "$XDG_CACHE_HOME"
-        with mock.patch.dict(os.environ, clean, clear=True):
-            default = _env_default(name, function())
-        primary = [v for v in variables if v.startswith("HEARTH_")] or variables[:1]
-        aliases = [v for v in variables if v not in primary]
-        for variable in primary:
-            label = f"`{variable}`" + (f" (alias {', '.join(f'`{a}`' for a in aliases)})" if aliases else "")
-            rows.append(Row(label, default, inspect.getdoc(function) or _flag_for(variable, flags), ["environment"]))
+    for var in envs.VARIABLES.values():
+        label = f"`{var.name}`" + (f" (alias {', '.join(f'`{a}`' for a in var.aliases)})" if var.aliases else "")
+        rows.append(Row(label, _env_default(var), var.doc, ["environment"]))
     return sorted(rows, key=lambda r: r.name.split("`")[1])
-
-
-def _flag_for(variable: str, flags: list[Row]) -> str:
-    """An undocumented variable's meaning: the flag whose help names it."""
-    names = sorted({r.name.split("`")[1] for r in flags if variable in r.description})
-    return f"what {' / '.join(f'`{n}`' for n in names)} sets" if names else ""
 
 
 def render() -> str:
@@ -144,11 +108,30 @@ def render() -> str:
         "| flag or variable | default | where | what it does |",
         "|---|---|---|---|",
     ]
-    flags = flag_rows()
-    for row in [*flags, *env_rows(flags)]:
+    for row in [*flag_rows(), *env_rows()]:
         where = ", ".join(f"`{c}`" if c != "environment" else c for c in row.commands)
         lines.append(f"| {_cell(row.name)} | {_cell(row.default)} | {where} | {_cell(row.description)} |")
-    return "\n".join(lines) + "\n"
+    return "\n".join([*lines, *vllm_lines()]) + "\n"
+
+
+def vllm_lines() -> list[str]:
+    """The vLLM flag mapping (serve_args.vllm_flag_mapping, from the same declarations as the flags above)."""
+    from hearth.entrypoints.openai.serve_args import vllm_flag_mapping
+
+    lines = [
+        "",
+        "## vLLM's flags",
+        "",
+        "`vllm serve` command lines run with the program renamed: `hearth serve` accepts every vLLM flag below.",
+        "same: the same meaning; mapped: some values become the closest thing a CPU has, or are refused with the fix "
+        "(a log line says which); no-op: accepted, nothing to do on a CPU (an info line says so).",
+        "",
+        "| vLLM flag | in hearth | sets |",
+        "|---|---|---|",
+    ]
+    for flag, (how, name) in sorted(vllm_flag_mapping().items(), key=lambda kv: kv[0].lstrip("-").lower()):
+        lines.append(f"| `{flag}` | {how} | `{name}` |")
+    return lines
 
 
 def main() -> int:

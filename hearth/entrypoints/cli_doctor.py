@@ -74,8 +74,8 @@ def _print_layouts() -> None:
 def _activations_row() -> str:
     from hearth.weights import activations
 
-    act = activations.ACTIVATIONS
-    if activations.AUTO_ACTIVATIONS:
+    act = activations.rounding()
+    if activations.auto():
         act += " (auto: prompt tokens int8 on VNNI panels; mostly-4-bit models int8 but the LM head)"
     return act
 

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -41,7 +40,7 @@ def run_ps(ns: argparse.Namespace) -> int:
 
     from hearth import envs
 
-    key = ns.api_key or envs.api_key() or os.environ.get("OPENAI_API_KEY")
+    key = ns.api_key or envs.api_key() or envs.openai_api_key()
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     try:
         r = httpx.get(ns.url.rstrip("/") + "/models", headers=headers, timeout=10)

@@ -36,15 +36,15 @@ build_seconds: float | None = None
 
 
 def cache_dir() -> Path:
-    """~/.cache/hearth/kernels/<hash of sources, flags and torch version>: rebuilt only when one of those changes."""
+    """$XDG_CACHE_HOME/hearth/kernels/<hash of sources, flags and torch version> (envs.cache_root): rebuilt only
+    when one of those changes."""
     h = hashlib.sha256()
     for name in SOURCES + HEADERS:
         h.update(name.encode())
         h.update((CSRC / name).read_bytes())
     h.update(" ".join(CFLAGS + LDFLAGS).encode())
     h.update(torch.__version__.encode())
-    root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return root / "hearth" / "kernels" / h.hexdigest()[:16]
+    return Path(envs.cache_root()) / "hearth" / "kernels" / h.hexdigest()[:16]
 
 
 BUILT_MARKER = "built.ok"

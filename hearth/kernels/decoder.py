@@ -29,7 +29,6 @@ QUANT_KIND = {"float": 1, "int8": 2, "int8x2": 3}  # LinearSpec.kind of quantize
 # descriptor holds it for 1 .. PLAN_ROWS rows (kPlanRows), more rows take the last entry.
 PLAN_KERNELS = {"dot": 1, "gemm": 2, "bcast": 3, "panels": 4, "dense": 5, "dense-panels": 6}
 PLAN_ROWS = 64
-_ENABLED = envs.decode_program()
 
 i64, i32, f32, ptr = ctypes.c_int64, ctypes.c_int32, ctypes.c_float, ctypes.c_void_p
 
@@ -57,7 +56,7 @@ class _Step(ctypes.Structure):
 
 @functools.cache
 def _lib() -> ctypes.CDLL | None:
-    if not _ENABLED or kernels.isa() is None or not kernels.available() or fused._lib() is None:
+    if not envs.decode_program() or kernels.isa() is None or not kernels.available() or fused._lib() is None:
         return None
     return _build.load()
 

@@ -35,13 +35,13 @@ class QKVAttention(nn.Module):
         self.rotary_emb = rope  # NOTE: shared by every layer of one kind; not a checkpoint tensor
         self.attn = Attention(num_heads, num_kv_heads, head_dim, scale, sliding_window, logit_softcap)
 
-    def programprogram_spec_of(self) -> dict | None:
+    def program_spec(self) -> dict | None:
         """The attention's part of a decoder layer's LayerSpec (None: clipping, flat q/k norms, or a part the
         program cannot run)."""
         if self.clip_qkv is not None or (self.q_norm is not None and not self.per_head_norm):
             return None
-        spec = {"qkv": program_spec_of(self.qkv_proj), "o": program_spec_of(self.o_proj), "attn": program_spec_of(self.attn),
-                "rope": program_spec_of(self.rotary_emb)}
+        spec = {"qkv": program_spec_of(self.qkv_proj), "o": program_spec_of(self.o_proj),
+                "attn": program_spec_of(self.attn), "rope": program_spec_of(self.rotary_emb)}
         if self.q_norm is not None:
             spec["q_norm"], spec["k_norm"] = program_spec_of(self.q_norm), program_spec_of(self.k_norm)
         return None if any(v is None for v in spec.values()) else spec

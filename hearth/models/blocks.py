@@ -45,9 +45,9 @@ class PreNormDecoderLayer(nn.Module):
         self.post_attention_layernorm = pre_mlp_norm
         self.mlp = mlp
 
-    def programprogram_spec_of(self) -> LayerSpec | None:
+    def program_spec(self) -> LayerSpec | None:
         """This layer for the whole-stack decode program (None: some part it cannot run)."""
-        return layerprogram_spec_of(self.self_attn, self.mlp, self.input_layernorm, self.post_attention_layernorm)
+        return layer_spec(self.self_attn, self.mlp, self.input_layernorm, self.post_attention_layernorm)
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | None,
                 meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
@@ -61,7 +61,7 @@ class PreNormDecoderLayer(nn.Module):
         return self.mlp(x), residual
 
 
-def layerprogram_spec_of(attn: nn.Module, mlp: nn.Module, norm1: nn.Module, norm2: nn.Module, post1: nn.Module | None = None,
+def layer_spec(attn: nn.Module, mlp: nn.Module, norm1: nn.Module, norm2: nn.Module, post1: nn.Module | None = None,
                post2: nn.Module | None = None) -> LayerSpec | None:
     """A decoder layer's LayerSpec from its parts' own specs (None if any part has none)."""
     a, m, n1, n2 = program_spec_of(attn), program_spec_of(mlp), program_spec_of(norm1), program_spec_of(norm2)

@@ -15,6 +15,7 @@ one term for every row but its LM head's (the weights' own rounding swamps int8'
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 from collections.abc import Iterable, Iterator
 
@@ -23,18 +24,37 @@ import torch
 from hearth import envs
 from hearth.weights.packed import QWeight
 
-_SETTING = envs.quant_activations()
-# The rounding of x for the integer kernels: "int8x2", "int8" or "float".
-ACTIVATIONS = "int8x2" if _SETTING == "auto" else _SETTING
-# HEARTH_QUANT_ACT=auto: prompt rows and mostly-4-bit models may take single-term int8 (see the module doc).
-AUTO_ACTIVATIONS = _SETTING == "auto"
+# A forced process-wide rounding ("int8x2", "int8" or "float") and auto flag, for tests and tools; None: what
+# HEARTH_QUANT_ACT says (rounding(), auto()).
+ACTIVATIONS: str | None = None
+AUTO_ACTIVATIONS: bool | None = None
+
+
+@functools.cache
+def _from_env() -> tuple[str, bool]:
+    """HEARTH_QUANT_ACT, read at the first quantized call rather than at import; then kept, so every layer of the
+    process rounds alike (the load re-lays weights for the rounding it saw)."""
+    setting = envs.quant_activations()
+    return ("int8x2" if setting == "auto" else setting), setting == "auto"
+
+
+def rounding() -> str:
+    """The process-wide rounding of x for the integer kernels: "int8x2", "int8" or "float"."""
+    return ACTIVATIONS if ACTIVATIONS is not None else _from_env()[0]
+
+
+def auto() -> bool:
+    """HEARTH_QUANT_ACT=auto: prompt rows and mostly-4-bit models may take single-term int8 (see the module doc)."""
+    return AUTO_ACTIVATIONS if AUTO_ACTIVATIONS is not None else _from_env()[1]
+
+
 # Set while a step that carries prompt tokens runs (prompt_rows).
 _prompt = threading.local()
 
 
 def of(qw: QWeight) -> str:
-    """The rounding qw's kernels take: its own (set per model), else the process-wide ACTIVATIONS."""
-    return qw.activations or ACTIVATIONS
+    """The rounding qw's kernels take: its own (set per model), else the process-wide rounding()."""
+    return qw.activations or rounding()
 
 
 def in_prompt() -> bool:
@@ -50,7 +70,7 @@ def prompt_rows(generated: int = 0, total: int | None = None) -> Iterator[None]:
     request samples the same tokens.
 
     The step's first `generated` of its `total` rows (None: any count) are generated tokens (decodes, speculative
-    verification); with AUTO_ACTIVATIONS the others, prompt rows, take single-term int8 on int8x2 VNNI panels, and
+    verification); with auto() the others, prompt rows, take single-term int8 on int8x2 VNNI panels, and
     each row's rounding depends only on whether it is a prompt token, not on what runs beside it. Linears whose row
     count is not `total` (MoE experts' token subsets) keep int8x2 for every row."""
     prev = getattr(_prompt, "on", False), getattr(_prompt, "generated", 0), getattr(_prompt, "total", None)
@@ -64,7 +84,7 @@ def prompt_rows(generated: int = 0, total: int | None = None) -> Iterator[None]:
 def int8_from(m: int, activations: str | None = None) -> int:
     """Rows [0, result) of an m-row panel call in int8x2, the rest in single-term int8 (see prompt_rows); weights
     whose `activations` set_model_activations made "int8x2" (a model too small for one term) keep every row."""
-    if activations == "int8x2" or not (AUTO_ACTIVATIONS and ACTIVATIONS == "int8x2" and getattr(_prompt, "on", False)):
+    if activations == "int8x2" or not (auto() and rounding() == "int8x2" and getattr(_prompt, "on", False)):
         return m
     total = _prompt.total
     return min(m, _prompt.generated) if total is None or total == m else m
@@ -88,19 +108,19 @@ def one_term_pays(weights: int) -> bool:
 def set_model_activations(qweights: Iterable[QWeight], head: QWeight | None = None, ranks: int = 1) -> str | None:
     """HEARTH_QUANT_ACT=auto: a model whose quantized weights are mostly 4-bit (by count) rounds x to single-term int8
     for every row of every quantized linear (each QWeight.activations = "int8") but its LM head `head`; returns
-    "int8", or None where ACTIVATIONS stays (models mostly of 8-bit or 6-bit weights, or another setting). A model
+    "int8", or None where rounding() stays (models mostly of 8-bit or 6-bit weights, or another setting). A model
     too small for one term (one_term_pays) takes int8x2 for every row of every linear, prompt rows and head
     included (each QWeight.activations = "int8x2"; returns "int8x2").
 
     Why: there int8's rounding of x is lost in the 4-bit rounding of the weights (about 1% of its KL), and it halves
     the integer work of decode steps of many rows. Per model, not per step: a sequence's tokens do not depend on
-    what runs beside it. The head keeps ACTIVATIONS: its outputs are the logits themselves, where a near tie decides
+    what runs beside it. The head keeps rounding(): its outputs are the logits themselves, where a near tie decides
     a greedy token. ranks: tensor-parallel ranks, each holding 1/ranks of the weights (the choice is the whole
     model's, as one rank makes it)."""
     unique = [q for q in {id(q): q for q in qweights}.values() if q is not head]
     total = sum(q.shape[0] * q.shape[1] for q in unique)
     four = sum(q.shape[0] * q.shape[1] for q in unique if q.bits == 4)
-    if not (AUTO_ACTIVATIONS and ACTIVATIONS == "int8x2"):
+    if not (auto() and rounding() == "int8x2"):
         return None
     if not one_term_pays(total * ranks):  # two terms for every row, prompt rows and the head's included (see int8_from)
         for q in unique + ([head] if head is not None else []):

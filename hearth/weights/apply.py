@@ -27,10 +27,15 @@ from hearth.weights.reference import dequantize
 from hearth.weights.relayout import gather_panels, plain
 
 _DTYPE_CODE = kernels._DTYPE_CODE
-# Prefill of a bf16 model on a CPU with native bf16 GEMMs: dequantized tiles rounded to bf16 (<= 2^-9 relative, the
-# rounding a bf16 model's activations carry anyway) and torch's bf16 GEMM, which runs at several times its fp32
-# GEMM's rate there. HEARTH_BF16_DOT=0 keeps fp32.
-_BF16_PREFILL = cpu_info().has_native_bf16 and envs.bf16_dot()
+
+
+def _bf16_prefill() -> bool:
+    """Prefill of a bf16 model on a CPU with native bf16 GEMMs: dequantized tiles rounded to bf16 (<= 2^-9 relative,
+    the rounding a bf16 model's activations carry anyway) and torch's bf16 GEMM, which runs at several times its fp32
+    GEMM's rate there. HEARTH_BF16_DOT=0 keeps fp32."""
+    return cpu_info().has_native_bf16 and envs.bf16_dot()
+
+
 # fp32 elements per dequantized tile in the prefill path (16 MiB).
 _TILE_ELEMS = 4 << 20
 
@@ -86,7 +91,7 @@ def run(x: torch.Tensor, qw: QWeight, bias: torch.Tensor | None, isa_code: int |
         x = x.contiguous()
     n = qw.shape[0]
     out = torch.empty(m, n, dtype=torch.float32) if out is None else out
-    kernel = kweight.KERNELS[call or qw.activations or activations.ACTIVATIONS]
+    kernel = kweight.KERNELS[call or qw.activations or activations.rounding()]
     kweight.linear(x, descriptor(qw), bias, out, kernel=kernel, isa_code=isa_code or kernels.isa())
     return out
 
@@ -122,7 +127,7 @@ def tiled(x: torch.Tensor, qw: QWeight, bias: torch.Tensor | None) -> torch.Tens
     """Prefill: dequantize row tiles (bounded memory) and use torch's GEMM on each: fp32, or for bf16 activations where
     bf16 GEMMs are native the tiles rounded to bf16 and torch's bf16 GEMM."""
     n, k = qw.shape
-    bf16 = x.dtype == torch.bfloat16 and _BF16_PREFILL
+    bf16 = x.dtype == torch.bfloat16 and _bf16_prefill()
     xs = x if bf16 else x.float()
     out = torch.empty(x.shape[0], n, dtype=torch.float32)
     tile = max(16, _TILE_ELEMS // k)

@@ -127,7 +127,7 @@ def panels_take(bits: int, group: int, k: int, c: Caps | None = None) -> bool:
     """VNNI panels run here for weights of `bits` with scales per `group` along an input of k: AVX512-VNNI, the
     kernels, HEARTH_QUANT_PANELS on and integer activations (the panel kernel has no float form)."""
     c = c or caps()
-    return (c.quant_panels and c.kernels and c.vnni and c.avx512 and activations.ACTIVATIONS in ("int8", "int8x2")
+    return (c.quant_panels and c.kernels and c.vnni and c.avx512 and activations.rounding() in ("int8", "int8x2")
             and bits in (4, 8) and group % 32 == 0 and k % 32 == 0)
 
 

@@ -28,10 +28,6 @@ from hearth.weights.relayout import can_tile
 
 logger = logging.getLogger("hearth")
 
-# int4 weights with 32-weight groups are re-laid into 4-row tiles (HEARTH_INT4_TILES=0: keep the plain rows).
-TILES = envs.int4_tiles()
-# A GGUF Q6_K LM head is kept in 6-bit tiles (HEARTH_Q6_TILES=0: int8, group 16).
-Q6_TILES = envs.q6_tiles()
 
 
 def pack(source: str, layout: str, *args) -> QWeight:
@@ -49,7 +45,7 @@ def relayout(qw: QWeight) -> QWeight:
     for int4 group 32 (one address range per decode tile), else as it is. Exact either way (bytes moved)."""
     if can_panel(qw):
         return to_panels(qw)
-    if TILES and qkernels.available() and can_tile(qw):
+    if envs.int4_tiles() and qkernels.available() and can_tile(qw):  # (HEARTH_INT4_TILES=0: plain rows)
         return pack("int4", "int4-tiles-min" if qw.mins is not None else "int4-tiles", qw)
     return qw
 
@@ -205,7 +201,7 @@ def head_weight(head: gguf.GGUFBlocks) -> QWeight:
     """A GGUF LM head's kept blocks, repacked: a Q6_K head (llama-quantize's choice beside Q4_0 / Q4_K layers) as
     6-bit tiles where the kernels run (a third smaller than int8; exact either way), else panels or rows."""
     n, k = head.shape
-    if head.type_name == "Q6_K" and Q6_TILES and qkernels.available() and n % 4 == 0 and k % 256 == 0:
+    if head.type_name == "Q6_K" and envs.q6_tiles() and qkernels.available() and n % 4 == 0 and k % 256 == 0:
         return _pack_head_rows(head, TILES_Q6.packs["Q6_K"])
     return _pack_head_rows(head, gguf.GGUFBlocks.repack, panels=True)
 

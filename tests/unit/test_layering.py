@@ -141,8 +141,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("hearth.errors", "hearth.envs", "hearth.platform", "hearth.kernels"),
     ("hearth.weights",),
     ("hearth.tokenizer", "hearth.structured", "hearth.sampling_params", "hearth.pooling_params", "hearth.detokenizer",
-     "hearth.generation_defaults", "hearth.vllm_compat", "hearth.config", "hearth.kv_sizing", "hearth.metrics",
-     "hearth.metrics_merge"),
+     "hearth.generation_defaults", "hearth.vllm_compat", "hearth.arg_fields", "hearth.engine_args", "hearth.config",
+     "hearth.kv_sizing", "hearth.metrics", "hearth.metrics_merge"),
     ("hearth.layers",),
     ("hearth.models",),
     ("hearth.loader",),
@@ -193,7 +193,8 @@ def _private_imports(name: str) -> list[tuple[int, str]]:
 
 # Private attributes of other libraries that hearth reads on purpose (torch modules and tensors, argparse,
 # namedtuples), and modules whose private classes it names (argparse's actions in type hints).
-FOREIGN_PRIVATES = {"_parameters", "_buffers", "_version", "_replace", "_actions", "_asdict", "_fields"}
+FOREIGN_PRIVATES = {"_parameters", "_buffers", "_version", "_replace", "_actions", "_action_groups", "_asdict",
+                    "_fields"}
 FOREIGN_MODULES = {"argparse"}
 
 
@@ -253,6 +254,31 @@ def test_every_hearth_variable_is_read_in_envs() -> None:
     outside = [(str(path.relative_to(ROOT.parent)), line, var) for name, path in MODULES.items()
                if name != "hearth.envs" for line, var in _env_reads(ast.parse(path.read_text()))]
     assert outside == []
+
+
+def _import_time_env_reads(tree: ast.AST) -> list[int]:
+    """Lines of `envs.<accessor>(...)` calls and os.environ reads that run when the module is imported (outside
+    function bodies)."""
+    inside = _function_lines(tree)
+    lines = []
+    for node in ast.walk(tree):
+        if getattr(node, "lineno", None) in inside:
+            continue
+        if isinstance(node, ast.Call) and ast.unparse(node.func).startswith(("envs.", "os.environ.get", "os.getenv")):
+            lines.append(node.lineno)
+        elif isinstance(node, ast.Subscript) and ast.unparse(node.value) == "os.environ":
+            lines.append(node.lineno)
+    return lines
+
+
+def test_no_environment_variable_is_read_at_import() -> None:
+    """envs.VARIABLES is read when a value is needed, never while a module is imported: a worker's environment,
+    a test's setenv and `hearth doctor` all see the value that is in effect."""
+    found = [(str(path.relative_to(ROOT.parent)), line) for name, path in MODULES.items()
+             for line in _import_time_env_reads(ast.parse(path.read_text()))]
+    assert found == []
+    assert _import_time_env_reads(ast.parse("from hearth import envs\nX = envs.q6_tiles()\ndef f():\n"
+                                            "    return envs.q6_tiles()\n")) == [2]
 
 
 # A measurement in a comment: a number with a time / throughput unit, a speed-up ratio, or a machine name.

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from gguf import GGMLQuantizationType as Q
 
-from hearth import kernels
+from hearth import envs, kernels
 from hearth.kernels import quant as qkernels
 from hearth.layers.linear import Linear
 from hearth.layers.quant_linear import QuantLinear, parse_scheme, quantize_model
@@ -66,8 +66,8 @@ def _qweights(w: torch.Tensor) -> list[packed.QWeight]:
 
 
 def _default_reference(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """What apply.linear's kernel computes with the process-wide activation mode (activations.ACTIVATIONS)."""
-    return {"int8": _act_reference, "int8x2": _x2_reference}.get(activations.ACTIVATIONS, _reference)(x, w, bias)
+    """What apply.linear's kernel computes with the process-wide activation mode (activations.rounding())."""
+    return {"int8": _act_reference, "int8x2": _x2_reference}.get(activations.rounding(), _reference)(x, w, bias)
 
 
 def _act_reference(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -184,7 +184,7 @@ def test_several_rows_take_the_gemm_where_it_is_ahead() -> None:
         assert rows == (dispatch.BCAST_MIN_M if (dispatch.caps().gemm_mode == "auto" and dispatch.caps().vnni) else 4 if qw.bits == 8 else 8)
         for m in (1, rows - 1, rows, 33, dispatch.GEMM_MAX_M):
             x = torch.randn(m, 512, generator=g)
-            act = "bcast" if m >= dispatch.BCAST_MIN_M else "gemm" if m >= rows else activations.ACTIVATIONS
+            act = "bcast" if m >= dispatch.BCAST_MIN_M else "gemm" if m >= rows else activations.rounding()
             want = apply.run(x, qw, None, call=act)
             assert torch.equal(apply.linear(x, qw), want), m
             with activations.prompt_rows():
@@ -399,7 +399,7 @@ def test_quant_linear_tiles_int4_g32_only(monkeypatch) -> None:
     g = torch.Generator().manual_seed(5)
     w = torch.randn(64, 256, generator=g)
     x = torch.randn(1, 256, generator=g)
-    for scheme, tiled in (("int4-g32", prepare.TILES), ("int4-g64", False), ("int8", False)):
+    for scheme, tiled in (("int4-g32", envs.int4_tiles()), ("int4-g64", False), ("int8", False)):
         lin = QuantLinear(256, 64, scheme=scheme)
         lin.load_shard("weight", None, w)
         assert lin.qweight.tiled == tiled and lin.weight.data_ptr() == lin.qweight.data.data_ptr()
@@ -428,7 +428,7 @@ def test_gguf_q6k_head_is_kept_in_6bit_tiles() -> None:
 
     gb = GGUFBlocks(int(Q.Q6_K), (64, 512), torch.from_numpy(np.ascontiguousarray(_k_blocks(Q.Q6_K, 64, 512))))
     head = prepare.head_weight(gb)
-    assert (head.bits == 6) == (prepare.Q6_TILES and qkernels.available())
+    assert (head.bits == 6) == (envs.q6_tiles() and qkernels.available())
     assert torch.equal(reference.dequantize(head), gb.dequantize())
     odd = GGUFBlocks(int(Q.Q6_K), (63, 512), gb.data[:63])  # N % 4 != 0: the int8 repack
     assert prepare.head_weight(odd).bits == 8
@@ -450,11 +450,11 @@ def test_bf16_prompt_tiles_use_bf16_gemms_where_native(monkeypatch) -> None:
             got = apply.linear(x, qw, bias)
         assert got.dtype == torch.bfloat16
         torch.testing.assert_close(got.float(), F.linear(x.float(), deq, bias), rtol=2e-2, atol=2e-2)
-        if apply._BF16_PREFILL:
+        if apply._bf16_prefill():
             want = (torch.mm(x, deq.bfloat16().t()).float() + bias).bfloat16()
             torch.testing.assert_close(got.float(), want.float(), rtol=8e-3, atol=1e-2)  # within a bf16 step
         for flag in (True, False):  # either path, whatever this CPU has
-            monkeypatch.setattr(apply, "_BF16_PREFILL", flag)
+            monkeypatch.setattr(apply, "_bf16_prefill", lambda flag=flag: flag)
             y = apply.tiled(x, qw, None)
             ref = F.linear(x.float(), deq.bfloat16().float() if flag else deq)
             torch.testing.assert_close(y, ref, rtol=1e-2, atol=1e-2)

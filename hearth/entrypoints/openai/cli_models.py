@@ -1,6 +1,6 @@
-"""`hearth serve` flags for several models (--models-dir, --models-config and the budget) and data parallelism
-(--data-parallel-size): both run engines in worker processes behind a ModelRouter. `hearth serve MODEL` without
-them keeps its in-process engine (no process hop on the token path)."""
+"""`hearth serve` with several models (--models-dir, --models-config and the budget) or data parallelism
+(--data-parallel-size), flags declared in serve_args.ServerArgs: both run engines in worker processes behind a
+ModelRouter. `hearth serve MODEL` without them keeps its in-process engine (no process hop on the token path)."""
 from __future__ import annotations
 
 import argparse
@@ -8,26 +8,6 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the router imports torch, which `hearth serve --help` must not
     from hearth.entrypoints.openai.model_router import ModelRouter
-
-
-def add_models_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("several models / data parallel (engines in worker processes)")
-    g.add_argument("--models-dir", default=None,
-                   help="serve every .gguf file and HF folder in DIR, named by file or folder name (no extension)")
-    g.add_argument("--models-config", default=None,
-                   help="TOML file of [[models]] entries: name, path, aliases, pinned, engine flags")
-    g.add_argument("--max-loaded-models", type=int, default=None,
-                   help="at most N models resident; the least recently used idle unpinned one is unloaded first. "
-                        "The cores are split into N slots, one per resident model (default: one per model)")
-    g.add_argument("--models-memory", type=float, default=None,
-                   help="GiB budget for resident models (weights + KV cache)")
-    g.add_argument("--idle-unload-seconds", type=float, default=None,
-                   help="unload an unpinned model idle this long (its worker process exits)")
-    g.add_argument("--model-load-timeout", type=float, default=300.0,
-                   help="how long a request waits for its model to load before a 503 (default %(default)s s)")
-    g.add_argument("--data-parallel-size", "-dp", type=int, default=1,
-                   help="N engine processes per model, each on its own cores (default: one per NUMA node when "
-                        "there are several, else the physical cores split evenly); requests go to the least busy")
 
 
 def build_router(ns: argparse.Namespace) -> ModelRouter | None:

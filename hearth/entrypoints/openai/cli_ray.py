@@ -1,5 +1,5 @@
-"""`hearth serve MODEL --ray`: the same server as Ray Serve replicas (hearth/ray/). The flags live here so that
-`hearth serve --help` works without Ray installed; Ray is imported only when --ray is given."""
+"""`hearth serve MODEL --ray`: the same server as Ray Serve replicas (hearth/ray/). The flags are declared in
+serve_args.ServerArgs; Ray is imported only when --ray is given, so `hearth serve --help` works without it."""
 from __future__ import annotations
 
 import argparse
@@ -11,24 +11,6 @@ import time
 logger = logging.getLogger("hearth")
 
 DEFAULT_TARGET_ONGOING_REQUESTS = 8.0
-
-
-def add_ray_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("ray serve (pip install 'hearth[ray]')")
-    g.add_argument("--ray", action="store_true",
-                   help="serve through Ray Serve: an ingress on --host/--port in front of --num-replicas model "
-                        "replicas placed anywhere in the Ray cluster")
-    g.add_argument("--ray-address", default=None,
-                   help="Ray cluster to join ('auto' for the one this machine belongs to, or host:6379); default: "
-                        "the RAY_ADDRESS environment variable, else start a local Ray")
-    g.add_argument("--num-replicas", type=int, default=None, help="model replicas (default 1)")
-    g.add_argument("--min-replicas", type=int, default=None,
-                   help="autoscale on ongoing requests per replica, down to this many")
-    g.add_argument("--max-replicas", type=int, default=None, help="autoscale up to this many replicas")
-    g.add_argument("--target-ongoing-requests", type=float, default=DEFAULT_TARGET_ONGOING_REQUESTS,
-                   help="autoscaling target: requests in flight per replica (default %(default)s)")
-    g.add_argument("--num-cpus-per-replica", type=float, default=None,
-                   help="CPUs each replica reserves in Ray (default: --threads, else this machine's physical cores)")
 
 
 def run_ray_serve(ns: argparse.Namespace) -> int:

@@ -11,64 +11,14 @@ import sys
 import threading
 import time
 
+# The flags and their defaults are declared once, in serve_args.py (no torch there: `hearth serve --help`).
+from hearth.entrypoints.openai.serve_args import (  # noqa: F401 (imported from here by callers)
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_REFILL_WAIT_MS,
+    add_serve_args,
+)
+
 logger = logging.getLogger("hearth")
-
-# Long enough for a local client's next request to arrive, so it joins the next step (a shorter TTFT under
-# closed-loop load); it costs at most this after a step that finished requests, a fraction of one decode step.
-DEFAULT_REFILL_WAIT_MS = 30.0
-# server.DEFAULT_MAX_BODY_BYTES, not imported from there: the server module pulls in torch, and `--help` must not.
-DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
-
-
-def add_serve_args(p: argparse.ArgumentParser) -> None:
-    from hearth.entrypoints.cli import add_engine_args
-    from hearth.entrypoints.openai.cli_ray import add_ray_args
-    from hearth.entrypoints.openai.gateway_args import add_gateway_args
-    from hearth.entrypoints.openai.reasoning import REASONING_PARSERS
-
-    add_engine_args(p, model_optional=True, max_prefills_per_step=1)
-    from hearth.entrypoints.openai.cli_models import add_models_args
-
-    add_models_args(p)
-    g = p.add_argument_group("server")
-    g.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    g.add_argument("--port", type=int, default=8000, help="port to bind (default 8000)")
-    g.add_argument("--api-key", default=None,
-                   help="require 'Authorization: Bearer <key>' on /v1 (env HEARTH_API_KEY / VLLM_API_KEY)")
-    g.add_argument("--api-key-file", default=None,
-                   help="per-user keys with limits, a TOML file (see docs/web-and-keys.md); re-read on SIGHUP")
-    g.add_argument("--max-waiting-requests", type=int, default=None,
-                   help="refuse requests with 503 + Retry-After when this many are already waiting")
-    g.add_argument("--refill-wait-ms", type=float, default=DEFAULT_REFILL_WAIT_MS,
-                   help="after a step that finished requests, wait up to this long for clients' next requests "
-                        "before the next step, while a slot is free and none waits (default %(default)s; 0: off)")
-    g.add_argument("--max-request-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES,
-                   help="larger request bodies get 413")
-    g.add_argument("--drain-timeout", type=float, default=30.0,
-                   help="on SIGTERM, seconds to let in-flight requests finish")
-    g.add_argument("--allowed-hosts", type=_csv, default=None,
-                   help="comma list of Host header names to answer ('*': any; default: the bind address, plus "
-                        "localhost and 127.0.0.1 on loopback; any for 0.0.0.0); others get 400 (DNS rebinding)")
-    g.add_argument("--allowed-origins", type=_csv, default=[],
-                   help="comma list of origins allowed cross-origin requests (CORS), '*' for any; default none: "
-                        "requests with another site's Origin get 403")
-    g.add_argument("--header-timeout", type=float, default=10.0,
-                   help="close connections whose request headers are not complete after this many seconds")
-    g.add_argument("--body-timeout", type=float, default=30.0,
-                   help="answer 408 when a request body stalls for this many seconds")
-    g.add_argument("--reasoning-parser", default=None, choices=list(REASONING_PARSERS),
-                   help="split <think>...</think> into the message's reasoning_content (qwen3: the model opens it; "
-                        "deepseek_r1: the prompt does)")
-    g.add_argument("--reasoning-budget", type=int, default=None,
-                   help="with --reasoning-parser: end the thinking (force </think>) after this many tokens")
-    g.add_argument("--uvicorn-log-level", default="info",
-                   choices=["critical", "error", "warning", "info", "debug", "trace"], help="uvicorn's own log level")
-    add_gateway_args(p)
-    add_ray_args(p)
-
-
-def _csv(value: str) -> list[str]:
-    return [v.strip() for v in value.split(",") if v.strip()]
 
 
 def register(sub: argparse._SubParsersAction) -> None:

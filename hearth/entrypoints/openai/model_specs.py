@@ -16,12 +16,12 @@ import os
 import re
 from dataclasses import dataclass, field
 
-from hearth.entrypoints.cli import ENGINE_ARG_NAMES
+from hearth.engine_args import engine_arg_names
 from hearth.entrypoints.openai.toml_file import check_fields, read_toml, str_list, tables
 
 _SPLIT_SHARD = re.compile(r"-(\d{5})-of-(\d{5})$")  # llama.cpp's split GGUF names: model-00001-of-00003.gguf
 _SPEC_KEYS = {"name", "path", "aliases", "pinned"}
-_ENGINE_KEYS = set(ENGINE_ARG_NAMES) - {"model", "served_model_name"}
+_ENGINE_KEYS = set(engine_arg_names()) - {"model", "served_model_name"}
 SERVING_KEYS = ("reasoning_parser", "reasoning_budget")  # `hearth serve` flags a model's ServingContext takes
 
 
