@@ -269,11 +269,11 @@ class AsyncEngine:
             if engine.has_unfinished_requests() and self.dead is None:
                 try:
                     outputs = engine.step()
+                    self._dispatch(outputs)
                 except Exception as e:  # a hearth bug: fail the requests in flight, keep serving new ones
                     logger.exception("engine step failed; aborting the %d requests in flight", len(self._tracks))
                     self._fail_all(e)
                 else:
-                    self._dispatch(outputs)
                     finished = any(o.finished for o in outputs)
                     if self.metrics is not None and engine.last_step_tokens:
                         self.metrics.observe_iteration(engine.last_step_tokens)
@@ -380,7 +380,7 @@ class AsyncEngine:
                 m.queue_time.observe(max(0.0, min(scheduled) - track.arrival))
             first = track.requests[0] if track.requests else None
             m.observe_request(prompt_tokens=out.num_prompt_tokens, generation_tokens=track.generated,
-                              n=len(track.requests) or 1, max_tokens=first.params.max_tokens if first else None,
+                              n=len(track.requests) or 1, max_tokens=getattr(first.params, "max_tokens", None) if first else None,
                               arrival=track.arrival, scheduled=min(scheduled) if scheduled else None,
                               first_token=track.first_token, finished=now)
             reason = out.finish_reason if out.finish_reason in m.request_success else "stop"

@@ -16,9 +16,9 @@ from hearth.engine.block_manager import BlockManager, freeable_window
 from hearth.kv_sizing import num_kv_blocks
 from hearth.engine.model_runner import ModelRunner
 from hearth.engine.outputs import StepOutput
-from hearth.engine.pooling import PoolingExecutor, resolve_runner
+from hearth.engine.pooling import PoolingRunner, resolve_runner
 from hearth.engine.request import Request, RequestStatus
-from hearth.engine.scheduler import Scheduler
+from hearth.engine.scheduler import Scheduler, SchedulerOutput
 from hearth.distributed import start_tensor_parallel
 from hearth.engine.tp_worker import tp_worker_main
 from hearth.layers.attention import Attention
@@ -109,7 +109,8 @@ class LLMEngine:
                                                -(-pass_tokens // args.block_size) + args.max_num_seqs + 1)
         self.block_manager = BlockManager(self.cache_config.num_blocks, args.block_size, args.enable_prefix_caching,
                                           window)
-        self.scheduler = Scheduler(self.scheduler_config, self.block_manager)
+        self.scheduler = Scheduler(self.scheduler_config, self.block_manager,
+                                   pooling_needs_kv=not getattr(self.model, "is_encoder", False))
         self.runner = ModelRunner(self.model, self.cache_config.num_blocks, args.block_size, kv_dtype,
                                   mc.vocab_size, args.seed)
         if self.tp is not None:
@@ -129,8 +130,7 @@ class LLMEngine:
         self.structured = StructuredOutputManager(self.tokenizer, mc.vocab_size, mc.eos_token_ids)
         pooler = PoolerConfig.parse(args.pooler_config) or loaded.pooler_config or PoolerConfig(
             getattr(self.model, "default_pooling", "LAST"), True)
-        self.pooling = PoolingExecutor(self.model, mc, pooler, self.block_manager, args.max_num_seqs,
-                                       self.scheduler_config.max_num_batched_tokens)
+        self.pooling = PoolingRunner(self.model, mc, pooler, self.block_manager)
         self.seqs: dict[str, _Sequence] = {}  # engine request id -> sequence
         self.parents: dict[str, list[str]] = {}  # user request id -> engine request ids
         self._ids = itertools.count()
@@ -191,7 +191,12 @@ class LLMEngine:
                                          f"is {mc.max_model_len} tokens: shorten it, or set truncate_prompt_tokens",
                                          n_prompt, None, mc.max_model_len)
             self.pooling.check(params)
-            return self.pooling.add(request_id, prompt_token_ids, params, arrival_time)
+            self.pooling.check_tokens(prompt_token_ids, params)
+            req = Request(request_id, prompt_token_ids, params, [], arrival_time)
+            self.seqs[request_id] = _Sequence(req, 0)
+            self.parents[request_id] = [request_id]
+            self.scheduler.add_request(req)
+            return
         if self.runner_type == "pooling":
             raise ParamError("model", f"model {mc.served_model_name!r} is served for pooling (--runner pooling): it "
                              "answers embeddings and scores, not text generation")
@@ -236,7 +241,6 @@ class LLMEngine:
 
     def abort_request(self, request_id: str) -> None:
         """Abort a user request (all its n sequences); frees their KV blocks at once. Unknown ids are ignored."""
-        self.pooling.abort(request_id)
         for rid in self.parents.pop(request_id, []):
             seq = self.seqs.pop(rid, None)
             if seq is not None:
@@ -257,11 +261,11 @@ class LLMEngine:
                           num_cached_tokens=req.num_cached_tokens)
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished() or self.pooling.num_waiting > 0
+        return self.scheduler.has_unfinished()
 
     def stats(self) -> EngineStats:
         bm = self.block_manager
-        stats = EngineStats(len(self.scheduler.running), len(self.scheduler.waiting) + self.pooling.num_waiting,
+        stats = EngineStats(len(self.scheduler.running), len(self.scheduler.waiting),
                             bm.usage, bm.num_used_blocks,
                             self.scheduler.num_preemptions, bm.prefix_queries, bm.prefix_hits)
         if self.speculator is not None:
@@ -274,18 +278,31 @@ class LLMEngine:
     # ---- the loop ----
     def step(self) -> list[StepOutput]:
         self.last_step_tokens = 0
-        pooled = self.pooling.step() if self.pooling.num_waiting else []
         if not self.scheduler.has_unfinished():
-            return pooled
-        return pooled + self._generation_step()
-
-    def _generation_step(self) -> list[StepOutput]:
+            return []
         if self.speculator is not None:
             self.speculator.plan(self.scheduler.running)
         sched = self.scheduler.schedule()
         self.last_step_tokens = sched.num_tokens  # (vllm:iteration_tokens_total)
-        if sched.is_empty:
-            return []
+        pooled = self._pooling_pass(sched.pooling) if sched.pooling else []
+        if not sched.scheduled:
+            return pooled
+        return pooled + self._generation_step(sched)
+
+    def _pooling_pass(self, batch: list[Request]) -> list[StepOutput]:
+        try:
+            outputs = self.pooling.run(batch)
+        except BaseException:
+            self.scheduler.requeue_pooling(batch)
+            raise
+        for req in batch:
+            req.status = RequestStatus.FINISHED_STOPPED
+            seq = self.seqs.get(req.request_id)
+            if seq is not None:
+                self._forget(seq)
+        return outputs
+
+    def _generation_step(self, sched: SchedulerOutput) -> list[StepOutput]:
         if self.speculator is not None:
             self.speculator.fill(sched, self.block_manager)
         self.structured.prefetch([s.request for s in sched.scheduled if s.sample])  # overlaps the forward pass

@@ -1,16 +1,13 @@
-"""Pooling requests (embeddings, cross-encoder scores) in the engine, beside generation.
+"""Pooling requests (embeddings, cross-encoder scores) in the engine, beside generation: the step's pooling pass.
 
-Each engine step takes a batch of waiting pooling requests (FIFO, within the step's token budget and
-max_num_seqs), runs their whole prompts in one forward pass and finishes them in that step. Encoders need no KV
-cache; a decoder run as an embedder borrows KV blocks from the engine's block manager for that one pass and gives
-them back at once, so no KV is kept for pooling requests (full blocks stay in the prefix cache as free blocks).
+The scheduler admits pooling requests from the one waiting queue (within the step's token budget and sequence
+slots, never chunked); this runs their whole prompts in one forward pass and finishes them in that step. Encoders
+need no KV cache; a decoder run as an embedder holds the KV blocks the scheduler gave it for that one pass and
+gives them back at once, so no KV is kept for pooling requests (full blocks stay in the prefix cache as free blocks).
 """
 from __future__ import annotations
 
 import logging
-import time
-from collections import OrderedDict
-from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -26,14 +23,6 @@ from hearth.layers.pooler import PoolerConfig, finish_embedding, pool
 from hearth.pooling_params import PoolingParams
 
 logger = logging.getLogger("hearth")
-
-
-@dataclass
-class PoolingRequest:
-    request_id: str
-    prompt_token_ids: list[int]
-    params: PoolingParams
-    arrival_time: float
 
 
 def resolve_runner(requested: str, model: nn.Module) -> str:
@@ -54,20 +43,15 @@ def is_matryoshka(mc: ModelConfig) -> bool:
     return bool(cfg.get("is_matryoshka") or cfg.get("matryoshka_dimensions"))
 
 
-class PoolingExecutor:
-    def __init__(self, model: nn.Module, mc: ModelConfig, pooler: PoolerConfig, block_manager: BlockManager,
-                 max_num_seqs: int, max_num_batched_tokens: int) -> None:
+class PoolingRunner:
+    def __init__(self, model: nn.Module, mc: ModelConfig, pooler: PoolerConfig, block_manager: BlockManager) -> None:
         self.model = model
         self.mc = mc
         self.pooler = pooler
         self.block_manager = block_manager
-        self.max_num_seqs = max_num_seqs
-        # A prompt longer than the budget still runs, alone: pooling never splits a prompt into chunks.
-        self.token_budget = max_num_batched_tokens
         self.is_encoder = bool(getattr(model, "is_encoder", False))
         self.can_score = hasattr(model, "classify")
         self.hidden_size = int(mc.hf_config["hidden_size"])
-        self.waiting: OrderedDict[str, PoolingRequest] = OrderedDict()
 
     def pooler_summary(self) -> str:
         if self.can_score:
@@ -94,42 +78,21 @@ class PoolingExecutor:
                 raise ParamError("dimensions",
                                  f"dimensions {params.dimensions} is not one this model supports ({allowed})")
 
-    def add(self, request_id: str, prompt_token_ids: list[int], params: PoolingParams,
-            arrival_time: float | None) -> None:
-        if request_id in self.waiting:
-            raise ParamError(None, f"request id {request_id!r} is already in use")
+    def check_tokens(self, prompt_token_ids: list[int], params: PoolingParams) -> None:
         tt = params.token_type_ids
         if tt is not None and len(tt) != len(prompt_token_ids):
-            raise ValueError("token_type_ids must have one entry per prompt token")
-        self.waiting[request_id] = PoolingRequest(request_id, list(prompt_token_ids), params,
-                                                  arrival_time if arrival_time is not None else time.monotonic())
-
-    def abort(self, request_id: str) -> None:
-        self.waiting.pop(request_id, None)
-
-    @property
-    def num_waiting(self) -> int:
-        return len(self.waiting)
+            raise ParamError(None, "token_type_ids must have one entry per prompt token")
 
     # ---- the step ----
     @torch.inference_mode()
-    def step(self) -> list[StepOutput]:
-        batch: list[PoolingRequest] = []
-        tokens = 0
-        for req in self.waiting.values():
-            n = len(req.prompt_token_ids)
-            if batch and (len(batch) >= self.max_num_seqs or tokens + n > self.token_budget):
-                break
-            batch.append(req)
-            tokens += n
-        if self.is_encoder:
-            hidden = self._encode(batch)
-        else:
-            batch, hidden = self._decode_pass(batch)
-            if not batch:
-                return []  # no KV blocks free this step: the running generations free some as they finish
-        for req in batch:
-            del self.waiting[req.request_id]
+    def run(self, batch: list[Request]) -> list[StepOutput]:
+        """The step's pooling pass over these requests' whole prompts (their KV blocks, for a decoder, allocated
+        by the scheduler and freed here, also when the pass fails)."""
+        try:
+            hidden = self._encode(batch) if self.is_encoder else self._decode_pass(batch)
+        finally:
+            for req in batch:
+                self.block_manager.free(req.request_id)
         lens = [len(r.prompt_token_ids) for r in batch]
         if self.can_score:
             scores = torch.sigmoid(self.model.classify(hidden, lens)[:, 0])  # one label: sentence-transformers' act
@@ -144,7 +107,7 @@ class PoolingExecutor:
         return [StepOutput(r.request_id, 0, [], [], finished=True, finish_reason="stop",
                            num_prompt_tokens=n, pooled=v) for r, n, v in zip(batch, lens, results)]
 
-    def _encode(self, batch: list[PoolingRequest]) -> torch.Tensor:
+    def _encode(self, batch: list[Request]) -> torch.Tensor:
         lens = [len(r.prompt_token_ids) for r in batch]
         ids = torch.tensor([t for r in batch for t in r.prompt_token_ids], dtype=torch.long)
         positions = torch.cat([torch.arange(n) for n in lens])
@@ -153,23 +116,10 @@ class PoolingExecutor:
         with activations.prompt_rows(0, int(ids.shape[0])):
             return self.model(ids, positions, types, lens)  # [T, hidden]
 
-    def _decode_pass(self, batch: list[PoolingRequest]) -> tuple[list[PoolingRequest], torch.Tensor | None]:
-        """A decoder's causal pass over whole prompts, in KV blocks held for this pass only."""
+    def _decode_pass(self, batch: list[Request]) -> torch.Tensor:
+        """A decoder's causal pass over whole prompts, in the KV blocks held for this pass."""
         bm = self.block_manager
-        taken: list[tuple[PoolingRequest, Request]] = []
-        try:
-            for req in batch:
-                holder = Request(f"pooling:{req.request_id}", req.prompt_token_ids, req.params, [])
-                if not bm.allocate(holder, holder.num_tokens):
-                    break
-                taken.append((req, holder))
-            if not taken:
-                return [], None
-            seqs = [SeqInput(r.prompt_token_ids, 0, bm.block_table(h.request_id)) for r, h in taken]
-            input_ids, positions, meta = prepare_inputs(seqs, bm.block_size)
-            with activations.prompt_rows(0, int(input_ids.shape[0])):
-                hidden = self.model(input_ids, positions, meta)  # [T, hidden]
-        finally:
-            for _, holder in taken:
-                bm.free(holder.request_id)
-        return [r for r, _ in taken], hidden
+        seqs = [SeqInput(r.prompt_token_ids, 0, bm.block_table(r.request_id)) for r in batch]
+        input_ids, positions, meta = prepare_inputs(seqs, bm.block_size)
+        with activations.prompt_rows(0, int(input_ids.shape[0])):
+            return self.model(input_ids, positions, meta)  # [T, hidden]

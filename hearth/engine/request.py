@@ -4,6 +4,7 @@ from __future__ import annotations
 import time
 from enum import IntEnum
 
+from hearth.pooling_params import PoolingParams
 from hearth.sampling_params import SamplingParams
 
 
@@ -27,10 +28,12 @@ class RequestStatus(IntEnum):
 
 
 class Request:
-    def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+    def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams | PoolingParams,
                  eos_token_ids: list[int], arrival_time: float | None = None) -> None:
         self.request_id = request_id
         self.group_id = request_id  # the user request this sequence is one of (its n siblings share it)
+        # A pooling request (an embedding, a score) runs its whole prompt in one pass and finishes in that step.
+        self.is_pooling = isinstance(params, PoolingParams)
         self.priority = getattr(params, "priority", 0)  # (pooling requests have none)
         self.prompt_token_ids = list(prompt_token_ids)
         self.output_token_ids: list[int] = []

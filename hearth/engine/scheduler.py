@@ -4,6 +4,8 @@ There are no prefill or decode phases. Every request has num_computed_tokens and
 request some of the difference. Running requests go first (decodes cost one token), then waiting ones, whose
 prompts may be split across steps (chunked prefill). When blocks run out, the most recently admitted running
 request is preempted: its blocks are freed and it is recomputed later from its prompt plus its outputs so far.
+Pooling requests (embeddings, scores) wait in the same queue and spend the same budget and sequence slots, but run
+whole (never chunked) in the step's pooling pass, holding KV blocks for that pass only.
 """
 from __future__ import annotations
 
@@ -33,20 +35,23 @@ class SchedulerOutput:
     preempted: list[Request] = field(default_factory=list)
     # Every scheduled request decodes one token after its prompt (no prefill chunk, no draft): the runner's fast path.
     all_decodes: bool = False
+    # Pooling requests for this step's pooling pass (whole prompts; their KV blocks, if any, allocated for it).
+    pooling: list[Request] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
-        return sum(s.num_new_tokens for s in self.scheduled)
+        return sum(s.num_new_tokens for s in self.scheduled) + sum(r.num_tokens for r in self.pooling)
 
     @property
     def is_empty(self) -> bool:
-        return not self.scheduled
+        return not self.scheduled and not self.pooling
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, block_manager: BlockManager) -> None:
+    def __init__(self, config: SchedulerConfig, block_manager: BlockManager, pooling_needs_kv: bool = True) -> None:
         self.config = config
         self.block_manager = block_manager
+        self.pooling_needs_kv = pooling_needs_kv  # False for an encoder: its pass keeps no KV
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.num_preemptions = 0
@@ -135,9 +140,23 @@ class Scheduler:
             held[r.group_id] = held.get(r.group_id, 0) + 1
         started = 0
         pos = 0
-        while (pos < len(self.waiting) and budget > 0 and len(self.running) < self.config.max_num_seqs
-               and not (cap and started >= cap)):
+        while (pos < len(self.waiting) and budget > 0
+               and len(self.running) + len(out.pooling) < self.config.max_num_seqs):
             req = self.waiting[pos]
+            if req.is_pooling:
+                # A whole prompt, never chunked: the step's first pooling request may go past what the budget has
+                # left (so a long one is not starved by running decodes); the others must fit.
+                if out.pooling and req.num_tokens > budget:
+                    break
+                if self.pooling_needs_kv and not bm.allocate(req, req.num_tokens):
+                    break  # blocks come back as generations finish
+                del self.waiting[pos]
+                req.first_scheduled_time = req.first_scheduled_time or now
+                out.pooling.append(req)
+                budget -= req.num_tokens
+                continue
+            if cap and started >= cap:
+                break
             if out.preempted and req in out.preempted:
                 break  # don't re-admit what this step just preempted
             if held.get(req.group_id, 0) >= per_request:
@@ -178,6 +197,13 @@ class Scheduler:
         req.num_preemptions += 1
         self.num_preemptions += 1
         self._enqueue(req, front=True)
+
+    def requeue_pooling(self, reqs: list[Request]) -> None:
+        """A pooling pass failed: its requests go back to the front of the queue, their blocks freed."""
+        for req in reversed(reqs):
+            self.block_manager.free(req.request_id)
+            if not req.status.is_finished:
+                self._enqueue(req, front=True)
 
     def commit(self, out: SchedulerOutput, num_accepted: dict[str, int] | None = None) -> None:
         """After the model ran: the scheduled tokens now have KV in the cache.

@@ -335,3 +335,40 @@ def test_prefix_counters_count_only_the_admitting_lookup() -> None:
     sched.finish(hog, RequestStatus.FINISHED_STOPPED)
     sched.schedule()
     assert bm.prefix_queries == 22
+
+
+def test_pooling_requests_share_the_queue_budget_and_slots() -> None:
+    """Pooling requests wait in the one queue, in order, and spend the step's budget and sequence slots; each runs
+    whole (never chunked) with its KV blocks held for the pass; one longer than the budget runs alone."""
+    from hearth.pooling_params import PoolingParams
+
+    def pooling(rid: str, n: int) -> Request:
+        return Request(rid, list(range(2, 2 + n)), PoolingParams(), [])
+
+    s = make_sched(64, budget=20, max_num_seqs=3)
+    s.add_request(req("g", list(range(2, 10))))  # 8 prompt tokens
+    for r in (pooling("p1", 6), pooling("p2", 6), pooling("p3", 2), pooling("big", 30)):
+        s.add_request(r)
+    out = s.schedule()
+    assert [x.request.request_id for x in out.scheduled] == ["g"]
+    assert [r.request_id for r in out.pooling] == ["p1", "p2"]  # p3 fits the budget but not the 3 slots
+    assert out.num_tokens == 20
+    assert all(len(s.block_manager.block_table(r.request_id)) == 2 for r in out.pooling)  # 6 tokens, 4 a block
+    assert [r.request_id for r in s.waiting] == ["p3", "big"] and [r.request_id for r in s.running] == ["g"]
+    s.requeue_pooling(out.pooling)  # a failed pass: back to the front, blocks freed
+    assert [r.request_id for r in s.waiting] == ["p1", "p2", "p3", "big"]
+    assert s.block_manager.num_used_blocks == 2  # g's only
+    s.commit(out)
+    g = s.running[0]
+    g.append_output_token(5)  # (g sampled its first token: it decodes one a step from here)
+    for r in out.pooling:
+        s.block_manager.free(r.request_id)
+    s.waiting.popleft(), s.waiting.popleft()  # (p1 and p2 ran)
+    out = s.schedule()  # g decodes; p3 fits; big does not fit beside it
+    assert [r.request_id for r in out.pooling] == ["p3"] and out.num_tokens == 1 + 2
+    s.commit(out)
+    g.append_output_token(5)
+    s.block_manager.free("p3")
+    out = s.schedule()  # big is this step's first pooling request: it runs past the budget, unsplit
+    assert [r.request_id for r in out.pooling] == ["big"] and out.num_tokens == 1 + 30
+    assert len(s.block_manager.block_table("big")) == 8
