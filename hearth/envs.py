@@ -85,7 +85,9 @@ def kernels_enabled() -> bool:
 
 
 def kernels_isa() -> str | None:
-    """HEARTH_KERNELS_ISA: avx2 runs the AVX2 kernels on an AVX-512 CPU; unset or auto: the widest the CPU has."""
+    """HEARTH_KERNELS_ISA: avx2 makes the process behave as an AVX2-only CPU (hearth's kernels, dispatch, --dtype
+    auto, panels, and torch's kernels through ATEN_CPU_CAPABILITY / ONEDNN_MAX_CPU_ISA, set at hearth's import);
+    unset or auto: the widest the CPU has."""
     value = _first("HEARTH_KERNELS_ISA")
     v = None if value is None else value.strip().lower()
     if v in (None, "auto"):
