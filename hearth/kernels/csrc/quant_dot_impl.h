@@ -78,10 +78,10 @@ static inline void micro_dot_mr(int mr, const Problem& a, const XQ& xq, int64_t 
 static inline bool u4_g32(const Problem& a) { return a.int4 && !a.tiled && a.sb_per_group == 1 && a.K % 64 == 0; }
 
 // Output rows [n_begin, n_end) for all M rows of x. M == 1: kStreamsM1 streams, each its own contiguous run of
-// rows (see linear_impl.h run_rows), the last < kStreamsM1 rows one at a time. M > 1, int4 tiles in the 256-bit
-// namespace (AVX2): mr_tile, each tile unpacked once per 4 x rows. M > 1, other int4-g32 (plain, or tiles with
-// 512-bit dots) and 6-bit tiles: the M = 1 kernels for each x row in turn on four weight rows (row_of). All of these
-// give a row m1_tile's / m1_u4_g32's numbers. Other M > 1: up to kDotMR x
+// rows (see linear_impl.h run_rows), the last < kStreamsM1 rows one at a time. M > 1, tiles in the 256-bit namespace
+// (AVX2): each tile unpacked once per 4 x rows (mr_tile, mr_q6_tile). M > 1, int4-g32 plain rows, and tiles in the
+// 512-bit namespaces: the M = 1 kernels for each x row in turn on four weight rows (row_of). Every one of these gives
+// a row the M = 1 kernel's numbers. Other M > 1: up to kDotMR x
 // rows per weight row, so each weight row (a few KiB) is unpacked once per x tile and re-read from L1 by the next
 // tile; x (M x K bytes, M <= 32 per call of this) stays in L2. That tile: 4 x rows per weight row (on AVX2, 4 x 1
 // beat 2 x 2, 4 x 2 and 8 x 1, which spill accumulators or unpacked weights out of the 16 ymm registers).
@@ -93,9 +93,11 @@ static void run_dot_t(const Problem& a, const XQ& xq, int64_t n_begin, int64_t n
   if (tiles_of(a)) {  // whole tiles (n_begin, n_end multiples of 4)
     const TileGeo g(a);
 #if !HQ_ZMM
-    if (a.M > 1 && !a.q6) {  // AVX2: each tile unpacked once for 4 x rows, per row m1_tile's numbers (mr_tile)
+    if (a.M > 1) {  // AVX2: each tile unpacked once for 4 x rows, per row m1_tile's / m1_q6_tile's numbers
       const int64_t t0 = n_begin / 4, t1 = n_end / 4;
-      if (a.sf16)
+      if (a.q6)
+        mr_q6_tiles<kX2>(a, xq, t0, t1);
+      else if (a.sf16)
         a.tmins ? mr_tiles<kX2, uint16_t, true>(a, xq, g, t0, t1) : mr_tiles<kX2, uint16_t, false>(a, xq, g, t0, t1);
       else
         a.tmins ? mr_tiles<kX2, float, true>(a, xq, g, t0, t1) : mr_tiles<kX2, float, false>(a, xq, g, t0, t1);
