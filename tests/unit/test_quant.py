@@ -405,8 +405,8 @@ def test_a_rows_dot_result_does_not_depend_on_the_rows_beside_it(K: int) -> None
                relayout.tile_rows4(dataclasses.replace(q4, scales=q4.scales.half(), mins=q4.mins.half())), q4,
                quantize.quantize_int8(w)]
     if K % 256 == 0:  # GGUF Q6_K in 6-bit tiles (an LM head)
-        q6 = _k_blocks(Q.Q6_K, n, K, seed=K)
-        weights.append(gguf_w.repack_q6_tiles(GGUFBlocks(int(Q.Q6_K), (n, K), torch.from_numpy(np.ascontiguousarray(q6)))))
+        q6 = torch.from_numpy(np.ascontiguousarray(_k_blocks(Q.Q6_K, n, K, seed=K)))
+        weights.append(gguf_w.repack_q6_tiles(GGUFBlocks(int(Q.Q6_K), (n, K), q6)))
     bias = torch.randn(n, generator=g)
     x = torch.randn(rows, K, generator=g)
     for qw in weights:

@@ -98,7 +98,8 @@ static inline void mr_q6_tile(const Problem& a, const XQ& xq, int64_t t, int64_t
       const __m128i lsh = _mm_cvtsi32_si128(j < 3 ? 4 - 2 * j : 0), rsh = _mm_cvtsi32_si128(j == 3 ? 2 : 0);
       for (int r = 0; r < 4; ++r) {
         const uint8_t* rr = rec + r * kQ6Rec;
-        const __m256i lo = _mm256_and_si256(_mm256_srl_epi16(ld256(reinterpret_cast<const int8_t*>(rr) + 64 * h + 32 * (j % 2)), nsh), m4);
+        const int8_t* ql = reinterpret_cast<const int8_t*>(rr) + 64 * h + 32 * (j % 2);
+        const __m256i lo = _mm256_and_si256(_mm256_srl_epi16(ld256(ql), nsh), m4);
         const __m256i qh = ld256(reinterpret_cast<const int8_t*>(rr) + kQ6Qh + 32 * h);
         const __m256i u = _mm256_or_si256(lo, _mm256_and_si256(_mm256_srl_epi16(_mm256_sll_epi16(qh, lsh), rsh), m30));
         const __m256 s = pair_scales<1, float>(sf[r], b, 1);
