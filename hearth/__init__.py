@@ -1,6 +1,10 @@
 """hearth: a CPU-first LLM inference and serving engine."""
 __version__ = "0.1.0"
 
+from hearth.platform import limit_torch_isa  # noqa: E402
+
+limit_torch_isa()  # HEARTH_KERNELS_ISA=avx2 reaches torch's kernels only if set before their first use
+
 from hearth.pooling_params import PoolingParams  # noqa: E402
 from hearth.sampling_params import SamplingParams  # noqa: E402
 

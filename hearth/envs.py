@@ -123,8 +123,9 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in (
              "sets)."),
     Variable("HEARTH_KERNELS", _flag, True, "hearth's compiled C++ kernels; 0 runs torch's operators only "
              "(kernels/_build.py)."),
-    Variable("HEARTH_KERNELS_ISA", _isa, None, "avx2 runs the AVX2 kernels on an AVX-512 CPU; unset or auto: the "
-             "widest the CPU has."),
+    Variable("HEARTH_KERNELS_ISA", _isa, None, "avx2 makes the process behave as an AVX2-only CPU (hearth's "
+             "kernels, dispatch, --dtype auto, panels, and torch's kernels through ATEN_CPU_CAPABILITY / "
+             "ONEDNN_MAX_CPU_ISA, set at hearth's import); unset or auto: the widest the CPU has."),
     Variable("HEARTH_DECODE_PROGRAM", _flag, True, "A decoder stack's decode steps in one C call "
              "(kernels/decoder.py)."),
     Variable("HEARTH_HUGEPAGES", _flag, True, "Quantized weights moved into 2 MiB pages after load "

@@ -1,4 +1,9 @@
-"""What this CPU can do, read once from /proc/cpuinfo and lscpu-level facts; thread setup and core binding."""
+"""What this CPU can do, read once from /proc/cpuinfo and lscpu-level facts; thread setup and core binding.
+
+HEARTH_KERNELS_ISA=avx2 narrows what this module reports, and everything else asks it (kernel dispatch, the C
+kernels' own feature checks, --dtype auto, panels, torch's kernels through limit_torch_isa): the process then
+behaves as on an AVX2-only CPU.
+"""
 from __future__ import annotations
 
 import ctypes
@@ -6,9 +11,16 @@ import functools
 import logging
 import os
 import platform
+import sys
 from dataclasses import dataclass
 
+from hearth import envs
+
 logger = logging.getLogger("hearth")
+
+# cpuinfo flag prefixes of what came after AVX2: AVX-512 and AVX10, AMX, and the VEX forms of later extensions
+# (avx_vnni, avx_ifma, avx_ne_convert, ...). HEARTH_KERNELS_ISA=avx2 hides these flags.
+_PAST_AVX2 = ("avx512", "avx10", "amx", "avx_")
 
 
 @dataclass(frozen=True)
@@ -17,6 +29,7 @@ class CPUInfo:
     flags: frozenset[str]
     physical_cores: int
     numa_nodes: int
+    hidden: frozenset[str] = frozenset()  # flags the CPU has that HEARTH_KERNELS_ISA=avx2 hides from `flags`
 
     @property
     def has_avx2(self) -> bool:
@@ -52,7 +65,9 @@ class CPUInfo:
     def summary(self) -> str:
         extras = [name for name, ok in [("avx512_bf16", self.has_avx512_bf16), ("amx", self.has_amx),
                                         ("vnni", self.has_vnni)] if ok]
-        return f"{self.model_name}; {self.physical_cores} physical cores; isa={self.isa} {' '.join(extras)}".strip()
+        forced = " (HEARTH_KERNELS_ISA=avx2)" if self.hidden else ""
+        return (f"{self.model_name}; {self.physical_cores} physical cores; isa={self.isa}{forced} "
+                f"{' '.join(extras)}").strip()
 
 
 @functools.cache
@@ -81,7 +96,35 @@ def cpu_info() -> CPUInfo:
     physical = min(len(cores) or usable, usable)
     numa = len([d for d in os.listdir("/sys/devices/system/node") if d.startswith("node")]) \
         if os.path.isdir("/sys/devices/system/node") else 1
-    return CPUInfo(model, frozenset(flags), max(1, physical), max(1, numa))
+    hidden = {f for f in flags if f.startswith(_PAST_AVX2)} if envs.kernels_isa() == "avx2" else set()
+    return CPUInfo(model, frozenset(flags - hidden), max(1, physical), max(1, numa), frozenset(hidden))
+
+
+# What torch's kernels read for their widest ISA: ATen's vectorized operators, and oneDNN (its GEMMs, bf16 included).
+# Each reads its variable once, at its first use.
+_TORCH_ISA_VARS = {"ATEN_CPU_CAPABILITY": ("avx2", ("default", "avx2")),
+                   "ONEDNN_MAX_CPU_ISA": ("AVX2", ("SSE41", "AVX", "AVX2"))}
+
+
+def limit_torch_isa() -> bool:
+    """HEARTH_KERNELS_ISA=avx2: torch's own kernels on AVX2 too, through the variables above (a caller's value at
+    or below AVX2 is kept). hearth's import runs this, before any torch operator: a process that ran torch
+    operators before importing hearth keeps torch's wider kernels (a warning says so; setting both variables in
+    the environment before starting avoids it). Returns whether the limit applies."""
+    try:
+        if envs.kernels_isa() != "avx2":
+            return False
+    except ValueError:  # (a bad value: the kernels' first read of it raises, naming the variable)
+        return False
+    for name, (value, narrow) in _TORCH_ISA_VARS.items():
+        if os.environ.get(name, "").strip().upper() not in (v.upper() for v in narrow):
+            os.environ[name] = value
+    torch = sys.modules.get("torch")
+    if torch is not None and hasattr(torch, "backends") and torch.backends.cpu.get_cpu_capability() == "AVX512":
+        logger.warning("HEARTH_KERNELS_ISA=avx2: torch ran %s kernels before hearth was imported and keeps them; "
+                       "set ATEN_CPU_CAPABILITY=avx2 and ONEDNN_MAX_CPU_ISA=AVX2 before starting",
+                       torch.backends.cpu.get_cpu_capability())
+    return True
 
 
 def parse_core_list(spec: str) -> list[int]:
@@ -184,8 +227,6 @@ def keep_freed_memory() -> bool:
     are slow in VMs: with this, a long prefill takes about a tenth of the minor faults (peak RSS grows a little).
     The price: memory freed after a long prompt stays resident for the next one. Returns True if applied (glibc
     only; HEARTH_KEEP_FREED_MEMORY=0 turns it off)."""
-    from hearth import envs
-
     if not envs.keep_freed_memory() or platform.libc_ver()[0] != "glibc":
         return False
     try:
@@ -225,8 +266,6 @@ def setup_threads(threads: int | None, bind: str) -> tuple[int, list[int]]:
     info = cpu_info()
     allowed = sorted(PROCESS_AFFINITY)
     if threads is None:
-        from hearth import envs
-
         threads = envs.omp_num_threads() or info.physical_cores  # --threads, else OMP_NUM_THREADS, else cores
     if threads < 1:
         raise ValueError(f"--threads must be >= 1, got {threads}")

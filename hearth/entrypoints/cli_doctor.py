@@ -24,7 +24,8 @@ def run(ns: argparse.Namespace) -> int:
     mem = psutil.virtual_memory()
     rows = [
         ("cpu", info.model_name),
-        ("isa", info.isa),
+        ("isa", info.isa + (f" (HEARTH_KERNELS_ISA=avx2: the CPU's {len(info.hidden)} wider flags hidden, torch's "
+                            "kernels limited too)" if info.hidden else "")),
         ("avx2 / avx512 / avx512_bf16 / amx / vnni",
          " / ".join("yes" if x else "no" for x in (info.has_avx2, info.has_avx512, info.has_avx512_bf16,
                                                     info.has_amx, info.has_vnni))),

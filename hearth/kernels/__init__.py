@@ -20,7 +20,6 @@ import threading
 import torch
 import torch.nn.functional as F
 
-from hearth import envs
 from hearth.kernels import _build, weight
 from hearth.platform import cpu_info
 
@@ -35,14 +34,12 @@ _X_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 @functools.cache
 def isa() -> int | None:
-    """ISA code the kernels use on this CPU, or None if it lacks AVX2+FMA+F16C (the kernels then never run)."""
+    """ISA code the kernels use on this CPU, or None if it lacks AVX2+FMA+F16C (the kernels then never run).
+    HEARTH_KERNELS_ISA=avx2 is already in cpu_info(), which then shows no AVX-512."""
     info = cpu_info()
-    forced = envs.kernels_isa()
     if not (info.has_avx2 and "f16c" in info.flags):
         return None
-    if info.has_avx512 and forced != "avx2":
-        return ISA_AVX512
-    return ISA_AVX2
+    return ISA_AVX512 if info.has_avx512 else ISA_AVX2
 
 
 def library() -> ctypes.CDLL | None:

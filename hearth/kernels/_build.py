@@ -19,6 +19,7 @@ import torch
 
 from hearth import envs
 from hearth.kernels import _signatures
+from hearth.platform import cpu_info
 
 logger = logging.getLogger("hearth")
 
@@ -108,6 +109,8 @@ def load() -> ctypes.CDLL | None:
         build_seconds = time.perf_counter() - start
         lib = ctypes.CDLL(str(build_dir / "hearth_kernels.so"))
         _signatures.declare(lib)
+        # (before any kernel runs: the C feature checks then agree with cpu_info, which HEARTH_KERNELS_ISA narrows)
+        lib.hk_limit_isa(int(not cpu_info().has_avx512))
         lib.hk_linear_set_bf16_dot(int(bf16_dot))
         lib.hk_attention_set_bf16_dot(int(bf16_dot))
         if build_seconds > 2.0:

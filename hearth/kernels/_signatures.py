@@ -48,6 +48,8 @@ SIGNATURES: dict[str, tuple[list, type]] = {
     # the whole-stack decode program (decoder.cpp) and threads (threads.cpp)
     "hk_decoder_layers": ([ptr, i64, ptr, ptr, ptr, i32, i64, i32, i32, i32, ptr, f32, f32, ptr], i32),
     "hk_bind_threads": ([ptr, i32], i32),
+    # the widest ISA the library may use (isa.cpp): 1 = AVX2 only (HEARTH_KERNELS_ISA=avx2)
+    "hk_limit_isa": ([i32], i32),
 }
 
 

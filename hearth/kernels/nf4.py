@@ -12,8 +12,8 @@ from hearth.kernels import _build
 
 
 def available() -> bool:
-    """The codebook kernels are compiled here (its linear, hk_linear on a codebook weight, also needs AVX-512:
-    dispatch asks caps().avx512)."""
+    """The codebook kernels are compiled here (its linear is hk_linear on a codebook weight, with AVX-512 and AVX2
+    bodies; quantize has an AVX-512 body only, and the caller's torch form elsewhere)."""
     return kernels.available() and _build.load() is not None and hasattr(_build.load(), "hq_nf4_dequant")
 
 

@@ -11,8 +11,8 @@ choice is made in one place. Row-count rules, from the layout table's `kernel` /
       than BCAST_MIN_M rows (HEARTH_QUANT_GEMM=1: the GEMM from gemm_from rows anyway, 0: never).
   quantized, "panels": the VNNI panel kernel at every row count (its per-row sums do not depend on the other rows).
   dense rows: hk_linear up to caps.dense_max_rows rows, torch's GEMM above (prefill; fp32 where bf16 is emulated).
-  quantized, "codebook" (NF4 / FP4): the codebook kernel up to CODEBOOK_MAX_ROWS rows on AVX-512, else dequantized
-      tiles and torch's GEMM.
+  quantized, "codebook" (NF4 / FP4): the codebook kernel (AVX-512 or AVX2 bodies) up to CODEBOOK_MAX_ROWS rows, else
+      dequantized tiles and torch's GEMM.
   dense panels: the panel kernel up to DENSE_PANEL_MAX_ROWS rows (fma layout), then the panels widened to fp32 and
       torch's GEMM; the dot layout at every count, except from AMX_MIN_ROWS rows on AMX CPUs: row tiles unpacked from
       the panels and torch's bf16 GEMM.
@@ -108,7 +108,7 @@ def plan(layout: Layout, rows: int, c: Caps, prompt: bool = False) -> Kernel:
     if layout.kernel == "dense":
         return Kernel.DENSE if rows <= c.dense_max_rows else Kernel.TORCH
     if layout.kernel == "codebook":
-        return Kernel.CODEBOOK if c.avx512 and rows <= CODEBOOK_MAX_ROWS else Kernel.TILED
+        return Kernel.CODEBOOK if rows <= CODEBOOK_MAX_ROWS else Kernel.TILED
     if layout.kernel == "dense-panels":
         if layout.name == "bf16-panels" and rows > DENSE_PANEL_MAX_ROWS:
             return Kernel.WIDEN

@@ -29,7 +29,7 @@ class Layout:
     dequantize: Callable[[object], torch.Tensor] | None = None
     # few-row kernel family: "dot" (hk_linear's dot kernels by activation rounding), "panels" (VNNI panels
     # at every row count), "dense" (rows as loaded), "dense-panels" (bf16 panels),
-    # "codebook" (NF4 / FP4, AVX-512); all run through hk_linear
+    # "codebook" (NF4 / FP4); all run through hk_linear
     kernel: str = "dot"
     gemm: bool = False  # the fp32-x GEMM (hk_linear's "gemm" / "bcast" kernels) reads it
     gemm_from: int = 0  # rows from which that GEMM beats the dot kernels on AVX-512 without VNNI

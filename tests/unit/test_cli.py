@@ -31,7 +31,9 @@ def test_bad_flag_value_is_one_line():
 
 @pytest.mark.parametrize("variable, value, accepted", [("HEARTH_QUANT_ACT", "int4", "int8x2, int8 or float"),
                                                       ("HEARTH_QUANT_GEMM", "maybe", "auto, 1 or 0"),
-                                                      ("HEARTH_PANELS", "of", "1 or 0")])
+                                                      ("HEARTH_PANELS", "of", "1 or 0"),
+                                                      # (read at hearth's import too, to limit torch's kernels)
+                                                      ("HEARTH_KERNELS_ISA", "sse4", "auto, avx2 or avx512")])
 def test_bad_environment_value_is_one_line_naming_the_accepted_values(variable, value, accepted):
     """Read when the kernel modules load (before the command runs): still one line, not the default in silence."""
     import os

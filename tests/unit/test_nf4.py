@@ -52,7 +52,7 @@ def test_dequant_rows_are_the_reference_floats(n: int, k: int, group: int) -> No
 
 
 @needs_kernels
-@pytest.mark.parametrize("n,k,group", [(37, 128, 64), (64, 384, 128)])
+@pytest.mark.parametrize("n,k,group", [(37, 128, 64), (64, 384, 128), (6, 64, 32)])
 def test_linear_matches_the_reference_at_every_row_count(n: int, k: int, group: int) -> None:
     qw = bnb.quantize_nf4(_weight(n, k, 1), group)
     w = dequantize(qw).double()
@@ -78,5 +78,10 @@ def test_dispatch_sends_few_rows_to_the_codebook_kernel() -> None:
     assert dispatch.plan(lay, 1, c) is dispatch.Kernel.CODEBOOK
     assert dispatch.plan(lay, dispatch.CODEBOOK_MAX_ROWS, c) is dispatch.Kernel.CODEBOOK
     assert dispatch.plan(lay, dispatch.CODEBOOK_MAX_ROWS + 1, c) is dispatch.Kernel.TILED
-    no512 = dispatch.Caps(kernels=True, avx512=False, vnni=False, gemm_mode="auto", quant_panels=True)
-    assert dispatch.plan(lay, 1, no512) is dispatch.Kernel.TILED
+    # AVX2-only CPUs have the kernel too (nf4_avx2.h), at the same row counts
+    avx2 = dispatch.Caps(kernels=True, avx512=False, vnni=False, gemm_mode="auto", quant_panels=True)
+    assert dispatch.plan(lay, 1, avx2) is dispatch.Kernel.CODEBOOK
+    assert dispatch.plan(lay, dispatch.CODEBOOK_MAX_ROWS, avx2) is dispatch.Kernel.CODEBOOK
+    assert dispatch.plan(lay, dispatch.CODEBOOK_MAX_ROWS + 1, avx2) is dispatch.Kernel.TILED
+    no_kernels = dispatch.Caps(kernels=False, avx512=False, vnni=False, gemm_mode="auto", quant_panels=True)
+    assert dispatch.plan(lay, 1, no_kernels) is dispatch.Kernel.REFERENCE

@@ -392,6 +392,33 @@ def test_int4_tiles_are_exact(N: int, K: int) -> None:
 
 
 @needs_kernels
+@pytest.mark.parametrize("K", [256, 576])
+def test_a_rows_dot_result_does_not_depend_on_the_rows_beside_it(K: int) -> None:
+    """A decode step batches sequences: on AVX2 each row's integer-dot result equals that row's alone, bit for bit
+    (int4 and 6-bit tiles unpack a tile once for 4 rows of x; int8 rows run 4 rows of x per weight row), at row
+    counts that leave 1-3 rows over; K 576 leaves a record's tail."""
+    g = torch.Generator().manual_seed(K)
+    n, rows = 12, 9
+    w = torch.randn(n, K, generator=g)
+    q4 = quantize.quantize_int4(w, 32)
+    weights = [relayout.tile_rows4(q4), relayout.tile_rows4(dataclasses.replace(q4, mins=None)),
+               relayout.tile_rows4(dataclasses.replace(q4, scales=q4.scales.half(), mins=q4.mins.half())), q4,
+               quantize.quantize_int8(w)]
+    if K % 256 == 0:  # GGUF Q6_K in 6-bit tiles (an LM head)
+        q6 = torch.from_numpy(np.ascontiguousarray(_k_blocks(Q.Q6_K, n, K, seed=K)))
+        weights.append(gguf_w.repack_q6_tiles(GGUFBlocks(int(Q.Q6_K), (n, K), q6)))
+    bias = torch.randn(n, generator=g)
+    x = torch.randn(rows, K, generator=g)
+    for qw in weights:
+        for act in ("int8", "int8x2"):
+            alone = torch.cat([apply.run(x[m:m + 1], qw, bias, kernels.ISA_AVX2, act) for m in range(rows)])
+            _close(alone, _reference(x, reference.dequantize(qw), bias), tol=0.05)  # (a wrong kernel fails here)
+            for m in (2, 3, 4, 6, 9):
+                got = apply.run(x[:m], qw, bias, kernels.ISA_AVX2, act)
+                assert torch.equal(got, alone[:m]), (layouts.of(qw).name, act, m)
+
+
+@needs_kernels
 def test_quant_linear_tiles_int4_g32_only(monkeypatch) -> None:
     """QuantLinear re-lays int4-g32 weights into tiles at load (HEARTH_INT4_TILES), other formats stay plain (VNNI
     panels off: test_quant_panels covers them)."""

@@ -57,7 +57,7 @@ int quant_panels(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, 
                  uint16_t* out16, int nthreads, int scale_f16, int x2);
 int codebook(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, const uint8_t* w, int64_t N, int64_t ldw,
              const float* absmax, int64_t ldg, int64_t group, const float* codebook, const float* bias, float* out,
-             int nthreads);
+             int isa, int nthreads);
 }  // namespace hk_family
 
 extern "C" {

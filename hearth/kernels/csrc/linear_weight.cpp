@@ -30,7 +30,7 @@ int hk_linear(const void* x, int x_dtype, int64_t M, int64_t ldx, const hk_weigh
       if (out16 != nullptr) return -21;
       return hk_family::codebook(x, x_dtype, M, K, ldx, static_cast<const uint8_t*>(w->data), w->N, w->ldw,
                                  static_cast<const float*>(w->scales), w->ldg, w->group, w->codebook, bias, out,
-                                 nthreads);
+                                 isa, nthreads);
     default:
       if (out16 != nullptr) return -21;
       return hk_family::quant_rows(x, x_dtype, M, K, ldx, w->data, w->format, w->N, w->ldw, w->scales, w->mins,

@@ -4,9 +4,10 @@
 // j = code[j] | code[j + 16] << 4), absmax fp32 [N][K / group] (row stride ldg), codebook fp32 [16]. group: a multiple
 // of 32 dividing K.
 //
-// hk_family::codebook (hk_linear on a codebook weight): out[m][n] = sum_k x[m][k] w[n][k] (+ bias), x fp32 or bf16. AVX-512 only. fp32 x: the 16 codebook
-// values sit in one register and vpermps looks a code up (it reads an index's low 4 bits, so a byte's high nibble
-// needs only a shift); each block's products are summed first and scaled by its absmax once; rows of x 4 at a time.
+// hk_family::codebook (hk_linear on a codebook weight): out[m][n] = sum_k x[m][k] w[n][k] (+ bias), x fp32 or bf16.
+// AVX-512, fp32 x: the 16 codebook values sit in one register and vpermps looks a code up (it reads an index's low
+// 4 bits, so a byte's high nibble needs only a shift); each block's products are summed first and scaled by its
+// absmax once; rows of x 4 at a time. AVX2 (nf4_avx2.h): the codebook in two registers, x always as fp32.
 // bf16 x with AVX512-BF16: per block the 16 values times its absmax, rounded to bf16 (bitsandbytes' bf16 weights),
 // are looked up 32 at a time by vpermw and dotted with x by vdpbf16ps; rows of x 8 at a time.
 // hq_nf4_dequant: rows [n0, n1) of w into fp32 or bf16 (torch's rounding), for the GEMM of long prompts.
@@ -19,6 +20,7 @@
 
 #include "hk_api.h"
 #include "scalar.h"
+#include "simd_avx2.h"
 #include "parallel.h"
 
 namespace {
@@ -57,6 +59,8 @@ inline void prefetch_next(const Nf4& p, int64_t n, int64_t k) {
   for (int j = 0; j < NB; ++j) _mm_prefetch(reinterpret_cast<const char*>(p.w + (n + NB + j) * p.ldw + k / 2),
                                             _MM_HINT_T0);
 }
+
+#include "nf4_avx2.h"
 
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl")
@@ -283,20 +287,24 @@ void dequant_rows_scalar(const Nf4& p, int64_t n0, int64_t n1, void* out, int ou
 
 bool has_avx512() { return hk::cpu_has_avx512bw(); }
 
+constexpr int kISA_AVX2 = 1, kISA_AVX512 = 2;
+
 }  // namespace
 
 namespace hk_family {
 
-// out [M][N] fp32 (row stride N) = x [M][K] (fp32 or bf16, row stride ldx) . w^T + bias. -1: no AVX-512 here,
-// -2: an x dtype other than fp32 / bf16, -3: a group that is not a multiple of 32 dividing K.
+// out [M][N] fp32 (row stride N) = x [M][K] (fp32 or bf16, row stride ldx) . w^T + bias, on the AVX-512 bodies
+// where isa is 2 and the CPU has AVX-512, else the AVX2 ones. -1: an isa other than 1 / 2, -2: an x dtype other
+// than fp32 / bf16, -3: a group that is not a multiple of 32 dividing K.
 int codebook(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, const uint8_t* w, int64_t N,
              int64_t ldw, const float* absmax, int64_t ldg, int64_t group, const float* codebook,
-             const float* bias, float* out, int nthreads) {
-  if (!has_avx512()) return -1;
+             const float* bias, float* out, int isa, int nthreads) {
+  if (isa != kISA_AVX2 && isa != kISA_AVX512) return -1;
   if (x_dtype != kF32 && x_dtype != kBF16) return -2;
   if (bad_shape(K, group)) return -3;
   const Nf4 p{w, ldw, absmax, ldg, group, K, codebook};
-  if (x_dtype == kBF16 && hk::cpu_has_bf16_dot()) {  // bf16 x: the weights as bf16 too, dotted by vdpbf16ps
+  const bool avx512 = isa == kISA_AVX512 && has_avx512();
+  if (avx512 && x_dtype == kBF16 && hk::cpu_has_bf16_dot()) {  // bf16 x: the weights as bf16 too, dotted by vdpbf16ps
     const uint16_t* xb = static_cast<const uint16_t*>(x);
     hk_par::parallel_dynamic(N, 64, nthreads,
                              [&](int64_t b, int64_t e) { linear_rows_bf16(p, xb, ldx, M, b, e, out, N, bias); });
@@ -306,7 +314,12 @@ int codebook(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, cons
   int64_t ld;
   const float* xf = x_f32(x, x_dtype, M, K, ldx, buf, &ld);
   // chunks of weight rows handed out as threads free up (one thread's slower memory does not hold the other)
-  hk_par::parallel_dynamic(N, 64, nthreads, [&](int64_t b, int64_t e) { linear_rows(p, xf, ld, M, b, e, out, N, bias); });
+  hk_par::parallel_dynamic(N, 64, nthreads, [&](int64_t b, int64_t e) {
+    if (avx512)
+      linear_rows(p, xf, ld, M, b, e, out, N, bias);
+    else
+      linear_rows_avx2(p, xf, ld, M, b, e, out, N, bias);
+  });
   return 0;
 }
 
@@ -319,11 +332,13 @@ int hq_nf4_dequant(const uint8_t* w, int64_t K, int64_t ldw, const float* absmax
                    const float* codebook, int64_t n0, int64_t n1, void* out, int out_bf16, int nthreads) {
   if (bad_shape(K, group)) return -3;
   const Nf4 p{w, ldw, absmax, ldg, group, K, codebook};
-  const bool vec = has_avx512();
+  const bool avx512 = has_avx512(), avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   hk_par::parallel(n1 - n0, nthreads, [&](int64_t b, int64_t e) {
     void* o = static_cast<uint8_t*>(out) + b * K * (out_bf16 ? 2 : 4);
-    if (vec)
+    if (avx512)
       dequant_rows_avx512(p, n0 + b, n0 + e, o, out_bf16);
+    else if (avx2)
+      dequant_rows_avx2(p, n0 + b, n0 + e, o, out_bf16);
     else
       dequant_rows_scalar(p, n0 + b, n0 + e, o, out_bf16);
   });

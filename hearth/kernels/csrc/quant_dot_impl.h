@@ -19,6 +19,21 @@
 //
 // One header per weight format, included here in dependency order; this file keeps the dispatch over them.
 #include "quant_dot_x.h"
+
+// Row m of a Problem / of its quantized x, as a one-row problem (M > 1 int4-g32: the M = 1 kernels row by row).
+// About twice as fast as unpacking the tile and running micro_u4, and several times faster for a Q6_K head (its
+// tiles were unpacked to int8 by a scalar loop).
+static inline Problem row_of(const Problem& a, int64_t m) {
+  Problem p = a;
+  p.M = 1;
+  p.out = a.out + m * ldo_of(a);
+  return p;
+}
+static inline XQ row_of(const XQ& xq, const Problem& a, int64_t m) {
+  return XQ{xq.q + m * a.K, xq.d + m * xq.ld_d, xq.xs ? xq.xs + m * xq.ld_xs : nullptr, xq.ld_d, xq.ld_xs,
+            xq.q2 ? xq.q2 + m * a.K : nullptr, xq.dn ? xq.dn + m * (a.K / 32) : nullptr, nullptr};
+}
+
 #include "quant_dot_int4.h"
 #include "quant_dot_int4_tiles.h"
 #include "quant_dot_q6.h"
@@ -62,23 +77,11 @@ static inline void micro_dot_mr(int mr, const Problem& a, const XQ& xq, int64_t 
 // int4 with 32-weight groups and an even block count: the folded M = 1 kernels' domain (m1_u4_g32, m1_tile).
 static inline bool u4_g32(const Problem& a) { return a.int4 && !a.tiled && a.sb_per_group == 1 && a.K % 64 == 0; }
 
-// Row m of a Problem / of its quantized x, as a one-row problem (M > 1 int4-g32: the M = 1 kernels row by row).
-// About twice as fast as unpacking the tile and running micro_u4, and several times faster for a Q6_K head (its
-// tiles were unpacked to int8 by a scalar loop).
-static inline Problem row_of(const Problem& a, int64_t m) {
-  Problem p = a;
-  p.M = 1;
-  p.out = a.out + m * ldo_of(a);
-  return p;
-}
-static inline XQ row_of(const XQ& xq, const Problem& a, int64_t m) {
-  return XQ{xq.q + m * a.K, xq.d + m * xq.ld_d, xq.xs ? xq.xs + m * xq.ld_xs : nullptr, xq.ld_d, xq.ld_xs,
-            xq.q2 ? xq.q2 + m * a.K : nullptr, xq.dn ? xq.dn + m * (a.K / 32) : nullptr, nullptr};
-}
-
 // Output rows [n_begin, n_end) for all M rows of x. M == 1: kStreamsM1 streams, each its own contiguous run of
-// rows (see linear_impl.h run_rows), the last < kStreamsM1 rows one at a time. M > 1, int4-g32 (plain or tiles) and
-// 6-bit tiles: the M = 1 kernels for each x row in turn on four weight rows (row_of). Other M > 1: up to kDotMR x
+// rows (see linear_impl.h run_rows), the last < kStreamsM1 rows one at a time. M > 1, tiles in the 256-bit namespace
+// (AVX2): each tile unpacked once per 4 x rows (mr_tile, mr_q6_tile). M > 1, int4-g32 plain rows, and tiles in the
+// 512-bit namespaces: the M = 1 kernels for each x row in turn on four weight rows (row_of). Every one of these gives
+// a row the M = 1 kernel's numbers. Other M > 1: up to kDotMR x
 // rows per weight row, so each weight row (a few KiB) is unpacked once per x tile and re-read from L1 by the next
 // tile; x (M x K bytes, M <= 32 per call of this) stays in L2. That tile: 4 x rows per weight row (on AVX2, 4 x 1
 // beat 2 x 2, 4 x 2 and 8 x 1, which spill accumulators or unpacked weights out of the 16 ymm registers).
@@ -89,6 +92,18 @@ static void run_dot_t(const Problem& a, const XQ& xq, int64_t n_begin, int64_t n
   constexpr int64_t MB = kDotMR;
   if (tiles_of(a)) {  // whole tiles (n_begin, n_end multiples of 4)
     const TileGeo g(a);
+#if !HQ_ZMM
+    if (a.M > 1) {  // AVX2: each tile unpacked once for 4 x rows, per row m1_tile's / m1_q6_tile's numbers
+      const int64_t t0 = n_begin / 4, t1 = n_end / 4;
+      if (a.q6)
+        mr_q6_tiles<kX2>(a, xq, t0, t1);
+      else if (a.sf16)
+        a.tmins ? mr_tiles<kX2, uint16_t, true>(a, xq, g, t0, t1) : mr_tiles<kX2, uint16_t, false>(a, xq, g, t0, t1);
+      else
+        a.tmins ? mr_tiles<kX2, float, true>(a, xq, g, t0, t1) : mr_tiles<kX2, float, false>(a, xq, g, t0, t1);
+      return;
+    }
+#endif
     if (a.M > 1) {  // the M = 1 tile kernel for each x row in turn, the tile hot in L1 / L2 after the first (both
       // equal the plain layout's M > 1 kernels: per output and x row the same integer sums and float steps)
       for (int64_t t = n_begin / 4; t < n_end / 4; ++t)

@@ -111,17 +111,12 @@ static inline void tile_records_zmm(const XQ& xq, const TileGeo& g, const uint8_
 }
 #endif
 
+// The rest of a one-row tile after its full records (acc / ms as tile_records leaves them): the last record's pairs,
+// the mins' sums and the four outputs (m1_tile and mr_tile both end here, so their rows take the same float steps).
 template <bool kX2, class S, bool kMins>
-static inline void m1_tile(const Problem& a, const XQ& xq, const TileGeo& g, int64_t t) {
-  const uint8_t* rec = g.tile(a, t);
-  __m256 acc[4], ms[4];
-  for (int r = 0; r < 4; ++r) acc[r] = ms[r] = _mm256_setzero_ps();
-#if HQ_ZMM
-  tile_records_zmm<kX2, S, kMins>(xq, g, rec, acc, ms);
-#else
-  tile_records<kX2, S, kMins>(xq, g, rec, acc, ms);
-#endif
-  rec += g.nq * g.rec;
+__attribute__((always_inline)) static inline void tile_finish(const Problem& a, const XQ& xq, const TileGeo& g,
+                                                              int64_t t, __m256 acc[4], __m256 ms[4]) {
+  const uint8_t* rec = g.tile(a, t) + g.nq * g.rec;
   float mt[4];
   for (int r = 0; r < 4; ++r) mt[r] = hsum8(ms[r]);
   if (g.tail) {  // the last record: n = g.tail pairs, per pair (scale vector [s(2j) x4, s(2j + 1) x4])
@@ -144,6 +139,83 @@ static inline void m1_tile(const Problem& a, const XQ& xq, const TileGeo& g, int
     const int64_t o = 4 * t + r;
     const float v = hsum8(acc[r]) + (kMins ? mt[r] : -8.0f * mt[r]);
     a.out[o] = a.bias ? v + a.bias[o] : v;
+  }
+}
+
+template <bool kX2, class S, bool kMins>
+static inline void m1_tile(const Problem& a, const XQ& xq, const TileGeo& g, int64_t t) {
+  __m256 acc[4], ms[4];
+  for (int r = 0; r < 4; ++r) acc[r] = ms[r] = _mm256_setzero_ps();
+#if HQ_ZMM
+  tile_records_zmm<kX2, S, kMins>(xq, g, g.tile(a, t), acc, ms);
+#else
+  tile_records<kX2, S, kMins>(xq, g, g.tile(a, t), acc, ms);
+#endif
+  tile_finish<kX2, S, kMins>(a, xq, g, t, acc, ms);
+}
+
+// MR rows of x (m0 ..) against one tile, for steps of several rows: each weight row's nibbles are unpacked once per
+// record and dotted with every row's x (m1_tile row by row unpacked them MR times). Per x row the integer block sums
+// (exact) and every float step are tile_records' and tile_finish's, in the same order, so a row's result is
+// bit-identical to m1_tile's and does not depend on the rows that share its step.
+template <int MR, bool kX2, class S, bool kMins>
+static inline void mr_tile(const Problem& a, const XQ& xq, const TileGeo& g, int64_t t, int64_t m0) {
+  const __m256i order = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7), mask = _mm256_set1_epi8(0x0F);
+  constexpr int64_t kSB = 8 * sizeof(S), kQ = (kMins ? 8 : 4) * kSB;
+  XQ xr[MR];
+  for (int m = 0; m < MR; ++m) xr[m] = row_of(xq, a, m0 + m);
+  __m256 acc[MR][4], ms[MR][4];
+  for (int m = 0; m < MR; ++m)
+    for (int r = 0; r < 4; ++r) acc[m][r] = ms[m][r] = _mm256_setzero_ps();
+  const uint8_t* rec = g.tile(a, t);
+  for (int64_t k = 0; k < g.nq; ++k, rec += g.rec) {
+    const char* pf = reinterpret_cast<const char*>(rec) + kPrefetchTileBytes;
+    for (int64_t l = 0; l < g.rec; l += 64) _mm_prefetch(pf + l, _MM_HINT_T0);
+    const int64_t j = 4 * k;
+    for (int r = 0; r < 4; ++r) {
+      const uint8_t* w = rec + kQ + 128 * r;
+      __m256i lo[4], hi[4];  // pair_dot's unpack of pairs j .. j + 3, once for all MR rows
+      for (int i = 0; i < 4; ++i) {
+        const __m256i b = ld256(reinterpret_cast<const int8_t*>(w + 32 * i));
+        lo[i] = _mm256_and_si256(b, mask);
+        hi[i] = _mm256_and_si256(_mm256_srli_epi16(b, 4), mask);
+      }
+      const __m256 s8 = load8<S>(rec + kSB * r);
+      const __m256 sm = kMins ? load8<S>(rec + 4 * kSB + kSB * r) : s8;
+      for (int m = 0; m < MR; ++m) {
+        const XQ& x = xr[m];
+        auto dot = [&](int i) __attribute__((always_inline)) {  // pair_dot<kX2>(w + 32 i, x, j + i)
+          const int8_t* q = x.q + 64 * (j + i);
+          if constexpr (kX2) {
+            const int8_t* q2 = x.q2 + 64 * (j + i);
+            return D::dot2_x2(lo[i], ld256(q), hi[i], ld256(q + 32), ld256(q2), ld256(q2 + 32));
+          } else {
+            return D::dot2(_mm256_setzero_si256(), lo[i], ld256(q), hi[i], ld256(q + 32));
+          }
+        };
+        const __m256i sum = fold4(dot(0), dot(1), dot(2), dot(3));
+        const __m256 dx = _mm256_permutevar8x32_ps(_mm256_loadu_ps(x.dn + 2 * j), order);
+        acc[m][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(dx, _mm256_permutevar8x32_ps(s8, order)),
+                                    acc[m][r]);
+        ms[m][r] = _mm256_fmadd_ps(sm, _mm256_loadu_ps(x.xs + 2 * j), ms[m][r]);
+      }
+    }
+  }
+  for (int m = 0; m < MR; ++m) tile_finish<kX2, S, kMins>(row_of(a, m0 + m), xr[m], g, t, acc[m], ms[m]);
+}
+
+// Tiles [t0, t1) for every row of x: rows 4 at a time (mr_tile), the last 1-3 together.
+template <bool kX2, class S, bool kMins>
+static void mr_tiles(const Problem& a, const XQ& xq, const TileGeo& g, int64_t t0, int64_t t1) {
+  for (int64_t t = t0; t < t1; ++t) {
+    int64_t m = 0;
+    for (; m + 4 <= a.M; m += 4) mr_tile<4, kX2, S, kMins>(a, xq, g, t, m);
+    switch (a.M - m) {
+      case 3: mr_tile<3, kX2, S, kMins>(a, xq, g, t, m); break;
+      case 2: mr_tile<2, kX2, S, kMins>(a, xq, g, t, m); break;
+      case 1: mr_tile<1, kX2, S, kMins>(a, xq, g, t, m); break;
+      default: break;
+    }
   }
 }
 

@@ -110,8 +110,12 @@ static inline void micro_i8(const Problem& a, const XQ& xq, int64_t m0, int64_t 
     for (int r = 0; r < NR; ++r) {
       const int64_t n = n0 + r * rs;
       float s = hsum8(acc[m][r]);
-      if (kSpg == -1) s *= to_f32(sc[r][0]);
-      if (a.bias) s += a.bias[n];
+      // per channel with a bias: one explicit fma. Written as s * scale + bias, the compiler fused it in some
+      // instantiations (MR, NR) and not in others, so a row's result moved by an ulp with the rows beside it.
+      if (kSpg == -1)
+        s = a.bias ? __builtin_fmaf(s, to_f32(sc[r][0]), a.bias[n]) : s * to_f32(sc[r][0]);
+      else if (a.bias)
+        s += a.bias[n];
       a.out[(m0 + m) * ldo_of(a) + n] = s;
     }
 }

@@ -58,6 +58,85 @@ static inline void m1_q6_tile(const Problem& a, const XQ& xq, int64_t t) {
   }
 }
 
+// MR rows of x (m0 ..) against one 6-bit tile, for steps of several rows: each row's 6-bit values u of a block are
+// assembled once and dotted with every row's x (m1_q6_tile row by row assembled them MR times). Per x row the
+// integer dots, the 32 * sum(x) correction and every float step are m1_q6_tile's, in the same order, so a row's
+// result is bit-identical to m1_q6_tile's and does not depend on the rows that share its step.
+template <int MR, bool kX2>
+static inline void mr_q6_tile(const Problem& a, const XQ& xq, int64_t t, int64_t m0) {
+  const int64_t nsb = a.K / 256;
+  const uint8_t* rec = static_cast<const uint8_t*>(a.w) + t * 4 * a.ldw;
+  const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30), c32 = _mm256_set1_epi8(32);
+  const __m256i one = _mm256_set1_epi16(1), k254 = _mm256_set1_epi16(254);
+  XQ xr[MR];
+  for (int m = 0; m < MR; ++m) xr[m] = row_of(xq, a, m0 + m);
+  __m256 acc[MR][4];
+  for (int m = 0; m < MR; ++m)
+    for (int r = 0; r < 4; ++r) acc[m][r] = _mm256_setzero_ps();
+  alignas(32) float sf[4][16];
+  for (int64_t k = 0; k < nsb; ++k, rec += 4 * kQ6Rec) {
+    const char* pf = reinterpret_cast<const char*>(rec) + kPrefetchTileBytes;
+    for (int64_t l = 0; l < 4 * kQ6Rec; l += 64) _mm_prefetch(pf + l, _MM_HINT_T0);
+    for (int r = 0; r < 4; ++r) {  // (as m1_q6_tile)
+      const uint8_t* rr = rec + r * kQ6Rec;
+      const __m256 d = _mm256_set1_ps(hk::f16_to_f32(uint16_t(rr[kQ6D] | rr[kQ6D + 1] << 8)));
+      const __m128i sc = _mm_loadu_si128(reinterpret_cast<const __m128i*>(rr + kQ6Sc));
+      _mm256_store_ps(sf[r], _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc))));
+      _mm256_store_ps(sf[r] + 8, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(sc, 8)))));
+    }
+    for (int b = 0; b < 8; ++b) {
+      const int h = b / 4, j = b % 4;
+      const int64_t blk = 8 * k + b;
+      __m256i corr[MR];  // each row's 32 * sum(x) of the block
+      for (int m = 0; m < MR; ++m) {
+        corr[m] = _mm256_madd_epi16(_mm256_maddubs_epi16(c32, ld256(xr[m].q + 32 * blk)), kX2 ? k254 : one);
+        if constexpr (kX2)
+          corr[m] = _mm256_add_epi32(corr[m], _mm256_madd_epi16(_mm256_maddubs_epi16(c32, ld256(xr[m].q2 + 32 * blk)),
+                                                                 one));
+      }
+      const __m128i nsh = _mm_cvtsi32_si128(j < 2 ? 0 : 4);
+      const __m128i lsh = _mm_cvtsi32_si128(j < 3 ? 4 - 2 * j : 0), rsh = _mm_cvtsi32_si128(j == 3 ? 2 : 0);
+      for (int r = 0; r < 4; ++r) {
+        const uint8_t* rr = rec + r * kQ6Rec;
+        const int8_t* ql = reinterpret_cast<const int8_t*>(rr) + 64 * h + 32 * (j % 2);
+        const __m256i lo = _mm256_and_si256(_mm256_srl_epi16(ld256(ql), nsh), m4);
+        const __m256i qh = ld256(reinterpret_cast<const int8_t*>(rr) + kQ6Qh + 32 * h);
+        const __m256i u = _mm256_or_si256(lo, _mm256_and_si256(_mm256_srl_epi16(_mm256_sll_epi16(qh, lsh), rsh), m30));
+        const __m256 s = pair_scales<1, float>(sf[r], b, 1);
+        for (int m = 0; m < MR; ++m) {
+          __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(u, ld256(xr[m].q + 32 * blk)), kX2 ? k254 : one);
+          if constexpr (kX2)
+            dot = _mm256_add_epi32(dot, _mm256_madd_epi16(_mm256_maddubs_epi16(u, ld256(xr[m].q2 + 32 * blk)), one));
+          const __m256 f = _mm256_mul_ps(_mm256_set1_ps(xr[m].d[blk]), s);
+          acc[m][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(dot, corr[m])), f, acc[m][r]);
+        }
+      }
+    }
+  }
+  for (int m = 0; m < MR; ++m)
+    for (int r = 0; r < 4; ++r) {
+      const int64_t o = 4 * t + r;
+      const float v = hsum8(acc[m][r]);
+      float* out = a.out + (m0 + m) * ldo_of(a);
+      out[o] = a.bias ? v + a.bias[o] : v;
+    }
+}
+
+// 6-bit tiles [t0, t1) for every row of x: rows 4 at a time (mr_q6_tile), the last 1-3 together.
+template <bool kX2>
+static void mr_q6_tiles(const Problem& a, const XQ& xq, int64_t t0, int64_t t1) {
+  for (int64_t t = t0; t < t1; ++t) {
+    int64_t m = 0;
+    for (; m + 4 <= a.M; m += 4) mr_q6_tile<4, kX2>(a, xq, t, m);
+    switch (a.M - m) {
+      case 3: mr_q6_tile<3, kX2>(a, xq, t, m); break;
+      case 2: mr_q6_tile<2, kX2>(a, xq, t, m); break;
+      case 1: mr_q6_tile<1, kX2>(a, xq, t, m); break;
+      default: break;
+    }
+  }
+}
+
 #if HQ_ZMM
 // m1_q6_tile with 512-bit vectors: a zmm holds 64 weights of one row (blocks 2z, 2z + 1 of the super-block), read
 // as the file lays them out: one 64-byte ql load gives half h's elements 0..63 (low nibbles) and 64..127 (high), and

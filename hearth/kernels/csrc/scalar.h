@@ -55,24 +55,29 @@ inline float f16_to_f32_baseline(uint16_t h) {
   return f;
 }
 
+// Set by hk_limit_isa (isa.cpp) when HEARTH_KERNELS_ISA=avx2: every AVX-512 check below then answers no, so the
+// whole library behaves as on an AVX2-only CPU (one flag for the process; hearth.platform.cpu_info hides the same
+// features from Python).
+inline bool g_avx2_only = false;
+
 // Whether this CPU runs vdpbf16ps (AVX512-BF16 with AVX512BW), the only reader of the bf16 dot-product kernels.
 inline bool cpu_has_bf16_dot() {
   static const bool has = __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw");
-  return has;
+  return has && !g_avx2_only;
 }
 
 // AVX-512 VNNI (with BW and VL): vpdpbusd, the integer dot of the quantized kernels.
 inline bool cpu_has_vnni() {
   static const bool has = __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw") &&
                           __builtin_cpu_supports("avx512vl");
-  return has;
+  return has && !g_avx2_only;
 }
 
 // AVX-512 F/BW/DQ/VL: the 16-lane bodies of the element-wise kernels.
 inline bool cpu_has_avx512bw() {
   static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                           __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
-  return has;
+  return has && !g_avx2_only;
 }
 
 }  // namespace hk
