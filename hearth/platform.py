@@ -174,6 +174,11 @@ def release_calling_thread() -> None:
 _PROCESS_AFFINITY = frozenset(os.sched_getaffinity(0))
 
 
+def process_affinity() -> frozenset[int]:
+    """The cores this process was started with (data parallelism splits them)."""
+    return _PROCESS_AFFINITY
+
+
 _M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4  # mallopt parameters (malloc.h)
 
 
