@@ -167,6 +167,7 @@ def llm(tmp_path_factory):
 
 def test_build_serving_applies_every_serve_option(llm, tmp: Path) -> None:
     from hearth.engine.client_options import ClientOptions
+    from hearth.engine.protocol import EngineClient
     from hearth.entrypoints.openai.gateway import GatewayConfig
     from hearth.entrypoints.openai.serving_build import ServeOptions, build_serving
 
@@ -176,6 +177,7 @@ def test_build_serving_applies_every_serve_option(llm, tmp: Path) -> None:
     assert serving.ctx.reasoning_parser is not None and serving.ctx.reasoning_parser.name == "qwen3"
     assert serving.gateway is not None and serving.gateway.config.answer_cache_size == 3
     assert serving.ctx.engine is serving.client and serving.client.info.served_model_name == serving.ctx.model_name
+    assert isinstance(serving.client, EngineClient)
     # (the tiny vocabulary has no </think>: a budget is refused by name, not dropped)
     with pytest.raises(ValueError, match="--reasoning-budget"):
         build_serving(llm, dataclasses.replace(opts, reasoning_budget=8))

@@ -1,0 +1,54 @@
+"""The engine clients all implement EngineClient (engine/protocol.py), and the engine package keeps to its own
+names: no module in hearth/engine imports another module's private (_x) names. Checked without loading a model."""
+from __future__ import annotations
+
+import ast
+import inspect
+from pathlib import Path
+
+import pytest
+
+from hearth.config import EngineArgs
+from hearth.engine.async_engine import AsyncEngine
+from hearth.engine.dp_engine import DataParallelEngine
+from hearth.engine.engine_worker import WorkerOptions
+from hearth.engine.process_engine import ProcessEngine
+from hearth.engine.protocol import EngineClient, EngineRequest, engine_requests
+from hearth.sampling_params import SamplingParams
+
+ENGINE = Path(__file__).resolve().parents[2] / "hearth" / "engine"
+METHODS = [name for name, value in vars(EngineClient).items() if not name.startswith("_") and callable(value)]
+
+
+@pytest.mark.parametrize("cls", [AsyncEngine, ProcessEngine, DataParallelEngine])
+def test_every_client_has_the_methods(cls) -> None:
+    assert {"generate", "abort", "check_structured", "start", "shutdown"} <= set(METHODS)
+    missing = [m for m in METHODS if not callable(getattr(cls, m, None))]
+    assert not missing, f"{cls.__name__} lacks {missing}"
+    for name in ("generate", "check_structured"):
+        assert inspect.iscoroutinefunction(getattr(cls, name)), f"{cls.__name__}.{name} must be async"
+
+
+def test_worker_clients_are_engine_clients_without_a_process() -> None:
+    """(AsyncEngine needs a loaded engine: tests/unit/test_serve_flags.py builds one.)"""
+    opts = WorkerOptions("tiny")
+    for client in (ProcessEngine(EngineArgs(model="unused"), opts),
+                   DataParallelEngine(EngineArgs(model="unused"), opts, [None], load_timeout=1, restart=False)):
+        assert isinstance(client, EngineClient)
+        assert client.info is None and client.metrics is None and client.dead is None
+
+
+def test_engine_requests_take_the_old_tuples_too() -> None:
+    params = SamplingParams(max_tokens=1)
+    got = engine_requests([("a", [1, 2], params), EngineRequest("b", [3], params)])
+    assert got == [EngineRequest("a", [1, 2], params), EngineRequest("b", [3], params)]
+
+
+def test_no_engine_module_imports_private_names() -> None:
+    offenders = []
+    for path in sorted(ENGINE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("hearth"):
+                offenders += [f"{path.name}: {node.module}.{a.name}" for a in node.names
+                              if a.name.startswith("_") and not a.name.startswith("__")]
+    assert not offenders, offenders
