@@ -13,6 +13,10 @@ import time
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from fastapi import FastAPI
+
     from hearth.config import EngineArgs
     from hearth.entrypoints.openai.serve_plan import FrontPlan, InProcessPlan, RouterPlan
 
@@ -161,7 +165,8 @@ def _serve_in_process(plan: InProcessPlan) -> int:
     return 0
 
 
-def _run_uvicorn(app, sock: socket.socket, front: FrontPlan, graceful: float, on_exit=None) -> None:
+def _run_uvicorn(app: FastAPI, sock: socket.socket, front: FrontPlan, graceful: float,
+                 on_exit: Callable[[], None] | None = None) -> None:
     import uvicorn
 
     from hearth.entrypoints.openai.http_server import Server, header_timeout_protocol
