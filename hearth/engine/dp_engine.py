@@ -58,10 +58,12 @@ class DataParallelEngine:
     def start(self) -> None:
         """Nothing: load() starts the workers."""
 
-    async def load(self) -> EngineInfo:
-        """Start every rank and wait for all of them (bounded). On failure none is left running."""
+    async def load(self, timeout: float | None = None) -> EngineInfo:
+        """Start every rank and wait for all of them (up to timeout s, default the load_timeout it was made with).
+        On failure none is left running."""
+        timeout = self.load_timeout if timeout is None else timeout
         try:
-            infos = await asyncio.gather(*(r.load(self.load_timeout) for r in self.ranks))
+            infos = await asyncio.gather(*(r.load(timeout) for r in self.ranks))
         except BaseException:
             await asyncio.to_thread(self._kill_all)
             raise

@@ -89,8 +89,9 @@ class ProcessEngine:
     def start(self) -> None:
         """AsyncEngine's start(): the process is started by load(); nothing to do here."""
 
-    async def load(self, timeout: float) -> EngineInfo:
-        """Spawn the worker and wait (bounded) until its model is loaded. Raises LoadFailedError / TimeoutError."""
+    async def load(self, timeout: float | None = None) -> EngineInfo:
+        """Spawn the worker and wait until its model is loaded (up to timeout s; None: until it is loaded or its
+        process exits). Raises LoadFailedError / TimeoutError."""
         if self._ready is None:
             self._loop = asyncio.get_running_loop()
             self._ready = self._loop.create_future()

@@ -1,6 +1,7 @@
 """EngineClient: the one interface the serving layer talks to, whatever runs the engine (vLLM's
 `engine/protocol.py`). Implemented by AsyncEngine (in process), ProcessEngine (a worker process) and
-DataParallelEngine (N worker processes); the ModelRouter exposes the lifecycle part for several models.
+DataParallelEngine (N worker processes); the two worker clients also implement WorkerEngineClient (load, kill,
+render_metrics). The ModelRouter answers /health with the same dead / stats for several models.
 
 Also the typed messages that cross it: EngineRequest (one generate submission) and EngineInfo (what the serving
 layer needs to know about the loaded model, produced the same way in process and by a worker).
@@ -97,6 +98,22 @@ class EngineClient(Protocol):
         """Compile (and cache) a constraint where the engine runs, off the event loop; ValueError if it is bad.
         A client whose engine compiles at submission (a worker) may return at once: the error comes from
         generate() then."""
+
+
+@runtime_checkable
+class WorkerEngineClient(EngineClient, Protocol):
+    """A client whose engine runs in worker processes (ProcessEngine, DataParallelEngine): the front loads it,
+    unloads it (kill(), or shutdown() to drain first) and asks its workers for their metrics."""
+
+    async def load(self, timeout: float | None = None) -> EngineInfo:
+        """Spawn the worker(s) and wait until the model is loaded (timeout None: the client's own bound, if any).
+        Raises LoadFailedError or TimeoutError, and then no worker is left running."""
+
+    def kill(self) -> None:
+        """Stop the worker(s) now; their in-flight requests fail with a 503."""
+
+    async def render_metrics(self) -> bytes:
+        """The workers' Prometheus exposition (their registries live in their processes)."""
 
 
 def _weights_bytes(path: str) -> int:

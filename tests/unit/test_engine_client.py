@@ -13,11 +13,19 @@ from hearth.engine.async_engine import AsyncEngine
 from hearth.engine.dp_engine import DataParallelEngine
 from hearth.engine.engine_worker import WorkerOptions
 from hearth.engine.process_engine import ProcessEngine
-from hearth.engine.protocol import EngineClient, EngineRequest, engine_requests
+from hearth.engine.protocol import EngineClient, EngineRequest, WorkerEngineClient, engine_requests
 from hearth.sampling_params import SamplingParams
 
 ENGINE = Path(__file__).resolve().parents[2] / "hearth" / "engine"
 METHODS = [name for name, value in vars(EngineClient).items() if not name.startswith("_") and callable(value)]
+
+
+@pytest.mark.parametrize("cls", [ProcessEngine, DataParallelEngine])
+def test_worker_clients_load_kill_and_render_metrics(cls) -> None:
+    for name in ("load", "render_metrics"):
+        assert inspect.iscoroutinefunction(getattr(cls, name)), f"{cls.__name__}.{name} must be async"
+    assert inspect.signature(cls.load).parameters["timeout"].default is None
+    assert callable(getattr(cls, "kill", None))
 
 
 @pytest.mark.parametrize("cls", [AsyncEngine, ProcessEngine, DataParallelEngine])
@@ -34,7 +42,7 @@ def test_worker_clients_are_engine_clients_without_a_process() -> None:
     opts = WorkerOptions("tiny")
     for client in (ProcessEngine(EngineArgs(model="unused"), opts),
                    DataParallelEngine(EngineArgs(model="unused"), opts, [None], load_timeout=1, restart=False)):
-        assert isinstance(client, EngineClient)
+        assert isinstance(client, EngineClient) and isinstance(client, WorkerEngineClient)
         assert client.info is None and client.metrics is None and client.dead is None
 
 
