@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import functools
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from hearth.config import EngineArgs
@@ -148,20 +148,21 @@ def _check_gateway_flags(ns: argparse.Namespace) -> None:
 
 def given(ns: argparse.Namespace, dest: str) -> bool:
     """Whether the flag was set to something else than its default."""
-    return getattr(ns, dest, None) != serve_defaults().get(dest)
+    return getattr(ns, dest, None) != _serve_actions()[dest].default
 
 
 def _refuse(ns: argparse.Namespace, dests: tuple[str, ...], why: str) -> None:
     for dest in dests:
         if given(ns, dest):
-            raise ValueError(f"--{dest.replace('_', '-')} {why}")
+            options = _serve_actions()[dest].option_strings
+            raise ValueError(f"{max(options, key=len) if options else dest.upper()} {why}")
 
 
 @functools.cache
-def serve_defaults() -> dict[str, Any]:
-    """Every `hearth serve` flag's default, from the parser itself (so they cannot drift from it)."""
+def _serve_actions() -> dict[str, argparse.Action]:
+    """Every `hearth serve` flag by its dest, from the parser itself (defaults and names cannot drift from it)."""
     from hearth.entrypoints.openai.cli_serve import add_serve_args
 
     p = argparse.ArgumentParser(add_help=False)
     add_serve_args(p)
-    return {a.dest: a.default for a in p._actions}
+    return {a.dest: a for a in p._actions}
