@@ -206,7 +206,10 @@ class DataParallelEngine:
             r.abort(request_ids)
 
     async def check_structured(self, spec: StructuredOutputsParams) -> None:
-        """The rank's worker compiles the constraint when it admits the request (ProcessEngine.check_structured)."""
+        """Compiled by the worker the next request would go to (its cache then has it); ValueError if bad."""
+        rank = self._pick()
+        if rank is not None:
+            await rank.check_structured(spec)
 
     async def render_metrics(self) -> bytes:
         texts = await asyncio.gather(*(r.render_metrics() for r in self.ranks))

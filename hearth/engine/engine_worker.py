@@ -124,6 +124,17 @@ async def _serve(conn: Connection, engine: AsyncEngine) -> None:
             error = e
         send(wp.Accepted(sid, error))
 
+    async def check(qid: int, spec) -> None:
+        try:
+            await engine.check_structured(spec)  # (off the engine thread: the step loop keeps running)
+            error = None
+        except ValueError as e:
+            error = e
+        except Exception:  # a hearth bug: the request's own admission reports it
+            logger.exception("checking a structured-output constraint failed")
+            error = None
+        send(wp.StructuredChecked(qid, error))
+
     async def push_stats() -> None:
         last = None
         while True:
@@ -141,6 +152,8 @@ async def _serve(conn: Connection, engine: AsyncEngine) -> None:
             asyncio.create_task(accept(msg.sid, engine.submit(msg.requests, state)))
         elif isinstance(msg, wp.AbortRequests):
             engine.abort(msg.request_ids)
+        elif isinstance(msg, wp.CheckStructured):
+            asyncio.create_task(check(msg.qid, msg.spec))
         elif isinstance(msg, wp.RenderMetrics):
             send(wp.Metrics(msg.qid, engine.metrics.render()))
         elif isinstance(msg, wp.Shutdown):

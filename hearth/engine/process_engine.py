@@ -77,6 +77,7 @@ class ProcessEngine:
         self._rid_sid: dict[str, int] = {}
         self._sids = itertools.count()
         self._metrics = _Metrics()
+        self._checks: dict[int, asyncio.Future] = {}  # CheckStructured asks waiting for their answer
         self.in_flight = 0  # sequences submitted and not finished: the data-parallel router's load measure
         self.generated = 0  # output tokens streamed back since the start (the web page's tokens/s)
         self.exited = asyncio.Event()
@@ -209,7 +210,20 @@ class ProcessEngine:
                 pass
 
     async def check_structured(self, spec: StructuredOutputsParams) -> None:
-        """The worker compiles the constraint when it admits the request: a bad one fails generate() (a 400)."""
+        """The worker compiles (and caches) the constraint off its engine thread; ValueError if it is bad. A
+        worker that is not serving says nothing here: generate() reports that."""
+        if self.info is None or self.dead is not None:
+            return
+        qid = next(self._sids)
+        fut = asyncio.get_running_loop().create_future()
+        self._checks[qid] = fut
+        self._send_quiet(wp.CheckStructured(qid, spec))
+        try:
+            error = await fut
+        finally:
+            self._checks.pop(qid, None)
+        if error is not None:
+            raise error
 
     async def render_metrics(self, timeout: float = 5.0) -> bytes:
         """The worker's exposition (its registry carries model_name and engine labels)."""
@@ -277,6 +291,10 @@ class ProcessEngine:
                     p.accepted.set_result(None)
                 else:
                     p.accepted.set_exception(msg.error)
+        elif isinstance(msg, wp.StructuredChecked):
+            fut = self._checks.get(msg.qid)
+            if fut is not None and not fut.done():
+                fut.set_result(msg.error)
         elif isinstance(msg, wp.Stats):
             self._stats = msg.stats
         elif isinstance(msg, wp.Metrics):
@@ -311,6 +329,9 @@ class ProcessEngine:
         self._rid_sid.clear()
         self.in_flight = 0
         self._stats = _EMPTY_STATS
+        for fut in self._checks.values():  # (their requests fail in generate() now)
+            if not fut.done():
+                fut.set_result(None)
         for fut in self._metrics.waiters.values():
             if not fut.done():
                 fut.set_result(self._metrics.text)

@@ -1,7 +1,8 @@
 """The messages between ProcessEngine (the front) and engine_worker (its process), pickled over a Pipe.
 
-Front to worker: AddRequests, AbortRequests, RenderMetrics, Shutdown. Worker to front: Ready or LoadFailed once,
-then Accepted (per AddRequests), Outputs (once per engine step), Stats (when they change), Metrics (per ask).
+Front to worker: AddRequests, AbortRequests, CheckStructured, RenderMetrics, Shutdown. Worker to front: Ready or
+LoadFailed once, then Accepted (per AddRequests), Outputs (once per engine step), Stats (when they change),
+StructuredChecked and Metrics (per ask).
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ if TYPE_CHECKING:
     from hearth.engine.llm_engine import EngineStats
     from hearth.engine.outputs import StepOutput
     from hearth.engine.protocol import EngineInfo, EngineRequest
+    from hearth.structured.params import StructuredOutputsParams
 
 STREAM_END = "end"  # an Outputs item: the stream's last output has been sent (identity does not survive pickling)
 
@@ -25,6 +27,12 @@ class AddRequests:
 @dataclass
 class AbortRequests:
     request_ids: list[str]
+
+
+@dataclass
+class CheckStructured:
+    qid: int
+    spec: StructuredOutputsParams
 
 
 @dataclass
@@ -65,10 +73,16 @@ class Stats:
 
 
 @dataclass
+class StructuredChecked:
+    qid: int
+    error: ValueError | None  # the constraint's compile error (a 400 naming the field that asked for it)
+
+
+@dataclass
 class Metrics:
     qid: int
     text: bytes
 
 
-ToWorker = Union[AddRequests, AbortRequests, RenderMetrics, Shutdown]
-ToFront = Union[Ready, LoadFailed, Accepted, Outputs, Stats, Metrics]
+ToWorker = Union[AddRequests, AbortRequests, CheckStructured, RenderMetrics, Shutdown]
+ToFront = Union[Ready, LoadFailed, Accepted, Outputs, Stats, StructuredChecked, Metrics]

@@ -3,6 +3,7 @@ names: no module in hearth/engine imports another module's private (_x) names. C
 from __future__ import annotations
 
 import ast
+import asyncio
 import inspect
 from pathlib import Path
 
@@ -60,3 +61,32 @@ def test_no_engine_module_imports_private_names() -> None:
                 offenders += [f"{path.name}: {node.module}.{a.name}" for a in node.names
                               if a.name.startswith("_") and not a.name.startswith("__")]
     assert not offenders, offenders
+
+
+def test_a_worker_checks_a_constraint_and_the_front_raises_its_error() -> None:
+    """ProcessEngine.check_structured asks its worker (here a pipe stand-in answering at once) and raises the
+    compile error it sends back; a worker that is gone answers nothing and the check passes (generate() fails)."""
+    from hearth.engine import worker_protocol as wp
+    from hearth.structured.params import StructuredOutputsParams
+
+    async def run() -> None:
+        e = ProcessEngine(EngineArgs(model="unused"), WorkerOptions("tiny"))
+        e._loop = asyncio.get_running_loop()
+        e.info = object()  # loaded, as far as the front is concerned
+
+        class Pipe:
+            def send(self, msg) -> None:
+                assert isinstance(msg, wp.CheckStructured)
+                e._loop.call_soon(e._on_message, wp.StructuredChecked(msg.qid, ValueError("bad regex")))
+
+        e._conn = Pipe()
+        with pytest.raises(ValueError, match="bad regex"):
+            await e.check_structured(StructuredOutputsParams(regex="("))
+        assert not e._checks
+        e._conn = type("Silent", (), {"send": lambda self, msg: None})()
+        pending = asyncio.ensure_future(e.check_structured(StructuredOutputsParams(regex="a")))
+        await asyncio.sleep(0)
+        e._on_exit(-9)
+        assert await pending is None
+
+    asyncio.run(run())
