@@ -92,7 +92,7 @@ def cpu_info() -> CPUInfo:
                     cores.add((physical_id, core_id))
     except OSError:
         pass
-    usable = len(PROCESS_AFFINITY)
+    usable = len(_PROCESS_AFFINITY)
     physical = min(len(cores) or usable, usable)
     numa = len([d for d in os.listdir("/sys/devices/system/node") if d.startswith("node")]) \
         if os.path.isdir("/sys/devices/system/node") else 1
@@ -205,7 +205,7 @@ def release_calling_thread() -> None:
     has its own pool): it may run on every allowed core again, and its idle OpenMP workers exit, so they neither
     share the engine master's core nor count against libgomp's spin budget."""
     try:
-        os.sched_setaffinity(0, PROCESS_AFFINITY)
+        os.sched_setaffinity(0, _PROCESS_AFFINITY)
     except OSError as e:
         logger.debug("could not reset thread affinity: %s", e)
     gomp = _libgomp()
@@ -214,7 +214,13 @@ def release_calling_thread() -> None:
 
 
 # The cores this process may use, read before any binding narrows the calling thread's mask.
-PROCESS_AFFINITY = frozenset(os.sched_getaffinity(0))
+_PROCESS_AFFINITY = frozenset(os.sched_getaffinity(0))
+
+
+def process_affinity() -> frozenset[int]:
+    """The cores this process was started with, before any binding narrowed a thread's mask (data parallelism
+    splits them)."""
+    return _PROCESS_AFFINITY
 
 
 _M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4  # mallopt parameters (malloc.h)
@@ -264,7 +270,7 @@ def setup_threads(threads: int | None, bind: str) -> tuple[int, list[int]]:
     import torch
 
     info = cpu_info()
-    allowed = sorted(PROCESS_AFFINITY)
+    allowed = sorted(_PROCESS_AFFINITY)
     if threads is None:
         threads = envs.omp_num_threads() or info.physical_cores  # --threads, else OMP_NUM_THREADS, else cores
     if threads < 1:

@@ -76,6 +76,9 @@ def normalize(args: Any) -> None:
         noops.append(f"--load-format {args.load_format} (the format is read from the files)")
     for what in noops:
         logger.info("accepted %s", what)
+    # Accepted and inert: the engine's configuration is the same as without them.
+    args.disable_log_requests, args.enable_chunked_prefill = False, None
+    args.distributed_executor_backend, args.load_format = None, "auto"
     if args.trust_remote_code:
         logger.info("accepted --trust-remote-code: hearth never runs a model's own Python code; the architecture "
                     "must be one hearth implements")

@@ -3,7 +3,7 @@ import os
 
 import pytest
 
-from hearth.platform import PROCESS_AFFINITY
+from hearth.platform import process_affinity
 
 
 @pytest.fixture(autouse=True)
@@ -11,8 +11,8 @@ def _unpin_main_thread():
     """An in-process LLMEngine pins the calling thread (pytest's) to one core, as an offline user wants; undo it
     after each test, or every later test, and every server subprocess (which inherits the mask), runs on one core."""
     yield
-    if os.sched_getaffinity(0) != PROCESS_AFFINITY:
-        os.sched_setaffinity(0, PROCESS_AFFINITY)
+    if os.sched_getaffinity(0) != process_affinity():
+        os.sched_setaffinity(0, process_affinity())
 
 
 @pytest.fixture(autouse=True, scope="session")

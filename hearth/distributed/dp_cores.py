@@ -9,13 +9,15 @@ import re
 from collections.abc import Collection
 from dataclasses import dataclass
 
-from hearth.platform import PROCESS_AFFINITY, cpu_info, parse_core_list
+from hearth.platform import cpu_info, parse_core_list, process_affinity
 
 NODE_ROOT = "/sys/devices/system/node"
 
 
-def numa_core_lists(root: str = NODE_ROOT, allowed: Collection[int] = PROCESS_AFFINITY) -> list[list[int]]:
-    """The allowed cores of each NUMA node that has any, in node order ([] when sysfs does not say)."""
+def numa_core_lists(root: str = NODE_ROOT, allowed: Collection[int] | None = None) -> list[list[int]]:
+    """The allowed cores (default: this process's) of each NUMA node that has any, in node order ([] when sysfs
+    does not say)."""
+    allowed = process_affinity() if allowed is None else allowed
     nodes = []
     paths = glob.glob(os.path.join(root, "node[0-9]*", "cpulist"))
     for path in sorted(paths, key=lambda p: int(re.findall(r"node(\d+)", p)[-1])):
@@ -37,7 +39,7 @@ class Topology:
 
 
 def topology() -> Topology:
-    return Topology(numa_core_lists(), cpu_info().physical_cores, sorted(PROCESS_AFFINITY))
+    return Topology(numa_core_lists(), cpu_info().physical_cores, sorted(process_affinity()))
 
 
 def _split(cores: list[int], parts: int) -> list[list[int]]:

@@ -12,21 +12,22 @@ import logging
 import threading
 import time
 import weakref
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
 from hearth.engine.llm_engine import EngineStats, LLMEngine
 from hearth.engine.output_processor import OutputProcessor, StopRequest
 from hearth.engine.outputs import StepOutput
+from hearth.engine.protocol import EngineClient, EngineInfo, EngineRequest, engine_requests
 from hearth.engine.request import Request
 from hearth.metrics import ServerMetrics
 from hearth.platform import bind_omp_threads, release_calling_thread
-from hearth.sampling_params import SamplingParams
 from hearth.structured.compiler import CompiledGrammar
+from hearth.structured.params import StructuredOutputsParams
 
 logger = logging.getLogger("hearth")
 
-STREAM_END = object()  # queued after a stream's last output
+END = object()  # queued after a stream's last output (ProcessEngine and the worker post it too)
 
 
 class QueueFullError(Exception):
@@ -45,6 +46,7 @@ class ShutdownError(RuntimeError):
 
 @dataclass
 class StreamState:
+    """One stream's queue as the engine side sees it (a worker gives a queue that pipes items to the front)."""
     loop: asyncio.AbstractEventLoop
     queue: asyncio.Queue
     remaining: int  # sequences not yet finished, over all the stream's requests
@@ -70,21 +72,23 @@ class _Track:
 
 
 @dataclass
-class _Add:
-    subs: list[tuple[str, list[int], SamplingParams]]
-    grammars: list[CompiledGrammar | None]  # each sub's constraint, compiled off the engine thread
+class AddCommand:
+    """Queued for the engine thread: admit these requests into one stream; `accepted` answers (None or the error)."""
+    requests: list[EngineRequest]
+    grammars: list[CompiledGrammar | None]  # each request's constraint, compiled off the engine thread
     state: StreamState
     accepted: asyncio.Future
     arrival: float
 
 
 @dataclass
-class _Abort:
+class AbortCommand:
     request_ids: list[str]
 
 
 @dataclass
-class _Stop:
+class StopCommand:
+    """Queued for the engine thread: finish these sequences at the stop strings the front found in their text."""
     stops: list[StopRequest]
 
 
@@ -94,7 +98,7 @@ class RequestStream:
     Iterate it to get StepOutputs until every sequence has finished. abort() is idempotent and safe after the end.
     """
 
-    def __init__(self, engine: AsyncEngine, request_ids: list[str], state: StreamState,
+    def __init__(self, engine: EngineClient, request_ids: list[str], state: StreamState,
                  processor: OutputProcessor) -> None:
         self.engine = engine
         self.request_ids = request_ids
@@ -109,7 +113,7 @@ class RequestStream:
     async def _iter(self) -> AsyncIterator[StepOutput]:
         while True:
             item = await self._state.queue.get()
-            if item is STREAM_END:
+            if item is END:
                 self.finished = True
                 return
             if isinstance(item, BaseException):
@@ -142,7 +146,7 @@ class RequestStream:
         if not self.finished:
             self.finished = self.aborted = True
             self.engine.abort(self.request_ids)
-            self._state.queue.put_nowait(STREAM_END)
+            self._state.queue.put_nowait(END)
 
 
 class AsyncEngine:
@@ -153,11 +157,12 @@ class AsyncEngine:
         self.max_waiting_requests = max_waiting_requests
         self.refill_wait_s = refill_wait_s
         self._cond = threading.Condition()
-        self._cmds: list[_Add | _Abort] = []
+        self._cmds: list[AddCommand | AbortCommand] = []
         self._stop = False
         self._tracks: dict[str, _Track] = {}  # engine thread only
         self._thread: threading.Thread | None = None
         self._stats: EngineStats = engine.stats()
+        self._info = EngineInfo.of(engine)
         self.dead: BaseException | None = None
         self.draining = False
         self._streams: weakref.WeakSet[RequestStream] = weakref.WeakSet()  # event loop only
@@ -206,8 +211,12 @@ class AsyncEngine:
         return self._stats
 
     # ---- the event-loop side ----
-    async def generate(self, subs: list[tuple[str, list[int], SamplingParams]]) -> RequestStream:
-        """Queue engine requests (request_id, prompt ids, params) that share one output stream.
+    @property
+    def info(self) -> EngineInfo:
+        return self._info
+
+    async def generate(self, requests: Sequence[EngineRequest]) -> RequestStream:
+        """Queue engine requests that share one output stream.
 
         All or nothing: raises ValueError (a user error: too long, bad ids) or QueueFullError, and then none of
         them runs. Returns once the engine thread has accepted them.
@@ -216,36 +225,47 @@ class AsyncEngine:
             raise EngineDeadError("the engine loop has stopped after an internal error; restart the server")
         if self._stop or self.draining:
             raise QueueFullError("the server is shutting down")
-        state = StreamState(asyncio.get_running_loop(), asyncio.Queue(), sum(p.n for _, _, p in subs))
-        await self.submit(subs, state)
-        stream = RequestStream(self, [rid for rid, _, _ in subs], state,
-                               OutputProcessor.for_requests(self.engine.tokenizer, subs))
-        self._streams.add(stream)
-        return stream
-
-    async def submit(self, subs: list[tuple[str, list[int], SamplingParams]], state: StreamState) -> None:
-        """Queue engine requests whose outputs go to `state` and wait until the engine thread has accepted them
-        (raises what generate raises). Constraints are compiled here, off the engine thread (cached by spec)."""
+        requests = engine_requests(requests)
         loop = asyncio.get_running_loop()
-        grammars = [await asyncio.to_thread(self.engine.structured.compile, p.structured_outputs)
-                    if getattr(p, "structured_outputs", None) else None for _, _, p in subs]
-        accepted = loop.create_future()
-        self._submit(_Add(subs, grammars, state, accepted, time.monotonic()))
+        state = StreamState(loop, asyncio.Queue(), sum(r.params.n for r in requests))
+        ids = [r.request_id for r in requests]
+        accepted = self.submit(requests, state)
         try:
             await accepted
         except asyncio.CancelledError:
-            self.abort([rid for rid, _, _ in subs])
+            self.abort(ids)
             raise
+        stream = RequestStream(self, ids, state, OutputProcessor.for_requests(self._info.tokenizer, requests))
+        self._streams.add(stream)
+        return stream
+
+    def submit(self, requests: list[EngineRequest], state: StreamState) -> asyncio.Future:
+        """Call on state.loop. Queue requests whose outputs go to `state`; the future resolves (None) once the
+        engine thread has admitted them, or fails with their error. generate() and the engine worker use it.
+        Their constraints are compiled first, off the engine thread (a cache hit after check_structured)."""
+        return state.loop.create_task(self._compile_and_queue(requests, state))
+
+    async def _compile_and_queue(self, requests: list[EngineRequest], state: StreamState) -> None:
+        grammars = [await asyncio.to_thread(self.engine.structured.compile, r.params.structured_outputs)
+                    if getattr(r.params, "structured_outputs", None) else None for r in requests]
+        accepted = state.loop.create_future()
+        self._queue(AddCommand(requests, grammars, state, accepted, time.monotonic()))
+        await accepted
 
     def abort(self, request_ids: list[str]) -> None:
         """Abort requests (thread-safe): the engine frees their blocks before its next step."""
-        self._submit(_Abort(list(request_ids)))
+        self._queue(AbortCommand(list(request_ids)))
 
     def stop(self, stops: list[StopRequest]) -> None:
         """Finish sequences at the stop strings the front found (thread-safe); frees their blocks."""
-        self._submit(_Stop(list(stops)))
+        self._queue(StopCommand(list(stops)))
 
-    def _submit(self, cmd: _Add | _Abort | _Stop) -> None:
+    async def check_structured(self, spec: StructuredOutputsParams) -> None:
+        """Compile off the event loop and off the engine thread (cached by spec): submit's compile is then a cache
+        hit. NOTE: a caller's timeout leaves the compile going in its thread (it cannot be stopped)."""
+        await asyncio.to_thread(self.engine.structured.compile, spec)
+
+    def _queue(self, cmd: AddCommand | AbortCommand | StopCommand) -> None:
         with self._cond:
             self._cmds.append(cmd)
             self._cond.notify()
@@ -293,12 +313,12 @@ class AsyncEngine:
         with self._cond:
             self._cond.wait_for(lambda: self._cmds or self._stop, timeout=self.refill_wait_s)
 
-    def _apply(self, cmd: _Add | _Abort | _Stop) -> None:
-        if isinstance(cmd, _Stop):
+    def _apply(self, cmd: AddCommand | AbortCommand | StopCommand) -> None:
+        if isinstance(cmd, StopCommand):
             outputs = [self.engine.stop_sequence(s.request_id, s.index, s.stop) for s in cmd.stops]
             self._dispatch([o for o in outputs if o is not None])
             return
-        if isinstance(cmd, _Abort):
+        if isinstance(cmd, AbortCommand):
             for rid in cmd.request_ids:
                 self.engine.abort_request(rid)
                 track = self._tracks.pop(rid, None)
@@ -311,24 +331,25 @@ class AsyncEngine:
         else:
             cmd.state.loop.call_soon_threadsafe(_resolve, cmd.accepted, error)
 
-    def _admit(self, cmd: _Add) -> BaseException | None:
+    def _admit(self, cmd: AddCommand) -> BaseException | None:
         if self.dead is not None:
             return EngineDeadError("the engine loop has stopped after an internal error")
         sched = self.engine.scheduler
         if self.max_waiting_requests is not None:
             # Requests that will wait: the queue plus these, minus the sequence slots free right now.
             free_slots = max(0, sched.config.max_num_seqs - len(sched.running))
-            backlog = len(sched.waiting) + sum(p.n for _, _, p in cmd.subs) - free_slots
+            need = sum(r.params.n for r in cmd.requests)
+            backlog = len(sched.waiting) + need - free_slots
             if backlog > self.max_waiting_requests:
-                need = sum(p.n for _, _, p in cmd.subs)
                 return QueueFullError(f"the server is busy: its waiting queue is full (limit "
                                       f"{self.max_waiting_requests}, --max-waiting-requests; {len(sched.waiting)} "
                                       f"waiting, {free_slots} free slots, this request needs {need}); retry after "
                                       f"{QueueFullError.retry_after} s")
         added: list[str] = []
-        for (rid, ids, params), grammar in zip(cmd.subs, cmd.grammars):
+        for r, grammar in zip(cmd.requests, cmd.grammars):
+            rid, params = r.request_id, r.params
             try:
-                self.engine.add_request(rid, ids, params, arrival_time=cmd.arrival, grammar=grammar)
+                self.engine.add_request(rid, r.prompt_token_ids, params, arrival_time=cmd.arrival, grammar=grammar)
             except ValueError as e:
                 for done in added:
                     self.engine.abort_request(done)
@@ -356,7 +377,7 @@ class AsyncEngine:
         for state, outs in batches.values():
             state.post(outs)
             if state.remaining == 0:
-                state.post(STREAM_END)
+                state.post(END)
 
     def _observe(self, track: _Track, out: StepOutput, now: float) -> None:
         m = self.metrics

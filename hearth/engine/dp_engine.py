@@ -1,4 +1,4 @@
-"""DataParallelEngine: N ProcessEngines of one model behind one engine interface (vLLM's --data-parallel-size).
+"""DataParallelEngine: N ProcessEngines of one model behind one EngineClient (engine/protocol.py) (vLLM's --data-parallel-size).
 
 Each request goes to the live engine with the least running + waiting work (the sequences this front has in
 flight on it: exact and current, where the workers' stats lag by a push period). A rank that dies fails only its
@@ -11,15 +11,17 @@ import asyncio
 import dataclasses
 import logging
 import threading
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 
 from hearth.config import EngineArgs
 from hearth.engine.async_engine import RequestStream
-from hearth.engine.engine_worker import WorkerInfo, WorkerOptions
+from hearth.engine.engine_worker import WorkerOptions
 from hearth.engine.llm_engine import EngineStats
+from hearth.engine.output_processor import StopRequest
 from hearth.engine.process_engine import LoadFailedError, NotStartedError, ProcessEngine, WorkerDiedError
+from hearth.engine.protocol import EngineInfo, EngineRequest, engine_requests
 from hearth.metrics_merge import merge_expositions
-from hearth.sampling_params import SamplingParams
+from hearth.structured.params import StructuredOutputsParams
 
 logger = logging.getLogger("hearth")
 
@@ -40,6 +42,7 @@ class DataParallelEngine:
         self._restarting: dict[int, asyncio.Task] = {}
         self._closing = False
         self._rank_ready = asyncio.Event()  # set while at least one rank is loaded and alive
+        self._last_info: EngineInfo | None = None
 
     @property
     def size(self) -> int:
@@ -56,20 +59,28 @@ class DataParallelEngine:
     def start(self) -> None:
         """Nothing: load() starts the workers."""
 
-    async def load(self) -> WorkerInfo:
-        """Start every rank and wait for all of them (bounded). On failure none is left running."""
+    async def load(self, timeout: float | None = None) -> EngineInfo:
+        """Start every rank and wait for all of them (up to timeout s, default the load_timeout it was made with).
+        On failure none is left running."""
+        timeout = self.load_timeout if timeout is None else timeout
         try:
-            infos = await asyncio.gather(*(r.load(self.load_timeout) for r in self.ranks))
+            infos = await asyncio.gather(*(r.load(timeout) for r in self.ranks))
         except BaseException:
             await asyncio.to_thread(self._kill_all)
             raise
         self._rank_ready.set()
+        self._last_info = infos[0]
         self._watchers = [asyncio.create_task(self._watch(i)) for i in range(self.size)]
         return infos[0]
 
     @property
-    def info(self) -> WorkerInfo | None:
-        return next((r.info for r in self.ranks if r.info is not None), None)
+    def info(self) -> EngineInfo | None:
+        """A live rank's, else the last loaded one's: the model stays the same while a rank restarts, and the
+        serving context keeps reading it (generation defaults, HF config) meanwhile."""
+        info = next((r.info for r in self.ranks if r.info is not None), None)
+        if info is not None:
+            self._last_info = info
+        return info or self._last_info
 
     @property
     def pids(self) -> list[int]:
@@ -166,7 +177,8 @@ class DataParallelEngine:
         live = [r for r in self.ranks if r.dead is None and r.info is not None and id(r) not in exclude]
         return min(live, key=lambda r: r.in_flight, default=None)
 
-    async def generate(self, subs: list[tuple[str, list[int], SamplingParams]]) -> RequestStream:
+    async def generate(self, requests: Sequence[EngineRequest]) -> RequestStream:
+        requests = engine_requests(requests)
         rank = self._pick()
         if rank is None and self._restarting:
             # Every rank is down and coming back: wait for one (bounded), as for a model that must load.
@@ -181,7 +193,7 @@ class DataParallelEngine:
         tried: set[int] = set()
         while True:
             try:
-                return await rank.generate(subs)
+                return await rank.generate(requests)
             except NotStartedError:
                 # The rank died under this request before it started: the next live rank takes it (once each).
                 tried.add(id(rank))
@@ -193,6 +205,17 @@ class DataParallelEngine:
         # NOTE: streams abort through the rank that runs them; this serves callers that only know the ids.
         for r in self.ranks:
             r.abort(request_ids)
+
+    def stop(self, stops: list[StopRequest]) -> None:
+        # NOTE: as abort: a stream stops through its own rank; the others ignore ids they do not hold.
+        for r in self.ranks:
+            r.stop(stops)
+
+    async def check_structured(self, spec: StructuredOutputsParams) -> None:
+        """Compiled by the worker the next request would go to (its cache then has it); ValueError if bad."""
+        rank = self._pick()
+        if rank is not None:
+            await rank.check_structured(spec)
 
     async def render_metrics(self) -> bytes:
         texts = await asyncio.gather(*(r.render_metrics() for r in self.ranks))

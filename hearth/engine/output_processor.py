@@ -18,6 +18,7 @@ from hearth.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
     from hearth.engine.llm_engine import LLMEngine
+    from hearth.engine.protocol import EngineRequest
 
 
 @dataclass
@@ -51,11 +52,11 @@ class OutputProcessor:
         self.to_stop: list[StopRequest] = []  # filled by process(); the caller drains it
 
     @classmethod
-    def for_requests(cls, tokenizer: Tokenizer, subs: list[tuple[str, list[int], SamplingParams]]) -> OutputProcessor:
-        """A processor for one stream's engine requests (request_id, prompt ids, params)."""
+    def for_requests(cls, tokenizer: Tokenizer, requests: list[EngineRequest]) -> OutputProcessor:
+        """A processor for one stream's engine requests."""
         processor = cls(tokenizer)
-        for rid, ids, params in subs:
-            processor.add_request(rid, ids, params)
+        for r in requests:
+            processor.add_request(r.request_id, r.prompt_token_ids, r.params)
         return processor
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None:

@@ -1,5 +1,5 @@
-"""ProcessEngine: an engine in its own spawned process, behind the interface the HTTP layer already talks to
-(AsyncEngine's generate / abort / stats / dead / start / shutdown), plus async load() and render_metrics().
+"""ProcessEngine: an engine in its own spawned process behind the EngineClient interface (engine/protocol.py),
+plus async load() and render_metrics(). The pipe's messages are worker_protocol.py's.
 
 Why a process: a crash or OOM in one model takes only its process down (its requests fail with WorkerDiedError,
 a 503), and unloading a model really returns its memory to the OS (the process exits). The front never imports
@@ -14,14 +14,18 @@ import logging
 import multiprocessing as mp
 import os
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from hearth.config import EngineArgs
-from hearth.engine.async_engine import STREAM_END, EngineDeadError, RequestStream, StreamState
-from hearth.engine.engine_worker import WorkerInfo, WorkerOptions, worker_main
+
+from hearth.engine import worker_protocol as wp
+from hearth.engine.async_engine import END, EngineDeadError, RequestStream, StreamState
+from hearth.engine.engine_worker import WorkerOptions, worker_main
 from hearth.engine.llm_engine import EngineStats
 from hearth.engine.output_processor import OutputProcessor, StopRequest
-from hearth.sampling_params import SamplingParams
+from hearth.engine.protocol import EngineInfo, EngineRequest, engine_requests
+from hearth.structured.params import StructuredOutputsParams
 
 logger = logging.getLogger("hearth")
 
@@ -60,7 +64,7 @@ class _Metrics:
 class ProcessEngine:
     def __init__(self, args: EngineArgs, opts: WorkerOptions, env: dict[str, str] | None = None) -> None:
         self.args, self.opts, self.env = args, opts, env or {}
-        self.info: WorkerInfo | None = None
+        self.info: EngineInfo | None = None
         self.metrics = None  # NOTE: None tells server.py's in-process paths there is no local registry
         self.dead: BaseException | None = None
         self.exitcode: int | None = None
@@ -74,6 +78,7 @@ class ProcessEngine:
         self._rid_sid: dict[str, int] = {}
         self._sids = itertools.count()
         self._metrics = _Metrics()
+        self._checks: dict[int, asyncio.Future] = {}  # CheckStructured asks waiting for their answer
         self.in_flight = 0  # sequences submitted and not finished: the data-parallel router's load measure
         self.generated = 0  # output tokens streamed back since the start (the web page's tokens/s)
         self.exited = asyncio.Event()
@@ -86,8 +91,9 @@ class ProcessEngine:
     def start(self) -> None:
         """AsyncEngine's start(): the process is started by load(); nothing to do here."""
 
-    async def load(self, timeout: float) -> WorkerInfo:
-        """Spawn the worker and wait (bounded) until its model is loaded. Raises LoadFailedError / TimeoutError."""
+    async def load(self, timeout: float | None = None) -> EngineInfo:
+        """Spawn the worker and wait until its model is loaded (up to timeout s; None: until it is loaded or its
+        process exits). Raises LoadFailedError / TimeoutError."""
         if self._ready is None:
             self._loop = asyncio.get_running_loop()
             self._ready = self._loop.create_future()
@@ -139,7 +145,7 @@ class ProcessEngine:
             return
         if self._proc.is_alive():
             try:
-                self._send(("shutdown", timeout))
+                self._send(wp.Shutdown(timeout))
             except OSError:
                 pass
             self._proc.join(timeout + 5)
@@ -155,16 +161,17 @@ class ProcessEngine:
         return self._stats
 
     # ---- requests ----
-    async def generate(self, subs: list[tuple[str, list[int], SamplingParams]]) -> RequestStream:
+    async def generate(self, requests: Sequence[EngineRequest]) -> RequestStream:
         if self.dead is not None:
             raise WorkerDiedError(str(self.dead))
         if self.info is None:
             raise EngineDeadError(f"model {self.opts.name!r} is not loaded")
+        requests = engine_requests(requests)
         loop = asyncio.get_running_loop()
-        n = sum(p.n for _, _, p in subs)
+        n = sum(r.params.n for r in requests)
         state = StreamState(loop, asyncio.Queue(), n)
         sid = next(self._sids)
-        ids = [rid for rid, _, _ in subs]
+        ids = [r.request_id for r in requests]
         pending = _Pending(state, ids, loop.create_future(), n)
         self._streams[sid] = pending
         for rid in ids:
@@ -172,7 +179,7 @@ class ProcessEngine:
         self.in_flight += n
         try:
             try:
-                self._send(("add", sid, subs))
+                self._send(wp.AddRequests(sid, requests))
             except (OSError, ValueError):  # the worker died and the reader thread has not seen it yet
                 self._forget(sid)  # before _on_exit runs: it would fail `accepted`, which nobody awaits now
                 await self._wait_exited(5.0)
@@ -185,9 +192,9 @@ class ProcessEngine:
         except BaseException:
             self._forget(sid)
             if not pending.accepted.done() or pending.accepted.cancelled():
-                self._send_quiet(("abort", ids))
+                self._send_quiet(wp.AbortRequests(ids))
             raise
-        return RequestStream(self, ids, state, OutputProcessor.for_requests(self.info.tokenizer, subs))
+        return RequestStream(self, ids, state, OutputProcessor.for_requests(self.info.tokenizer, requests))
 
     async def _wait_exited(self, timeout: float) -> None:
         try:
@@ -196,7 +203,7 @@ class ProcessEngine:
             pass
 
     def abort(self, request_ids: list[str]) -> None:
-        self._send_quiet(("abort", list(request_ids)))
+        self._send_quiet(wp.AbortRequests(list(request_ids)))
         if self._loop is not None:
             try:
                 self._loop.call_soon_threadsafe(self._forget_rids, list(request_ids))
@@ -205,7 +212,23 @@ class ProcessEngine:
 
     def stop(self, stops: list[StopRequest]) -> None:
         """Finish sequences at the stop strings this front found; the worker answers with their last outputs."""
-        self._send_quiet(("stop", list(stops)))
+        self._send_quiet(wp.StopSequences(list(stops)))
+
+    async def check_structured(self, spec: StructuredOutputsParams) -> None:
+        """The worker compiles (and caches) the constraint off its engine thread; ValueError if it is bad. A
+        worker that is not serving says nothing here: generate() reports that."""
+        if self.info is None or self.dead is not None:
+            return
+        qid = next(self._sids)
+        fut = asyncio.get_running_loop().create_future()
+        self._checks[qid] = fut
+        self._send_quiet(wp.CheckStructured(qid, spec))
+        try:
+            error = await fut
+        finally:
+            self._checks.pop(qid, None)
+        if error is not None:
+            raise error
 
     async def render_metrics(self, timeout: float = 5.0) -> bytes:
         """The worker's exposition (its registry carries model_name and engine labels)."""
@@ -214,7 +237,7 @@ class ProcessEngine:
         qid = next(self._sids)
         fut = asyncio.get_running_loop().create_future()
         self._metrics.waiters[qid] = fut
-        self._send_quiet(("metrics", qid))
+        self._send_quiet(wp.RenderMetrics(qid))
         try:
             self._metrics.text = await asyncio.wait_for(fut, timeout)
         except TimeoutError:
@@ -224,11 +247,11 @@ class ProcessEngine:
         return self._metrics.text
 
     # ---- plumbing ----
-    def _send(self, msg: tuple) -> None:
+    def _send(self, msg: wp.ToWorker) -> None:
         with self._send_lock:
             self._conn.send(msg)
 
-    def _send_quiet(self, msg: tuple) -> None:
+    def _send_quiet(self, msg: wp.ToWorker) -> None:
         try:
             if self._conn is not None and self.dead is None:
                 self._send(msg)
@@ -248,15 +271,14 @@ class ProcessEngine:
             if sid is not None:
                 self._forget(sid)
 
-    def _on_message(self, msg: tuple) -> None:
-        kind = msg[0]
-        if kind == "out":
-            for sid, item in msg[1]:
+    def _on_message(self, msg: wp.ToFront) -> None:
+        if isinstance(msg, wp.Outputs):
+            for sid, item in msg.items:
                 p = self._streams.get(sid)
                 if p is None:
                     continue  # aborted meanwhile
-                if item == "end":
-                    p.state.queue.put_nowait(STREAM_END)
+                if isinstance(item, str):  # wp.STREAM_END, the only text item
+                    p.state.queue.put_nowait(END)
                     self._forget(sid)
                 elif isinstance(item, BaseException):
                     p.state.queue.put_nowait(item)
@@ -267,28 +289,31 @@ class ProcessEngine:
                     p.state.remaining -= done
                     self.in_flight -= done
                     p.state.queue.put_nowait(item)
-        elif kind == "accepted":
-            _, sid, error = msg
-            p = self._streams.get(sid)
+        elif isinstance(msg, wp.Accepted):
+            p = self._streams.get(msg.sid)
             if p is not None and not p.accepted.done():
-                if error is None:
+                if msg.error is None:
                     p.accepted.set_result(None)
                 else:
-                    p.accepted.set_exception(error)
-        elif kind == "stats":
-            self._stats = msg[1]
-        elif kind == "metrics":
-            fut = self._metrics.waiters.get(msg[1])
+                    p.accepted.set_exception(msg.error)
+        elif isinstance(msg, wp.StructuredChecked):
+            fut = self._checks.get(msg.qid)
             if fut is not None and not fut.done():
-                fut.set_result(msg[2])
-        elif kind == "ready":
-            self.info = msg[1]
+                fut.set_result(msg.error)
+        elif isinstance(msg, wp.Stats):
+            self._stats = msg.stats
+        elif isinstance(msg, wp.Metrics):
+            fut = self._metrics.waiters.get(msg.qid)
+            if fut is not None and not fut.done():
+                fut.set_result(msg.text)
+        elif isinstance(msg, wp.Ready):
+            self.info = msg.info
             if not self._ready.done():
                 self._ready.set_result(self.info)
-        elif kind == "load_failed":
-            self.dead = LoadFailedError(msg[1])
+        elif isinstance(msg, wp.LoadFailed):
+            self.dead = LoadFailedError(msg.message)
             if not self._ready.done():
-                self._ready.set_exception(LoadFailedError(msg[1]))
+                self._ready.set_exception(LoadFailedError(msg.message))
 
     def _on_exit(self, exitcode: int | None) -> None:
         self.exitcode = exitcode
@@ -309,6 +334,9 @@ class ProcessEngine:
         self._rid_sid.clear()
         self.in_flight = 0
         self._stats = _EMPTY_STATS
+        for fut in self._checks.values():  # (their requests fail in generate() now)
+            if not fut.done():
+                fut.set_result(None)
         for fut in self._metrics.waiters.values():
             if not fut.done():
                 fut.set_result(self._metrics.text)

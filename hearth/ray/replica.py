@@ -5,26 +5,16 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import Any
 
-from hearth.entrypoints.openai.gateway import GatewayConfig
 from hearth.ray.asgi_bridge import call_asgi
 from hearth.ray.metrics_board import BOARD_NAMESPACE, board_name
+from hearth.ray.plan import ReplicaServerConfig
 
 logger = logging.getLogger("hearth")
 
 REPLICA_HEADER = b"x-hearth-replica"
 METRICS_PUSH_S = 1.0
-
-
-@dataclass
-class ReplicaServerConfig:
-    max_waiting_requests: int | None = None
-    refill_wait_s: float = 0.03
-    max_body_bytes: int = 16 * 1024 * 1024
-    drain_timeout: float = 30.0
-    gateway: GatewayConfig | None = None  # gateway mode (--upstream, --blocklist, answer cache) in each replica
 
 
 def _load_on_own_thread(engine_args: Any) -> Any:
@@ -41,28 +31,23 @@ class HearthModel:
         from ray import serve
 
         from hearth.config import EngineArgs
-        from hearth.engine.async_engine import AsyncEngine
-        from hearth.entrypoints.openai.gateway import Gateway
         from hearth.entrypoints.openai.server import ServerConfig, build_app
-        from hearth.entrypoints.openai.serving_common import ServingContext
-        from hearth.metrics import ServerMetrics
+        from hearth.entrypoints.openai.serving_build import build_serving
 
         context = serve.get_replica_context()
         self.name = context.replica_tag
         llm = await asyncio.to_thread(_load_on_own_thread, EngineArgs(**engine_kwargs))
-        mc = llm.model_config
-        self.metrics = ServerMetrics(mc.served_model_name)
-        self.engine = AsyncEngine(llm, self.metrics, server.max_waiting_requests, server.refill_wait_s)
-        ctx = ServingContext(self.engine, llm.tokenizer, mc.served_model_name, mc.model, mc.max_model_len)
+        serving = build_serving(llm, server.serve)  # (as `hearth serve` assembles it: the same flags apply)
+        self.engine = serving.client
+        self.metrics = serving.client.metrics
         # NOTE: no API key here: the ingress checks it; a replica is reached only through a Ray handle.
-        gateway = Gateway(server.gateway, ctx, self.metrics.registry) if server.gateway is not None else None
-        self.app = build_app(self.engine, ctx, ServerConfig(None, server.max_body_bytes, server.drain_timeout),
-                             gateway)
+        self.app = build_app(self.engine, serving.ctx, ServerConfig(None, server.max_body_bytes,
+                                                                    server.drain_timeout), serving.gateway)
         self.drain_timeout = server.drain_timeout
         self.engine.start()  # (the app's lifespan does not run under in-process calls)
         self.board_name = board_name(context.app_name)
         self._pusher = asyncio.create_task(self._push_metrics())
-        logger.info("replica %s serving %r", self.name, mc.served_model_name)
+        logger.info("replica %s serving %r", self.name, serving.ctx.model_name)
 
     async def __call__(self, method: str, path: str, query: bytes, headers: list[tuple[bytes, bytes]],
                        body: bytes, metered: bool = False) -> AsyncIterator[dict[str, Any] | bytes]:

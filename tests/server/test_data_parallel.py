@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 
+import httpx
 import openai
 import pytest
 
@@ -100,3 +102,18 @@ def test_every_route_family_serves_behind_the_engines(dp: ServerProcess) -> None
     out = o.generate(model=name, prompt="hello", raw=True, options={"num_predict": 3})
     assert out.done and out.eval_count >= 1
     assert dp.metric("vllm:request_success_total") == before + 3
+
+
+def test_constraints_are_checked_by_the_engines(dp: ServerProcess) -> None:
+    """A bad constraint is a 400 naming its field, compiled by a worker before the request is queued (as in
+    process); a good one constrains the output."""
+    assert wait_until(lambda: _engines(dp)["state"] == "loaded", 120)  # (an engine may be restarting)
+    msgs = [{"role": "user", "content": "code?"}]
+    r = httpx.post(dp.url + "/v1/chat/completions", json={"messages": msgs, "max_tokens": 5, "guided_regex": "[a-"},
+                   timeout=60)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == "guided_regex", r.text
+    r = httpx.post(dp.url + "/v1/chat/completions", json={"messages": msgs, "max_tokens": 8,
+                                                           "guided_regex": "[a-z]{2}[0-9]{2}"}, timeout=120)
+    assert r.status_code == 200, r.text
+    assert re.fullmatch(r"[a-z]{2}[0-9]{2}", r.json()["choices"][0]["message"]["content"]), r.text

@@ -122,7 +122,7 @@ def test_core_slots(monkeypatch: pytest.MonkeyPatch) -> None:
     info = CPUInfo("test", frozenset(), physical_cores=4, numa_nodes=1)
     monkeypatch.setattr(cs, "cpu_info", lambda: info)
     monkeypatch.setattr(dc, "cpu_info", lambda: info)
-    monkeypatch.setattr(dc, "PROCESS_AFFINITY", {0, 1, 2, 3})
+    monkeypatch.setattr(dc, "process_affinity", lambda: frozenset({0, 1, 2, 3}))
     monkeypatch.setattr(dc, "numa_core_lists", lambda: [])
     assert cs.slot_count(3, None, 1) == 3 and cs.slot_count(3, 2, 1) == 2 and cs.slot_count(9, None, 1) == 4
     assert cs.slot_count(5, None, 2) == 2 and cs.slot_count(1, None, 1) == 1

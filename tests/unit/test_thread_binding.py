@@ -7,7 +7,7 @@ import torch
 
 from hearth import kernels
 from hearth.weights import apply
-from hearth.platform import PROCESS_AFFINITY, bind_omp_threads, release_calling_thread
+from hearth.platform import process_affinity, bind_omp_threads, release_calling_thread
 
 
 def _tasks() -> dict[int, tuple[frozenset[int], int]]:
@@ -23,9 +23,9 @@ def _tasks() -> dict[int, tuple[frozenset[int], int]]:
     return out
 
 
-@pytest.mark.skipif(len(PROCESS_AFFINITY) < 2 or not kernels.available(), reason="needs 2 cores + kernels")
+@pytest.mark.skipif(len(process_affinity()) < 2 or not kernels.available(), reason="needs 2 cores + kernels")
 def test_team_of_a_non_main_thread_is_pinned_and_does_the_work():
-    cores = sorted(PROCESS_AFFINITY)[:2]
+    cores = sorted(process_affinity())[:2]
     seen: dict = {}
     # As the server does: the main thread loads the model with its own bound team first.
     main_mask = os.sched_getaffinity(0)
@@ -61,7 +61,7 @@ def test_team_of_a_non_main_thread_is_pinned_and_does_the_work():
 
 
 def test_release_calling_thread_restores_the_process_mask():
-    allowed = PROCESS_AFFINITY
+    allowed = process_affinity()
     seen: dict = {}
 
     def run() -> None:

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from hearth.config import EngineArgs
+from hearth.engine import worker_protocol as wp
 from hearth.engine.dp_engine import DataParallelEngine
 from hearth.engine.engine_worker import WorkerOptions
 from hearth.engine.process_engine import NotStartedError, ProcessEngine
@@ -26,10 +27,10 @@ class _Accepting:
     def __init__(self, engine: ProcessEngine) -> None:
         self.engine, self.sent = engine, []
 
-    def send(self, msg: tuple) -> None:
+    def send(self, msg: wp.ToWorker) -> None:
         self.sent.append(msg)
-        if msg[0] == "add":
-            self.engine._loop.call_soon(self.engine._on_message, ("accepted", msg[1], None))
+        if isinstance(msg, wp.AddRequests):
+            self.engine._loop.call_soon(self.engine._on_message, wp.Accepted(msg.sid, None))
 
 
 def _engine(label: str) -> ProcessEngine:
@@ -74,7 +75,7 @@ def test_data_parallel_resends_a_not_started_request_to_a_live_engine() -> None:
         live._conn = _Accepting(live)
         _just_killed(dead)  # the router picks it: least in flight, and not yet known dead
         stream = await dp.generate(SUBS)
-        assert [m[0] for m in live._conn.sent] == ["add"]
+        assert [type(m) for m in live._conn.sent] == [wp.AddRequests]
         assert stream is not None and live.in_flight == 1 and dead.in_flight == 0
 
     asyncio.run(run())

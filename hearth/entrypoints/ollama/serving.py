@@ -19,6 +19,7 @@ from hearth import __version__
 from hearth.entrypoints.openai.body import openapi_body
 from hearth.entrypoints.openai.chat_drive import Tally, drive, run_whole
 from hearth.engine.async_engine import RequestStream
+from hearth.engine.protocol import EngineRequest
 from hearth.entrypoints.ollama import embed
 from hearth.entrypoints.ollama.model_info import ModelInfo, ollama_name
 from hearth.entrypoints.ollama.protocol import (
@@ -193,7 +194,7 @@ class OllamaAPI:
         except ValueError as e:
             raise bad_request(e, SAMPLING_PARAMS) from None
         await ctx.compile_structured(spec, "format" if param else None)
-        return await ctx.generate([(new_id("ollama"), ids, params)])
+        return await ctx.generate([EngineRequest(new_id("ollama"), ids, params)])
 
     async def _respond(self, req: ChatRequest | GenerateRequest, raw: Request, stream: RequestStream, n_prompt: int,
                        t0: float, cs: ChoiceStream | None,

@@ -26,7 +26,12 @@ from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
+from typing import TYPE_CHECKING
+
 from prometheus_client import CollectorRegistry, Counter
+
+if TYPE_CHECKING:
+    from hearth.engine.protocol import EngineRequest
 
 from hearth.entrypoints.openai.toml_file import check_fields, read_toml, str_list, tables
 
@@ -269,10 +274,10 @@ class MeteredStream:
         return getattr(self._stream, name)
 
 
-def meter(stream, subs: list[tuple[str, list[int], object]]):
+def meter(stream, subs: list[EngineRequest]):
     """Wrap a new RequestStream for the key serving this request (prompt tokens count at once); no key: as is."""
     m = current_meter.get()
     if m is None:
         return stream
-    m.ring.add_tokens(m.name, m.usage, sum(len(ids) for _, ids, _ in subs), 0)
+    m.ring.add_tokens(m.name, m.usage, sum(len(r.prompt_token_ids) for r in subs), 0)
     return MeteredStream(stream, m)

@@ -7,16 +7,30 @@ import argparse
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the router imports torch, which `hearth serve --help` must not
-    from hearth.entrypoints.openai.model_router import ModelRouter
+    from hearth.config import EngineArgs
+    from hearth.entrypoints.openai.model_router import ModelRouter, RouterConfig
+    from hearth.entrypoints.openai.model_specs import ModelSpec
+    from hearth.entrypoints.openai.serving_build import ServeOptions
 
 
 def build_router(ns: argparse.Namespace) -> ModelRouter | None:
     """The router the flags ask for, or None for the plain in-process `hearth serve MODEL`."""
+    from hearth.entrypoints.openai.model_router import ModelRouter
+    from hearth.entrypoints.openai.serving_build import ServeOptions
+
+    parts = router_parts(ns, ServeOptions.from_namespace(ns))
+    return ModelRouter(*parts) if parts is not None else None
+
+
+def router_parts(ns: argparse.Namespace, serve: ServeOptions
+                 ) -> tuple[list[ModelSpec], EngineArgs, RouterConfig] | None:
+    """What a ModelRouter is built from (its models, their base EngineArgs, its config with every model's serving
+    options), or None for the plain in-process `hearth serve MODEL`. Raises ValueError on bad values."""
     from hearth import envs
     from hearth.engine.core_slots import core_slots, slot_count
     from hearth.distributed.dp_cores import dp_core_sets
     from hearth.entrypoints.cli import engine_args_from
-    from hearth.entrypoints.openai.model_router import ModelRouter, RouterConfig
+    from hearth.entrypoints.openai.model_router import RouterConfig
     from hearth.entrypoints.openai.model_specs import ModelSpec, check_names, specs_from_dir, specs_from_toml
 
     multi = ns.models_dir is not None or ns.models_config is not None
@@ -27,8 +41,12 @@ def build_router(ns: argparse.Namespace) -> ModelRouter | None:
             if getattr(ns, flag) is not None:
                 raise ValueError(f"--{flag.replace('_', '-')} needs --models-dir or --models-config")
         return None
-    if multi and ns.model is not None:
-        raise ValueError("pass either MODEL or --models-dir / --models-config, not both")
+    base = engine_args_from(ns)
+    if multi and base.model is not None:
+        raise ValueError("pass either MODEL (or --model) or --models-dir / --models-config, not both")
+    if multi and base.served_model_name is not None:
+        raise ValueError("--served-model-name names one model: with --models-dir / --models-config each model is "
+                         "named by its file, folder or entry")
     for flag in ("max_loaded_models", "models_memory", "idle_unload_seconds", "model_load_timeout"):
         value = getattr(ns, flag)
         if value is not None and value <= 0:
@@ -48,9 +66,9 @@ def build_router(ns: argparse.Namespace) -> ModelRouter | None:
 
         import os
 
-        path = ns.model or default_model_path()
+        path = base.model or default_model_path()
         # NOTE: the loader's own default name (model_loader), so the API name is the same as without -dp
-        name = ns.served_model_name or os.path.basename(os.path.normpath(path)).removesuffix(".gguf")
+        name = base.served_model_name or os.path.basename(os.path.normpath(path)).removesuffix(".gguf")
         specs = [ModelSpec(name, path, pinned=True)]
     bind = ns.omp_threads_bind or envs.omp_threads_bind()
     if multi:  # the cores are split between the models that may be resident (hearth.engine.core_slots)
@@ -58,12 +76,9 @@ def build_router(ns: argparse.Namespace) -> ModelRouter | None:
                            ns.data_parallel_size, bind, ns.threads)
     else:
         slots = [list(dp_core_sets(ns.data_parallel_size, bind, ns.threads))]
-    base = engine_args_from(ns)
-    serving = {"reasoning_parser": ns.reasoning_parser, "reasoning_budget": ns.reasoning_budget}
     config = RouterConfig(ns.max_loaded_models, ns.models_memory, ns.idle_unload_seconds, ns.model_load_timeout,
-                          ns.data_parallel_size, slots, ns.max_waiting_requests, ns.refill_wait_ms / 1000,
-                          ns.drain_timeout, {k: v for k, v in serving.items() if v is not None})
-    return ModelRouter(specs, base, config)
+                          ns.data_parallel_size, slots, ns.drain_timeout, serve)
+    return specs, base, config
 
 
 def check_serving(specs: list, ns: argparse.Namespace) -> None:

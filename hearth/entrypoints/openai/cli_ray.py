@@ -2,50 +2,40 @@
 serve_args.ServerArgs; Ray is imported only when --ray is given, so `hearth serve --help` works without it."""
 from __future__ import annotations
 
-import argparse
 import logging
 import signal
 import threading
 import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from hearth.entrypoints.openai.serve_plan import RayPlan
 
 logger = logging.getLogger("hearth")
 
 DEFAULT_TARGET_ONGOING_REQUESTS = 8.0
 
 
-def run_ray_serve(ns: argparse.Namespace) -> int:
+def run_ray_serve(plan: RayPlan) -> int:
+    """Deploy the planned application (serve_plan.plan_serve checked every flag) and serve until a signal."""
     try:
         import ray
         from ray import serve
     except ImportError:
         raise ValueError("--ray needs Ray Serve: pip install 'hearth[ray]'") from None
-    from hearth import envs
-    from hearth.entrypoints.cli import ENGINE_ARG_NAMES
-    from hearth.ray import build_app
+    from hearth.ray.app import deploy_plan
 
-    if not 0 <= ns.port < 65536:
-        raise ValueError(f"--port must be in [0, 65535], got {ns.port}")
-    engine_args = {k: getattr(ns, k) for k in ENGINE_ARG_NAMES if hasattr(ns, k) and k != "model"}
-    from hearth.entrypoints.openai.gateway import gateway_config_from
-
-    app = build_app(ns.model, num_replicas=ns.num_replicas, min_replicas=ns.min_replicas, max_replicas=ns.max_replicas,
-                    target_ongoing_requests=ns.target_ongoing_requests,
-                    num_cpus_per_replica=ns.num_cpus_per_replica,
-                    api_key=ns.api_key or (envs.api_key() if not ns.api_key_file else None),
-                    api_key_file=ns.api_key_file, gateway=gateway_config_from(ns, envs.upstream_api_key()),
-                    max_waiting_requests=ns.max_waiting_requests, refill_wait_ms=ns.refill_wait_ms,
-                    max_request_body_bytes=ns.max_request_body_bytes, drain_timeout=ns.drain_timeout,
-                    **engine_args)
+    app = deploy_plan(plan.app)
     t0 = time.perf_counter()
-    ray.init(address=ns.ray_address, include_dashboard=False if ns.ray_address is None else None)
-    serve.start(http_options={"host": ns.host, "port": ns.port})
+    ray.init(address=plan.address, include_dashboard=False if plan.address is None else None)
+    serve.start(http_options={"host": plan.host, "port": plan.port})
     try:
         serve.run(app, name="hearth", route_prefix="/")
     except RuntimeError as e:
         why = _deploy_failure(serve)
         ray.shutdown()
         raise ValueError(f"{e} ({why})" if why else str(e)) from None
-    logger.info("serving on http://%s:%d/v1 through Ray Serve (ready in %.1f s)", ns.host, ns.port,
+    logger.info("serving on http://%s:%d/v1 through Ray Serve (ready in %.1f s)", plan.host, plan.port,
                 time.perf_counter() - t0)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

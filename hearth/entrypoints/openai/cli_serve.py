@@ -10,6 +10,15 @@ import socket
 import sys
 import threading
 import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from fastapi import FastAPI
+
+    from hearth.config import EngineArgs
+    from hearth.entrypoints.openai.serve_plan import FrontPlan, InProcessPlan, RouterPlan
 
 # The flags and their defaults are declared once, in serve_args.py (no torch there: `hearth serve --help`).
 from hearth.entrypoints.openai.serve_args import (  # noqa: F401 (imported from here by callers)
@@ -29,14 +38,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run_serve)
 
 
-def _load_engine(ns: argparse.Namespace):
+def _load_engine(args: EngineArgs):
     """Build the LLMEngine behind a progress bar (elapsed time; the loader reports no finer progress)."""
     from tqdm import tqdm
 
     from hearth.engine.build import build_engine
-    from hearth.entrypoints.cli import engine_args_from
 
-    args = engine_args_from(ns)
     done = threading.Event()
     bar = tqdm(desc=f"loading {args.model or 'SmolLM2-135M-Instruct (default)'}", unit="s", file=sys.stderr,
                bar_format="{desc}: {elapsed}", mininterval=0.5,
@@ -58,87 +65,65 @@ def _load_engine(ns: argparse.Namespace):
 
 
 def run_serve(ns: argparse.Namespace) -> int:
-    import uvicorn
+    from hearth.entrypoints.openai.serve_plan import InProcessPlan, RouterPlan, plan_serve
 
-    from hearth import envs
-    from hearth.engine.async_engine import AsyncEngine
-    from hearth.entrypoints.openai.gateway import Gateway, gateway_config_from
-    from hearth.entrypoints.openai.reasoning import get_parser
-    from hearth.entrypoints.openai.server import ServerConfig, build_app
-    from hearth.entrypoints.openai.serving_common import ServingContext
-    from hearth.entrypoints.openai.serving_keys import key_ring
-    from hearth.metrics import ServerMetrics
+    plan = plan_serve(ns)  # every flag checked (or refused) before a model loads or a socket opens
+    if isinstance(plan, RouterPlan):
+        return _serve_router(plan)
+    if isinstance(plan, InProcessPlan):
+        return _serve_in_process(plan)
+    from hearth.entrypoints.openai.cli_ray import run_ray_serve
 
-    if ns.ray:
-        from hearth.entrypoints.openai.cli_ray import run_ray_serve
+    return run_ray_serve(plan)
 
-        return run_ray_serve(ns)
-    if ns.max_waiting_requests is not None and ns.max_waiting_requests < 0:
-        raise ValueError(f"--max-waiting-requests must be >= 0, got {ns.max_waiting_requests}")
-    if ns.refill_wait_ms < 0:
-        raise ValueError(f"--refill-wait-ms must be >= 0, got {ns.refill_wait_ms}")
-    if ns.reasoning_budget is not None and ns.reasoning_parser is None:  # (before the model loads)
-        raise ValueError("--reasoning-budget needs --reasoning-parser (qwen3 or deepseek_r1)")
-    if not 0 <= ns.port < 65536:
-        raise ValueError(f"--port must be in [0, 65535], got {ns.port}")
-    gateway_config = gateway_config_from(ns, envs.upstream_api_key())
-    if ns.api_key_file:  # a broken key file fails now, not after the model has loaded
-        key_ring(ns.api_key, ns.api_key_file, None)
+
+def _serve_router(plan: RouterPlan) -> int:
+    """Several models and/or data parallel: engines in worker processes behind a ModelRouter."""
+    from hearth.entrypoints.openai.server import build_app
+
+    router = plan.build()
+    front = plan.front
+    sock = bind_socket(front.host, front.port)
+    app = build_app(None, None, front.server, router=router)
+    logger.info("serving %s on http://%s:%d/v1%s", ", ".join(repr(n) for n in router.names()), front.host,
+                front.port, " (API key required)" if front.server.api_key or front.server.api_key_file else "")
+    _run_uvicorn(app, sock, front, graceful=front.server.drain_timeout)
+    return 0
+
+
+def _serve_in_process(plan: InProcessPlan) -> int:
+    """One model: its engine in this process (no process hop on the token path)."""
+    from hearth.entrypoints.openai.server import build_app
+    from hearth.entrypoints.openai.serving_build import build_serving
+
     t0 = time.perf_counter()
-    for flag, value in (("--header-timeout", ns.header_timeout), ("--body-timeout", ns.body_timeout)):
-        if value <= 0:
-            raise ValueError(f"{flag} must be > 0, got {value}")
-    from hearth.entrypoints.openai.cli_models import build_router
-
-    router = build_router(ns)
-    if router is not None:  # several models and/or data parallel: engines in worker processes
-        if gateway_config.enabled:
-            raise ValueError("--upstream is for one model: drop it, or --models-dir / --data-parallel-size")
-        sock = bind_socket(ns.host, ns.port)
-        api_key = ns.api_key or (envs.api_key() if not ns.api_key_file else None)
-        from hearth.entrypoints.openai.site_guard import default_allowed_hosts
-
-        hosts = ns.allowed_hosts if ns.allowed_hosts is not None else default_allowed_hosts(ns.host)
-        app = build_app(router, None, ServerConfig(api_key, ns.max_request_body_bytes, ns.drain_timeout,
-                                                   ns.api_key_file, hosts, ns.allowed_origins, ns.body_timeout),
-                        router=router)
-        logger.info("serving %s on http://%s:%d/v1%s", ", ".join(repr(n) for n in router.names()), ns.host, ns.port,
-                    " (API key required)" if api_key or ns.api_key_file else "")
-        from hearth.entrypoints.openai.http_server import Server, header_timeout_protocol
-
-        config = uvicorn.Config(app, host=ns.host, port=ns.port, log_level=ns.uvicorn_log_level,
-                                http=header_timeout_protocol(ns.header_timeout),
-                                timeout_graceful_shutdown=ns.drain_timeout)
-        Server(config).run(sockets=[sock])
-        return 0
-    sock = bind_socket(ns.host, ns.port)  # before the (slow) load: a busy port fails in a second, not after it
+    front = plan.front
+    sock = bind_socket(front.host, front.port)  # before the (slow) load: a busy port fails in a second, not after it
     try:
-        llm = _load_engine(ns)
+        llm = _load_engine(plan.engine)
     except BaseException:
         sock.close()
         raise
-    mc = llm.model_config
-    metrics = ServerMetrics(mc.served_model_name, max_model_len=mc.max_model_len)
-    engine = AsyncEngine(llm, metrics, ns.max_waiting_requests, ns.refill_wait_ms / 1000)
-    ctx = ServingContext(engine, llm.tokenizer, mc.served_model_name, mc.model, mc.max_model_len,
-                         reasoning_parser=get_parser(ns.reasoning_parser), reasoning_budget=ns.reasoning_budget)
-    ctx.check_reasoning()
-    api_key = ns.api_key or (envs.api_key() if not ns.api_key_file else None)
-    from hearth.entrypoints.openai.http_server import Server, header_timeout_protocol
-    from hearth.entrypoints.openai.site_guard import default_allowed_hosts
-
-    hosts = ns.allowed_hosts if ns.allowed_hosts is not None else default_allowed_hosts(ns.host)
-    gateway = Gateway(gateway_config, ctx, metrics.registry) if gateway_config.enabled else None
-    app = build_app(engine, ctx, ServerConfig(api_key, ns.max_request_body_bytes, ns.drain_timeout,
-                                              ns.api_key_file, hosts, ns.allowed_origins, ns.body_timeout), gateway)
-    logger.info("serving %r on http://%s:%d/v1 (ready in %.1f s%s)", mc.served_model_name, ns.host, ns.port,
-                time.perf_counter() - t0, ", API key required" if api_key or ns.api_key_file else "")
+    serving = build_serving(llm, plan.serve)
+    app = build_app(serving.client, serving.ctx, front.server, serving.gateway)
+    logger.info("serving %r on http://%s:%d/v1 (ready in %.1f s%s)", serving.ctx.model_name, front.host, front.port,
+                time.perf_counter() - t0,
+                ", API key required" if front.server.api_key or front.server.api_key_file else "")
     # uvicorn waits a little past the drain deadline, so the streams ended at it can send their last events.
-    config = uvicorn.Config(app, host=ns.host, port=ns.port, log_level=ns.uvicorn_log_level,
-                            http=header_timeout_protocol(ns.header_timeout),
-                            timeout_graceful_shutdown=int(ns.drain_timeout) + 3)
-    Server(config, on_exit=lambda: engine.drain(ns.drain_timeout)).run(sockets=[sock])
+    drain = front.server.drain_timeout
+    _run_uvicorn(app, sock, front, graceful=int(drain) + 3, on_exit=lambda: serving.client.drain(drain))
     return 0
+
+
+def _run_uvicorn(app: FastAPI, sock: socket.socket, front: FrontPlan, graceful: float,
+                 on_exit: Callable[[], None] | None = None) -> None:
+    import uvicorn
+
+    from hearth.entrypoints.openai.http_server import Server, header_timeout_protocol
+
+    config = uvicorn.Config(app, host=front.host, port=front.port, log_level=front.log_level,
+                            http=header_timeout_protocol(front.header_timeout), timeout_graceful_shutdown=graceful)
+    Server(config, on_exit=on_exit).run(sockets=[sock])
 
 
 def bind_socket(host: str, port: int) -> socket.socket:

@@ -23,8 +23,8 @@ from hearth.engine.engine_worker import WorkerOptions
 from hearth.engine.llm_engine import EngineStats
 from hearth.entrypoints.openai.errors import APIError
 from hearth.entrypoints.openai.model_specs import ModelSpec
-from hearth.entrypoints.openai.reasoning import get_parser
 from hearth.entrypoints.openai.served_models import Listing
+from hearth.entrypoints.openai.serving_build import ServeOptions, serving_context
 from hearth.entrypoints.openai.serving_common import ServingContext
 from hearth.entrypoints.web.routes import TokenRate
 from hearth.metrics_merge import merge_expositions
@@ -45,10 +45,8 @@ class RouterConfig:
     data_parallel_size: int = 1
     # per core slot (hearth.engine.core_slots), one --omp-threads-bind value per data-parallel engine
     core_slots: list[list[str | None]] = field(default_factory=lambda: [[None]])
-    max_waiting_requests: int | None = None
-    refill_wait_s: float = 0.0
     drain_timeout: float = 30.0
-    serving: dict = field(default_factory=dict)  # --reasoning-parser / --reasoning-budget (model_specs.SERVING_KEYS)
+    serve: ServeOptions = field(default_factory=ServeOptions)  # every model's, unless its own entry says otherwise
 
 
 @dataclass
@@ -171,9 +169,8 @@ class ModelRouter:
             if entry.engine is None:
                 await self._make_room(entry, deadline)
                 entry.error = None
-                entry.engine = DataParallelEngine(entry.args, WorkerOptions(
-                    entry.spec.name, "0", self.config.max_waiting_requests, self.config.refill_wait_s),
-                    self._binds(entry), self.config.load_timeout)
+                entry.engine = DataParallelEngine(entry.args, self.worker_options(entry), self._binds(entry),
+                                                  self.config.load_timeout)
                 entry.load_task = asyncio.create_task(self._load(entry))
         task = entry.load_task
         if task is None:
@@ -188,6 +185,14 @@ class ModelRouter:
         except Exception as e:
             raise APIError(503, f"the model {entry.spec.name!r} failed to load: {e}", "server_error",
                            code="model_load_failed") from None
+
+    def worker_options(self, entry: _Entry) -> WorkerOptions:
+        """What each of the model's worker processes gets beside its EngineArgs (its client is assembled there)."""
+        return WorkerOptions(entry.spec.name, "0", self.serve_options(entry).client)
+
+    def serve_options(self, entry: _Entry) -> ServeOptions:
+        """The model's serving options: the flags, with its --models-config entry's own winning."""
+        return self.config.serve.for_model(entry.spec.serving)
 
     def _binds(self, entry: _Entry) -> list[str | None]:
         """Its own omp-threads-bind (TOML), else a core slot's."""
@@ -208,13 +213,8 @@ class ModelRouter:
             raise
         finally:
             entry.load_task = None
-        serving = {**self.config.serving, **entry.spec.serving}  # the model's own entry wins
-        ctx = ServingContext(engine, info.tokenizer, entry.spec.name, entry.spec.path, info.max_model_len,
-                             aliases=tuple(entry.spec.aliases),
-                             reasoning_parser=get_parser(serving.get("reasoning_parser")),
-                             reasoning_budget=serving.get("reasoning_budget"))
         try:
-            ctx.check_reasoning()  # (needs the vocabulary: only now)
+            ctx = serving_context(engine, self.serve_options(entry), entry.spec.name, entry.spec.aliases)
         except ValueError as e:
             entry.engine, entry.error = None, f"model {entry.spec.name!r}: {e}"
             self.cores.release(entry.spec.name)

@@ -12,7 +12,8 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
 
 from hearth import __version__
-from hearth.engine.async_engine import AsyncEngine, ShutdownError
+from hearth.engine.async_engine import ShutdownError
+from hearth.engine.protocol import EngineClient
 from hearth.entrypoints.ollama import serving as ollama_serving
 from hearth.entrypoints.openai import admin_routes, serving_anthropic, serving_keys, serving_responses, serving_tokenize
 from hearth.entrypoints.openai.body import install_openapi, openapi_body, parse_body  # noqa: F401 (re-export)
@@ -51,7 +52,7 @@ class ServerConfig:
     body_timeout: float = 30.0
 
 
-async def warm_when_idle(engine: AsyncEngine, warm_up: Callable[[], object], idle_s: float = 5.0,
+async def warm_when_idle(engine: EngineClient, warm_up: Callable[[], object], idle_s: float = 5.0,
                          poll_s: float = 0.1) -> None:
     """Run warm_up (in a thread) once the engine has been idle for idle_s: the chat-template renderer's first use
     imports transformers (a second or more), which an interactive user's first chat request then does not pay. A
@@ -69,9 +70,11 @@ async def warm_when_idle(engine: AsyncEngine, warm_up: Callable[[], object], idl
         logger.debug("chat template warm-up failed: %s", e)
 
 
-def build_app(engine: AsyncEngine, ctx: ServingContext | None, config: ServerConfig,
+def build_app(engine: EngineClient | None, ctx: ServingContext | None, config: ServerConfig,
               gateway: Gateway | None = None, router: ModelRouter | None = None) -> FastAPI:
-    """One model in-process (engine, ctx), or a ModelRouter (then engine is the router, ctx None)."""
+    """One model (its client and context), or a ModelRouter (then engine and ctx are None: each model has its own,
+    and the router answers /health)."""
+    state = router if router is not None else engine  # what /health reports: dead, stats
     @asynccontextmanager
     async def lifespan(_: FastAPI):
         if router is not None:  # worker processes: loaded (pinned) before serving, stopped after
@@ -106,8 +109,11 @@ def build_app(engine: AsyncEngine, ctx: ServingContext | None, config: ServerCon
     serving_keys.register(app, keys)
     if router is not None:  # NOTE: before web.register: the router's /status answers for every model
         admin_routes.register(app, router)
-    web.register(app, engine, ctx)
-    app.state.engine, app.state.ctx = engine, ctx
+    if router is None:
+        web.register(app, engine, ctx)
+    else:
+        web.register_page(app)  # (its /status is the router's, registered above)
+    app.state.engine, app.state.ctx = state, ctx
 
     served: ServedModels = OneModel(ctx) if router is None else router  # (not `models`: a route below)
     context = served.context  # the request's model's ServingContext (an unknown name: 404)
@@ -118,10 +124,10 @@ def build_app(engine: AsyncEngine, ctx: ServingContext | None, config: ServerCon
 
     @app.get("/health")
     async def health() -> JSONResponse:
-        s = engine.stats
-        body = {"status": "ok" if engine.dead is None else "error", "num_requests_running": s.num_running,
+        s = state.stats
+        body = {"status": "ok" if state.dead is None else "error", "num_requests_running": s.num_running,
                 "num_requests_waiting": s.num_waiting, "kv_used_blocks": s.num_used_blocks}
-        return JSONResponse(body, status_code=200 if engine.dead is None else 503)
+        return JSONResponse(body, status_code=200 if state.dead is None else 503)
 
     @app.get("/version")
     async def version() -> dict:

@@ -11,6 +11,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from hearth.engine.async_engine import RequestStream
+from hearth.engine.protocol import EngineRequest
 from hearth.entrypoints.openai.errors import APIError, bad_request
 from hearth.errors import ParamError
 from hearth.entrypoints.openai.protocol import ChatCompletionRequest, ChatMessage
@@ -183,7 +184,7 @@ async def start_chat(ctx: ServingContext, req: ChatCompletionRequest, id_prefix:
         params = ctx.reasoning_params(params, state, reasoning_budget)
     await ctx.compile_structured(spec, spec_param)
     request_id = new_id(id_prefix)
-    stream = await ctx.generate([(request_id, ids, params)], prompt_param="messages")
+    stream = await ctx.generate([EngineRequest(request_id, ids, params)], prompt_param="messages")
     return ChatRun(request_id, ids, params, plan, stream, reasoning, starts)
 
 

@@ -7,13 +7,14 @@ import functools
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
 from fastapi import Request
 
-from hearth.engine.async_engine import AsyncEngine, EngineDeadError, QueueFullError, RequestStream, ShutdownError
+from hearth.engine.async_engine import EngineDeadError, QueueFullError, RequestStream, ShutdownError
 from hearth.engine.outputs import StepOutput
+from hearth.engine.protocol import EngineClient, EngineRequest, engine_requests
 from hearth.entrypoints.openai.api_keys import meter
 from hearth.entrypoints.openai.errors import APIError, bad_request, error_body
 from hearth.entrypoints.openai.template_sandbox import SandboxRenderer
@@ -36,7 +37,7 @@ GRAMMAR_TIMEOUT_S = 5.0
 
 @dataclass
 class ServingContext:
-    engine: AsyncEngine
+    engine: EngineClient
     tokenizer: Tokenizer
     model_name: str
     model_path: str
@@ -57,15 +58,12 @@ class ServingContext:
     @property
     def sampling_defaults(self) -> dict:
         """The engine's generation_config defaults for fields a request leaves unset (generation_defaults.py)."""
-        local = getattr(self.engine, "engine", None)  # None: the engine is in a worker process (its WorkerInfo)
-        source = local if local is not None else self.engine.info
-        return getattr(source, "generation_defaults", None) or {}
+        return self.engine.info.generation_defaults or {}
 
     @property
     def hf_config(self):
         """The model's HF config (hearth.config.HFConfig, a dict)."""
-        local = getattr(self.engine, "engine", None)  # None: the engine is in a worker process (its WorkerInfo)
-        return local.model_config.hf_config if local is not None else self.engine.info.hf_config
+        return self.engine.info.hf_config
 
     @functools.cached_property
     def fim(self) -> FIMTokens | None:
@@ -107,26 +105,24 @@ class ServingContext:
         return text
 
     async def compile_structured(self, spec: StructuredOutputsParams | None, param: str | None) -> None:
-        """Compile (and cache) a constraint off the event loop and off the engine thread: a bad one is a 400
-        naming the field that asked for it. The engine's own compile in add_request is then a cache hit."""
-        local = getattr(self.engine, "engine", None)  # None: the engine is in a worker process, which compiles it
-        if spec is None or local is None:
+        """Compile (and cache) a constraint where the engine runs, before submitting: a bad one is a 400 naming the
+        field that asked for it (a worker's engine compiles it on admission instead: then generate() says so)."""
+        if spec is None:
             return
         try:
             # NOTE: a compile past the limit goes on in its thread (it cannot be stopped), bounded by the
             # compiler's size limit; the request is refused at once, so it never reaches the engine.
-            await asyncio.wait_for(asyncio.to_thread(local.structured.compile, spec),
-                                   GRAMMAR_TIMEOUT_S)
+            await asyncio.wait_for(self.engine.check_structured(spec), GRAMMAR_TIMEOUT_S)
         except TimeoutError:
             raise APIError(400, f"{param}: the constraint took longer than the limit of {GRAMMAR_TIMEOUT_S:g} s "
                                 "to compile", param=param) from None
         except ValueError as e:
             raise APIError(400, f"{param}: {e}" if param else str(e), param=param) from None
 
-    async def generate(self, subs: list[tuple[str, list[int], SamplingParams]],
-                       prompt_param: str = "prompt") -> RequestStream:
+    async def generate(self, subs: Sequence[EngineRequest], prompt_param: str = "prompt") -> RequestStream:
         """Submit; user errors become 400 (param: the field at fault; prompt_param names the prompt's field), a
         full queue 503 with Retry-After."""
+        subs = engine_requests(subs)
         try:
             return meter(await self.engine.generate(subs), subs)  # counts tokens for the request's API key
         except ValueError as e:  # (a ParamError names its field; "prompt" is this API's prompt_param)

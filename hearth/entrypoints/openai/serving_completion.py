@@ -9,6 +9,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from hearth.engine.outputs import StepOutput
+from hearth.engine.protocol import EngineRequest
 from hearth.entrypoints.openai.errors import APIError, bad_request
 from hearth.entrypoints.openai.fim import fim_prompt_ids
 from hearth.errors import ParamError
@@ -104,8 +105,8 @@ async def create_completion(ctx: ServingContext, req: CompletionRequest, raw: Re
         raise bad_request(e, SAMPLING_PARAMS) from None
     await ctx.compile_structured(spec, spec_param)
     request_id = new_id("cmpl")
-    subs = [(f"{request_id}-{i}", ids, params) for i, (_, ids) in enumerate(prompts)]
-    prompt_of = {rid: i for i, (rid, _, _) in enumerate(subs)}
+    subs = [EngineRequest(f"{request_id}-{i}", ids, params) for i, (_, ids) in enumerate(prompts)]
+    prompt_of = {r.request_id: i for i, r in enumerate(subs)}
     stream = await ctx.generate(subs)
     n = params.n
     choices = [_Choice(i // n) for i in range(len(prompts) * n)]

@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 from fastapi import Request
 
+from hearth.engine.protocol import EngineRequest
 from hearth.entrypoints.openai.errors import APIError
 from hearth.entrypoints.openai.serving_common import Guarded, ServingContext, new_id
 from hearth.entrypoints.pooling_inputs import truncation_limit
@@ -24,14 +25,14 @@ async def run_pooling(ctx: ServingContext, raw: Request, inputs: list[tuple[list
     if not inputs:
         raise APIError(400, "input is empty: give at least one text or token list", param="input")
     base = new_id(prefix)
-    subs = [(f"{base}-{i}", ids, params) for i, (ids, params) in enumerate(inputs)]
+    subs = [EngineRequest(f"{base}-{i}", ids, params) for i, (ids, params) in enumerate(inputs)]
     try:
         stream = await ctx.generate(subs, prompt_param="input")
     except APIError as e:
         if e.param is None and e.status == 400:  # what this model cannot do with these inputs
             e.param = "input"
         raise
-    index = {rid: i for i, (rid, _, _) in enumerate(subs)}
+    index = {r.request_id: i for i, r in enumerate(subs)}
     results: list[torch.Tensor | None] = [None] * len(subs)
     tokens = 0
     async with Guarded(raw, stream) as outputs:

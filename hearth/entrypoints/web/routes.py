@@ -10,7 +10,7 @@ from fastapi import FastAPI
 from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
 
-from hearth.engine.async_engine import AsyncEngine
+from hearth.engine.protocol import EngineClient
 from hearth.entrypoints.openai.serving_common import ServingContext
 
 STATIC = Path(__file__).parent / "static"
@@ -33,7 +33,7 @@ class TokenRate:
         return (n1 - n0) / (t1 - t0) if t1 > t0 else 0.0
 
 
-def model_status(name: str, engine: AsyncEngine, rate: TokenRate) -> dict:
+def model_status(name: str, engine: EngineClient, rate: TokenRate) -> dict:
     s = engine.stats
     generated = None
     if engine.metrics is not None:
@@ -42,17 +42,25 @@ def model_status(name: str, engine: AsyncEngine, rate: TokenRate) -> dict:
     return {"name": name, "state": "loaded" if engine.dead is None else "error",
             "num_requests_running": s.num_running, "num_requests_waiting": s.num_waiting,
             "kv_cache_usage_perc": s.kv_usage, "kv_cache_used_blocks": s.num_used_blocks,
-            "kv_cache_total_blocks": engine.engine.block_manager.num_usable_blocks,
+            "kv_cache_total_blocks": engine.info.num_blocks,
             "generation_tokens_total": generated,
             "generation_tokens_per_s": rate.update(generated) if generated is not None else None}
 
 
-def register(app: FastAPI, engine: AsyncEngine, ctx: ServingContext) -> None:
-    rate = TokenRate()
+def register_page(app: FastAPI) -> None:
+    """The chat page and its static files (a model router adds its own /status)."""
 
     @app.get("/", include_in_schema=False)
     async def index() -> FileResponse:
         return FileResponse(STATIC / "index.html", headers={"Cache-Control": "no-cache"})
+
+    app.mount("/static", StaticFiles(directory=STATIC), name="static")
+
+
+def register(app: FastAPI, engine: EngineClient, ctx: ServingContext) -> None:
+    """The page and GET /status for one model."""
+    rate = TokenRate()
+    register_page(app)
 
     @app.get("/status")
     async def status() -> dict:
@@ -60,5 +68,3 @@ def register(app: FastAPI, engine: AsyncEngine, ctx: ServingContext) -> None:
         return {"object": "status", "models": models,
                 "num_requests_running": sum(m["num_requests_running"] for m in models),
                 "num_requests_waiting": sum(m["num_requests_waiting"] for m in models)}
-
-    app.mount("/static", StaticFiles(directory=STATIC), name="static")
