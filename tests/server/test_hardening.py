@@ -176,6 +176,25 @@ def test_huge_json_schema_is_a_clean_400(server: ServerProcess) -> None:
     assert time.monotonic() - t0 < 5
 
 
+
+def test_distinct_huge_regexes_are_refused_and_the_grammar_cache_stays_bounded(server: ServerProcess) -> None:
+    # Issue 44: each regex like this, a few characters long, used to keep ~170 MiB in the compiled-grammar cache.
+    rss0 = rss_mb(server.proc.pid)
+    for k in (999, 998, 997):
+        r = httpx.post(server.url + "/v1/completions", json={"prompt": "x", "max_tokens": 2,
+                                                             "guided_regex": f"(x{{1000}}){{{k}}}"}, timeout=60)
+        err = r.json()["error"]
+        assert r.status_code == 400 and err["param"] == "guided_regex", r.text
+        assert "MiB" in err["message"] and "limit" in err["message"]
+    grown = rss_mb(server.proc.pid) - rss0
+    assert grown < 100, f"RSS grew {grown:.0f} MB"  # refused grammars are neither kept nor left in the heap
+    ok = httpx.post(server.url + "/v1/completions", json={"prompt": "x", "max_tokens": 3, "guided_regex": "[ab]{3}"},
+                    timeout=60)
+    assert ok.status_code == 200, ok.text
+    assert 0 < server.metric("hearth:grammar_cache_bytes") <= 512 * 1024 * 1024
+    assert server.metric("hearth:grammar_cache_entries") >= 1
+
+
 # ---- disconnects and overload ----
 
 def _abandon_stream(c: httpx.Client, i: int) -> int:
