@@ -190,3 +190,25 @@ def test_sighup_reloads_the_key_file(keyed):
     assert wait_until(lambda: "keeping the current API keys" in keyed.read_log())
     assert httpx.get(keyed.url + "/v1/models", headers={"authorization": f"Bearer {frank}"}).status_code == 200
     assert json.loads(httpx.get(keyed.url + "/health").text)["status"] == "ok"
+
+
+DEEP = '{"model": "tiny", "prompt": "x", "max_tokens": 2, "messages": ' + "[" * 5000 + "]" * 5000 + "}"
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions", "/v1/messages", "/api/chat"])
+@pytest.mark.parametrize("name", ["erin", "carol"])  # with a model list (read by the key check) and without
+def test_deep_json_is_a_400_in_the_routes_shape_for_every_key(keyed, path, name):
+    # Issue 44: only for a key with a model list, the key check's own json.loads raised RecursionError (a 500
+    # and a dropped connection); the body's one reader now answers it the same way on every path.
+    with httpx.Client(base_url=keyed.url, timeout=30, headers={"authorization": f"Bearer {KEYS[name]}",
+                                                               "content-type": "application/json"}) as c:
+        r = c.post(path, content=DEEP.encode())
+        assert r.status_code == 400, r.text
+        body = r.json()
+        if path == "/v1/messages":
+            assert body["type"] == "error" and "64 levels" in body["error"]["message"]
+        elif path.startswith("/api/"):
+            assert "64 levels" in body["error"]
+        else:
+            assert body["error"]["param"] == "messages" and "64 levels" in body["error"]["message"]
+        assert c.get("/v1/models").status_code == 200  # the same connection goes on

@@ -75,6 +75,15 @@ def test_deep_json_is_a_400_and_the_connection_stays_usable(server: ServerProces
         assert c.post("/v1/completions", json={"prompt": "x", "max_tokens": 1}).status_code == 200
 
 
+def test_deeply_nested_tool_call_arguments_are_a_400(server: ServerProcess) -> None:
+    # JSON text inside the body (an assistant turn's tool-call arguments) is read by the same depth-limited reader
+    deep = "[" * 5000 + "]" * 5000
+    call = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": deep}}
+    messages = [*user(), {"role": "assistant", "content": None, "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "ok"}]
+    r = httpx.post(server.url + CHAT, json={"messages": messages, "max_tokens": 2}, timeout=30)
+    assert r.status_code == 400 and "64 levels" in r.json()["error"]["message"], r.text
+
 def test_form_and_text_bodies_are_refused_on_json_routes(server: ServerProcess) -> None:
     body = json.dumps({"prompt": "x", "max_tokens": 1})
     for ctype in ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x"):

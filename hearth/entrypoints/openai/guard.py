@@ -11,6 +11,7 @@ import json
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from hearth.entrypoints.openai.body import JSONTextError, parse_json
 from hearth.entrypoints.openai.api_keys import KeyRing, KeySpec, LimitExceeded, Meter, current_meter
 from hearth.entrypoints.openai.errors import error_body, shaped_for
 
@@ -131,8 +132,8 @@ class Guard:
             return await receive()
 
         try:
-            obj = json.loads(body)
-        except (json.JSONDecodeError, UnicodeDecodeError):
+            obj = parse_json(body)
+        except JSONTextError:  # (too deep included: the app's parse_body answers it in the route's shape)
             return replay, None
         model = obj.get("model") if isinstance(obj, dict) else None
         allowed = sorted(spec.models or ())
