@@ -47,7 +47,7 @@ models = ["tiny"]
 def keyed(tiny_model, tmp_path_factory):
     path = tmp_path_factory.mktemp("keys") / "keys.toml"
     path.write_text(KEY_FILE)
-    srv = start_server([tiny_model, *TINY_ARGS, "--api-key-file", str(path)],
+    srv = start_server([tiny_model, *TINY_ARGS, "--api-key-file", str(path), "--answer-cache-size", "16"],
                        str(tmp_path_factory.mktemp("logs") / "keys.log"))
     srv.key_file = path
     yield srv
@@ -212,3 +212,35 @@ def test_deep_json_is_a_400_in_the_routes_shape_for_every_key(keyed, path, name)
         else:
             assert body["error"]["param"] == "messages" and "64 levels" in body["error"]["message"]
         assert c.get("/v1/models").status_code == 200  # the same connection goes on
+
+
+def _as(name: str) -> dict[str, str]:
+    return {"authorization": f"Bearer {KEYS[name]}"}
+
+
+def test_stored_responses_belong_to_the_key_that_made_them(keyed):
+    # Issue 44: any key could read, continue and delete another key's stored response.
+    with httpx.Client(base_url=keyed.url, timeout=60) as c:
+        r = c.post("/v1/responses", headers=_as("erin"), json={"model": "tiny", "input": "secret plans",
+                                                                "max_output_tokens": 3})
+        assert r.status_code == 200, r.text
+        rid = r.json()["id"]
+        for attempt in (c.get(f"/v1/responses/{rid}", headers=_as("carol")),
+                        c.post("/v1/responses", headers=_as("carol"), json={
+                            "model": "tiny", "input": "and then?", "previous_response_id": rid,
+                            "max_output_tokens": 2}),
+                        c.delete(f"/v1/responses/{rid}", headers=_as("carol"))):
+            assert error(attempt, 404)["code"] == "response_not_found"  # as for an id that does not exist
+        assert c.get(f"/v1/responses/{rid}", headers=_as("erin")).json()["id"] == rid  # still there, for erin
+        assert c.delete(f"/v1/responses/{rid}", headers=_as("erin")).json()["deleted"] is True
+
+
+def test_cached_answers_are_per_key(keyed):
+    body = {"model": "tiny", "prompt": "the secret question", "max_tokens": 3, "temperature": 0}
+    with httpx.Client(base_url=keyed.url, timeout=60) as c:
+        first = c.post("/v1/completions", headers=_as("erin"), json=body)
+        again = c.post("/v1/completions", headers=_as("erin"), json=body)
+        other = c.post("/v1/completions", headers=_as("carol"), json=body)
+    assert first.headers["x-hearth-route"] == "local" and again.headers["x-hearth-route"] == "cache"
+    assert other.status_code == 200 and other.headers["x-hearth-route"] == "local"  # not erin's answer
+    assert other.json()["id"] != first.json()["id"]

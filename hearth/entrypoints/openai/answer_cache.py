@@ -26,10 +26,11 @@ def repeatable(obj: dict[str, Any]) -> bool:
     return obj.get("temperature") == 0 or obj.get("seed") is not None
 
 
-def cache_key(path: str, model: str, obj: dict[str, Any]) -> str:
-    """Same endpoint, model, messages/prompt and parameters (stream included: an SSE body is not a JSON body)."""
+def cache_key(path: str, model: str, obj: dict[str, Any], key_name: str | None) -> str:
+    """Same API key, endpoint, model, messages/prompt and parameters (stream included: an SSE body is not a JSON
+    body). NOTE: per key, so a hit (x-hearth-route: cache) never tells one key what another asked."""
     canon = json.dumps({**obj, "model": model}, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return hashlib.sha256(f"{path}\n{canon}".encode()).hexdigest()
+    return hashlib.sha256(f"{key_name!r}\n{path}\n{canon}".encode()).hexdigest()
 
 
 class AnswerCache:

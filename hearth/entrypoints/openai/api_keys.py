@@ -248,6 +248,15 @@ class Meter:
 
 
 current_meter: contextvars.ContextVar[Meter | None] = contextvars.ContextVar("hearth_key_meter", default=None)
+# The key of the request being served (set by the guard on every keyed route; None when the server has no keys):
+# what the request may see and touch follows from it (stored responses, cached answers, models).
+current_key: contextvars.ContextVar[KeySpec | None] = contextvars.ContextVar("hearth_key", default=None)
+
+
+def owner() -> str | None:
+    """The name of the key serving this request: whose stored responses and cached answers it may see."""
+    spec = current_key.get()
+    return spec.name if spec is not None else None
 
 
 class MeteredStream:

@@ -19,6 +19,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CollectorRegistry, Counter
 
 from hearth.entrypoints.openai.gateway_args import add_gateway_args  # noqa: F401 (its flags)
+from hearth.entrypoints.openai.api_keys import owner
 from hearth.entrypoints.openai.body import loads
 from hearth.entrypoints.openai.answer_cache import AnswerCache, cache_key, repeatable
 from hearth.entrypoints.openai.errors import APIError, bad_request, error_body
@@ -138,7 +139,7 @@ class Gateway:
         key = None
         if self.cache is not None and repeatable(obj):
             # NOTE: looked up before routing (which renders and tokenizes): the route is a function of the body.
-            key = cache_key(raw.url.path, req.model or self.ctx.model_name, obj)
+            key = cache_key(raw.url.path, req.model or self.ctx.model_name, obj, owner())
             hit = self.cache.get(key)
             if hit is not None:
                 return Response(hit.body, media_type=hit.media_type, headers={ROUTE_HEADER: "cache"})

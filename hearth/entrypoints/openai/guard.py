@@ -12,7 +12,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from hearth.entrypoints.openai.body import JSONTextError, parse_json
-from hearth.entrypoints.openai.api_keys import KeyRing, KeySpec, LimitExceeded, Meter, current_meter
+from hearth.entrypoints.openai.api_keys import KeyRing, KeySpec, LimitExceeded, Meter, current_key, current_meter
 from hearth.entrypoints.openai.errors import error_body, shaped_for
 
 _KEYED = ("/v1/", "/tokenize", "/detokenize", "/status", "/api/")  # /api/: Ollama's API
@@ -56,6 +56,15 @@ class Guard:
             return await _reply(send, path, 403, error_body(
                 f"{path} needs the admin key; key {spec.name!r} is not it", "permission_error", None,
                 "admin_key_required"))
+        token = current_key.set(spec)
+        try:
+            await self._as_key(spec, headers, scope, receive, send)
+        finally:
+            current_key.reset(token)
+
+    async def _as_key(self, spec: KeySpec, headers: dict[bytes, bytes], scope: Scope, receive: Receive,
+                      send: Send) -> None:
+        path = scope["path"]
         if scope["method"] == "GET" and path == "/v1/models" and spec.models is not None:
             return await self.app(scope, receive, _only_models(send, spec.models))
         if not (scope["method"] == "POST" and path.startswith(_GENERATING)):
