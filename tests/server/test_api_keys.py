@@ -95,13 +95,17 @@ def test_model_not_allowed_403(keyed):
     assert err["code"] == "model_not_allowed" and err["param"] == "model"
     assert "'tiny'" in err["message"] and "another-model" in err["message"]
     assert error(complete(keyed, "bob", model=None), 403)["code"] == "model_not_allowed"
-    assert keyed.metric("hearth:key_requests_total", key_name="bob") == 0  # a refused request is not counted
+    # NOTE: refused where the route reaches the model (model_access), after the guard counted it against the key
+    assert keyed.metric("hearth:key_requests_total", key_name="bob") == 2
     assert complete(keyed, "erin").status_code == 200  # allowed: the body reaches the app intact
     big = httpx.post(keyed.url + "/v1/completions", headers={"authorization": f"Bearer {KEYS['erin']}"},
                      content=(b"x" * 1000 for _ in range(300)), timeout=30)  # chunked: no content-length
-    assert "larger than the limit" in error(big, 413)["message"]  # read by the model check, still a 413
+    assert "larger than the limit" in error(big, 413)["message"]
     assert keyed.client(KEYS["bob"]).models.list().data == []  # a key's model list shows only its models
     assert [m.id for m in keyed.client(KEYS["erin"]).models.list().data] == ["tiny"]
+    for path in ("/status", "/api/tags", "/api/ps"):  # every listing, not only /v1/models
+        assert httpx.get(keyed.url + path, headers=_as("bob")).json()["models"] == []
+        assert len(httpx.get(keyed.url + path, headers=_as("erin")).json()["models"]) == 1
 
 
 def test_concurrent_requests_limit(keyed):

@@ -6,7 +6,6 @@ The local path is the ordinary one (serving_chat / serving_completion); only the
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -23,6 +22,7 @@ from hearth.entrypoints.openai.api_keys import owner
 from hearth.entrypoints.openai.body import loads
 from hearth.entrypoints.openai.answer_cache import AnswerCache, cache_key, repeatable
 from hearth.entrypoints.openai.errors import APIError, bad_request, error_body
+from hearth.entrypoints.openai.model_access import may_use
 from hearth.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
 from hearth.entrypoints.openai.serving_common import SAMPLING_PARAMS, ServingContext, sse
 
@@ -130,6 +130,7 @@ class Gateway:
 
     async def handle(self, raw: Request, req: ChatCompletionRequest | CompletionRequest,
                      serve_local: LocalHandler) -> Response:
+        may_use(req.model)  # (routed here, never through KeyScopedModels: it may go upstream)
         for text in _texts(req):
             if any(p.search(text) for p in self.config.blocklist):
                 raise APIError(400, "the request was refused: its prompt matches this server's blocklist",

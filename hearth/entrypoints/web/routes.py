@@ -11,6 +11,7 @@ from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
 
 from hearth.engine.async_engine import AsyncEngine
+from hearth.entrypoints.openai.model_access import visible_status
 from hearth.entrypoints.openai.serving_common import ServingContext
 
 STATIC = Path(__file__).parent / "static"
@@ -56,9 +57,7 @@ def register(app: FastAPI, engine: AsyncEngine, ctx: ServingContext) -> None:
 
     @app.get("/status")
     async def status() -> dict:
-        models = [model_status(ctx.model_name, engine, rate)]
-        return {"object": "status", "models": models,
-                "num_requests_running": sum(m["num_requests_running"] for m in models),
-                "num_requests_waiting": sum(m["num_requests_waiting"] for m in models)}
+        return visible_status({"object": "status", "models": [model_status(ctx.model_name, engine, rate)],
+                               "num_requests_running": 0, "num_requests_waiting": 0})
 
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
