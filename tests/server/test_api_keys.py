@@ -12,7 +12,8 @@ from hearth.entrypoints import cli
 from tests.server.conftest import TINY_ARGS, start_server, wait_until
 
 ADMIN = "sk-admin-test"
-KEYS = {"alice": "sk-alice-1", "bob": "sk-bob-2", "carol": "sk-carol-3", "dave": "sk-dave-4", "erin": "sk-erin-5"}
+KEYS = {"alice": "sk-alice-1", "bob": "sk-bob-2", "carol": "sk-carol-3", "dave": "sk-dave-4", "erin": "sk-erin-5",
+        "frank": "sk-frank-6"}
 KEY_FILE = f"""
 admin_key = "{ADMIN}"
 
@@ -40,6 +41,11 @@ tokens_per_day = 1
 name = "erin"
 key = "{KEYS['erin']}"
 models = ["tiny"]
+
+[[keys]]
+name = "frank"
+key = "{KEYS['frank']}"
+tokens_per_day = 50
 """
 
 
@@ -142,10 +148,32 @@ def usage(server, name: str) -> dict:
 
 
 def test_tokens_per_day(keyed):
-    assert complete(keyed, "dave").status_code == 200
-    r = complete(keyed, "dave")
+    r = complete(keyed, "dave")  # it could use more than the whole quota: refused before it runs
     assert "tokens_per_day = 1" in error(r, 429)["message"]
     assert 1 <= int(r.headers["retry-after"]) <= 86400
+
+
+def _frank_usage(keyed) -> dict:
+    rows = httpx.get(keyed.url + "/keys/usage", headers={"authorization": f"Bearer {ADMIN}"}).json()["data"]
+    return next(row["usage"] for row in rows if row["name"] == "frank")
+
+
+def test_token_quota_is_reserved_before_a_request_runs(keyed):
+    # Issue 44: one request of 32 prompts x 64 tokens used 2 080 tokens of a 50-token quota.
+    r = complete(keyed, "frank", prompt=["Hello there"] * 32, max_tokens=64, ignore_eos=True)
+    err = error(r, 429)
+    assert "tokens_per_day = 50" in err["message"] and err["type"] == "rate_limit_error"
+    assert _frank_usage(keyed)["tokens_today"] == 0  # nothing ran, nothing held
+    used = []
+    for _ in range(10):  # bounded: each allowed request uses at least 8 tokens
+        r = complete(keyed, "frank", max_tokens=5, ignore_eos=True)
+        if r.status_code != 200:
+            assert r.status_code == 429
+            break
+        used.append(r.json()["usage"]["total_tokens"])
+    usage = _frank_usage(keyed)
+    assert used and usage["tokens_today"] == sum(used) <= 50  # never past the quota
+    assert usage["tokens_reserved"] == 0  # what finished requests did not use went back
 
 
 def test_usage_metrics_and_cli(keyed, capsys):

@@ -76,7 +76,7 @@ class Guard:
         except LimitExceeded as e:
             return await _reply(send, path, 429, error_body(str(e), "rate_limit_error", None, "rate_limit_exceeded"),
                                 [(b"retry-after", str(e.retry_after).encode())])
-        token = current_meter.set(Meter(self.keys, spec.name, usage))
+        token = current_meter.set(Meter(self.keys, spec.name, usage, spec.tokens_per_day))
         try:
             await self.app(scope, receive, send)
         finally:

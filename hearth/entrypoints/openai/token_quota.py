@@ -1,0 +1,86 @@
+"""A key's tokens_per_day, held before a request runs: each request reserves all it may use (its prompts, plus
+n x max_tokens for each), is refused with a 429 when that does not fit beside what the key used today and what
+its running requests hold, and gives back what it did not use when it ends. Counting only what had been used
+let one request of 32 prompts x 64 tokens spend 2 080 tokens of a 50-token quota."""
+from __future__ import annotations
+
+import weakref
+from collections.abc import AsyncIterator, Sequence
+
+from hearth.entrypoints.openai.api_keys import LimitExceeded, Meter, current_meter
+from hearth.entrypoints.openai.errors import APIError
+
+
+def tokens_needed(subs: Sequence[tuple[str, list[int], object]], max_model_len: int) -> int:
+    """The most tokens these engine requests may use: each prompt, and n x max_tokens (no max_tokens: the context
+    left after the prompt). Pooling requests use their prompt only."""
+    total = 0
+    for _, ids, params in subs:
+        max_tokens = getattr(params, "max_tokens", 0)
+        if max_tokens is None:
+            max_tokens = max(0, max_model_len - len(ids))
+        total += len(ids) + (getattr(params, "n", 1) or 1) * max_tokens
+    return total
+
+
+class Charge:
+    """One request's hold on its key's quota. Tokens move from held to used as they are counted; close() gives
+    back what is still held."""
+
+    def __init__(self, meter: Meter, held: int) -> None:
+        self.meter, self.held = meter, held
+
+    def use(self, prompt: int, completion: int) -> None:
+        m = self.meter
+        m.ring.add_tokens(m.name, m.usage, prompt, completion)
+        moved = min(prompt + completion, self.held)
+        self.held -= moved
+        m.usage.reserved -= moved
+
+    def close(self) -> None:
+        self.meter.usage.reserved -= self.held
+        self.held = 0
+
+
+def reserve(tokens: int) -> Charge | None:
+    """Hold `tokens` for the key serving this request (None: no key), or raise a 429 when they do not fit."""
+    m = current_meter.get()
+    if m is None:
+        return None
+    try:
+        m.ring.hold(m.name, m.usage, m.tokens_per_day, tokens)
+    except LimitExceeded as e:
+        raise APIError(429, str(e), "rate_limit_error", code="rate_limit_exceeded",
+                       headers={"Retry-After": str(e.retry_after)}) from None
+    return Charge(m, tokens)
+
+
+class MeteredStream:
+    """A RequestStream that charges the completion tokens it yields to its request's key, and closes the charge
+    when it ends (or, never iterated, when it is dropped)."""
+
+    def __init__(self, stream, charge: Charge) -> None:
+        self._stream, self._charge = stream, charge
+        weakref.finalize(self, charge.close)  # (close is idempotent: held is 0 after the first)
+
+    def __aiter__(self) -> AsyncIterator:
+        return self._iter()
+
+    async def _iter(self) -> AsyncIterator:
+        try:
+            async for out in self._stream:
+                self._charge.use(0, len(out.new_token_ids))
+                yield out
+        finally:
+            self._charge.close()
+
+    def __getattr__(self, name: str):  # abort(), aborted, finished, request_ids: the stream's own
+        return getattr(self._stream, name)
+
+
+def meter(stream, subs: Sequence[tuple[str, list[int], object]], charge: Charge | None):
+    """Wrap a new RequestStream for the key serving this request (prompt tokens count at once); no key: as is."""
+    if charge is None:
+        return stream
+    charge.use(sum(len(ids) for _, ids, _ in subs), 0)
+    return MeteredStream(stream, charge)
