@@ -25,6 +25,16 @@ from hearth.entrypoints.openai.errors import APIError, bad_request, error_body
 from hearth.entrypoints.openai.model_access import may_use
 from hearth.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
 from hearth.entrypoints.openai.serving_common import SAMPLING_PARAMS, ServingContext, sse
+from hearth.entrypoints.openai.token_quota import (
+    Charge,
+    charge_now,
+    has_quota,
+    request_charges,
+    reserve,
+    settle,
+    settled,
+    usage_of,
+)
 
 logger = logging.getLogger("hearth")
 
@@ -143,19 +153,58 @@ class Gateway:
             key = cache_key(raw.url.path, req.model or self.ctx.model_name, obj, owner())
             hit = self.cache.get(key)
             if hit is not None:
+                charge_now(*hit.usage)  # a hit costs the key what the answer took
                 return Response(hit.body, media_type=hit.media_type, headers={ROUTE_HEADER: "cache"})
         target = await self._upstream_model(req)
-        if target is not None:
-            resp = await self._forward(raw.url.path, {**obj, "model": target}, bool(req.stream))
-        else:
-            resp = await serve_local(self.ctx, req, raw)
-            resp.headers[ROUTE_HEADER] = "local"
-        if key is not None and resp.status_code == 200:
-            if isinstance(resp, StreamingResponse):
-                resp.body_iterator = self.cache.tee(key, resp.body_iterator, resp.media_type or "text/event-stream")
+        charges: list[Charge] = []  # the quota holds of this request: what its answer cost, for the cache
+        token = request_charges.set(charges)
+        try:
+            if target is not None:
+                resp = await self._forward_charged(raw.url.path, {**obj, "model": target}, req)
             else:
-                self.cache.put(key, bytes(resp.body), resp.media_type or "application/json")
+                resp = await serve_local(self.ctx, req, raw)
+                resp.headers[ROUTE_HEADER] = "local"
+        finally:
+            request_charges.reset(token)
+        if key is not None and resp.status_code == 200:
+            def cost(body: bytes) -> tuple[int, int]:
+                used = usage_of(body)
+                return used if used is not None else (sum(c.prompt for c in charges),
+                                                      sum(c.completion for c in charges))
+            if isinstance(resp, StreamingResponse):
+                resp.body_iterator = self.cache.tee(key, resp.body_iterator, resp.media_type or "text/event-stream",
+                                                    cost)
+            else:
+                self.cache.put(key, bytes(resp.body), resp.media_type or "application/json", cost(bytes(resp.body)))
         return resp
+
+    async def _forward_charged(self, path: str, obj: dict[str, Any],
+                               req: ChatCompletionRequest | CompletionRequest) -> Response:
+        """Forward, holding the most the request may use against its key's quota; charged what the upstream
+        reports it used (all it held when it reports nothing)."""
+        charge = reserve(await self._most_tokens(req)) if has_quota() else None
+        try:
+            resp = await self._forward(path, obj, bool(req.stream))
+        except BaseException:
+            settle(charge, b"")
+            raise
+        if isinstance(resp, StreamingResponse):
+            resp.body_iterator = settled(resp.body_iterator, charge) if charge is not None else resp.body_iterator
+        else:
+            settle(charge, bytes(resp.body))
+        return resp
+
+    async def _most_tokens(self, req: ChatCompletionRequest | CompletionRequest) -> int:
+        """Prompts (counted here) + n x max_tokens each; no max_tokens: this server's context length, as a bound."""
+        from hearth.entrypoints.openai.serving_completion import prompts_of
+
+        if isinstance(req, CompletionRequest):
+            prompts, max_tokens = [len(ids) for _, ids in prompts_of(self.ctx, req)], req.max_tokens
+        else:
+            prompts = [await self._prompt_tokens(req)]
+            max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+        each = max_tokens if max_tokens is not None else self.ctx.max_model_len
+        return sum(prompts) + len(prompts) * (req.n or 1) * each
 
     async def _upstream_model(self, req: ChatCompletionRequest | CompletionRequest) -> str | None:
         """The model to ask the upstream for, or None to serve locally. Upstream-bound requests get the same

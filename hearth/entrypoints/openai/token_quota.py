@@ -4,6 +4,8 @@ its running requests hold, and gives back what it did not use when it ends. Coun
 let one request of 32 prompts x 64 tokens spend 2 080 tokens of a 50-token quota."""
 from __future__ import annotations
 
+import contextvars
+import json
 import weakref
 from collections.abc import AsyncIterator, Sequence
 
@@ -29,9 +31,12 @@ class Charge:
 
     def __init__(self, meter: Meter, held: int) -> None:
         self.meter, self.held = meter, held
+        self.prompt = self.completion = 0  # what it used
 
     def use(self, prompt: int, completion: int) -> None:
         m = self.meter
+        self.prompt += prompt
+        self.completion += completion
         m.ring.add_tokens(m.name, m.usage, prompt, completion)
         moved = min(prompt + completion, self.held)
         self.held -= moved
@@ -40,6 +45,17 @@ class Charge:
     def close(self) -> None:
         self.meter.usage.reserved -= self.held
         self.held = 0
+
+
+# The charges of the HTTP request being served, when its caller wants them (the gateway: what a local answer
+# used is what a cache hit of it costs).
+request_charges: contextvars.ContextVar[list[Charge] | None] = contextvars.ContextVar("hearth_charges",
+                                                                                       default=None)
+
+
+def has_quota() -> bool:
+    m = current_meter.get()
+    return m is not None and m.tokens_per_day is not None
 
 
 def reserve(tokens: int) -> Charge | None:
@@ -52,7 +68,56 @@ def reserve(tokens: int) -> Charge | None:
     except LimitExceeded as e:
         raise APIError(429, str(e), "rate_limit_error", code="rate_limit_exceeded",
                        headers={"Retry-After": str(e.retry_after)}) from None
-    return Charge(m, tokens)
+    charge = Charge(m, tokens)
+    charges = request_charges.get()
+    if charges is not None:
+        charges.append(charge)
+    return charge
+
+
+def charge_now(prompt: int, completion: int) -> None:
+    """Charge tokens used elsewhere (a cached answer's, again) to the request's key: a 429 when they do not fit."""
+    charge = reserve(prompt + completion)
+    if charge is not None:
+        charge.use(prompt, completion)
+        charge.close()
+
+
+def usage_of(body: bytes) -> tuple[int, int] | None:
+    """(prompt, completion) tokens from the last OpenAI `usage` in a JSON body or an SSE stream (a stream has one
+    only with stream_options.include_usage); None without one."""
+    lines = [body] if not body.lstrip().startswith(b"data:") else reversed(body.split(b"\n"))
+    for line in lines:
+        text = line.strip().removeprefix(b"data:").strip()
+        if not text.startswith(b"{") or b'"usage"' not in text:
+            continue
+        try:
+            usage = json.loads(text).get("usage")
+        except (ValueError, RecursionError):
+            continue
+        if isinstance(usage, dict) and isinstance(usage.get("prompt_tokens"), int):
+            return usage["prompt_tokens"], int(usage.get("completion_tokens") or 0)
+    return None
+
+
+async def settled(chunks: AsyncIterator[bytes | str], charge: Charge) -> AsyncIterator[bytes]:
+    """A forwarded stream that charges its reported usage when it ends, or all it held when it reports none."""
+    parts: list[bytes] = []
+    try:
+        async for chunk in chunks:
+            data = chunk.encode() if isinstance(chunk, str) else chunk
+            parts.append(data)
+            yield data
+    finally:
+        settle(charge, b"".join(parts))
+
+
+def settle(charge: Charge | None, body: bytes) -> None:
+    if charge is None:
+        return
+    used = usage_of(body)
+    charge.use(*(used if used is not None else (charge.held, 0)))
+    charge.close()
 
 
 class MeteredStream:
