@@ -21,6 +21,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 if TYPE_CHECKING:  # (the engine reports to the metrics; they never import it)
     from hearth.engine.llm_engine import EngineStats
+    from hearth.structured.compiler import GrammarCompiler
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 disable_created_metrics()  # no *_created series (as vLLM's exposition); process-wide, harmless
@@ -102,6 +103,10 @@ class ServerMetrics:
                         registry=r)
         self.threads = gauge("hearth:threads", "Compute threads the engine uses.")
         self.bound_cores = gauge("hearth:bound_cores", "CPU cores the compute threads are pinned to (0 = unbound).")
+        self.grammar_cache_bytes = gauge("hearth:grammar_cache_bytes",
+                                         "Memory held by the compiled-grammar cache (structured output), in bytes.")
+        self.grammar_cache_entries = gauge("hearth:grammar_cache_entries",
+                                           "Compiled grammars in the structured-output cache.")
         self._last: EngineStats | None = None
 
     def _add_vllm_request_series(self, histogram, gauge, max_model_len: int) -> None:
@@ -174,6 +179,11 @@ class ServerMetrics:
         self.threads.set(threads)
         self.bound_cores.set(len(bound_cores))
         self.total_blocks.set(num_blocks)
+
+    def watch_grammar_cache(self, compiler: GrammarCompiler) -> None:
+        """The grammar cache's gauges read it at each scrape (a compile happens off the engine thread)."""
+        self.grammar_cache_bytes.set_function(lambda: compiler.cache_bytes)
+        self.grammar_cache_entries.set_function(lambda: len(compiler))
 
     def observe_stats(self, stats: EngineStats) -> None:
         """Gauges take the snapshot; counters advance by what the engine's cumulative counts grew since the last."""

@@ -172,6 +172,7 @@ class AsyncEngine:
             metrics.set_cpu(cpu_info().isa, engine.threads, engine.bound_cores,
                             engine.block_manager.num_usable_blocks)
             metrics.set_cache_config(engine.cache_config_info())
+            metrics.watch_grammar_cache(engine.structured.compiler)
             metrics.observe_stats(self._stats)
 
     # ---- lifecycle ----

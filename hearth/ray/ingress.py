@@ -11,7 +11,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from hearth import __version__
-from hearth.entrypoints.openai.api_keys import KeyRing, KeySpec, Meter, current_meter
+from hearth.entrypoints.openai.api_keys import KeyRing, KeySpec, Meter, current_key, current_meter
 from hearth.entrypoints.openai.errors import error_body, install_handlers
 from hearth.entrypoints.openai.serving_common import sse
 from hearth.metrics import CONTENT_TYPE
@@ -67,8 +67,10 @@ class HearthIngress:
         body = await raw.body()
         headers = [(k, v) for k, v in raw.headers.raw if k != b"authorization"]
         meter = current_meter.get()  # (set by the Guard for a keyed generating request: count its tokens)
+        spec = current_key.get()  # the replica's routes decide what this key may see and use (model_access)
+        key = (spec.name, sorted(spec.models) if spec.models is not None else None) if spec is not None else None
         gen = self.model.options(stream=True).remote(raw.method, raw.url.path, raw.url.query.encode(), headers,
-                                                     body, meter is not None)
+                                                     body, meter is not None, key)
         try:
             head = await gen.__anext__()
         except Exception as e:  # noqa: BLE001 (a dead or overloaded replica, whatever Ray calls it)

@@ -50,11 +50,16 @@ class HearthModel:
         logger.info("replica %s serving %r", self.name, serving.ctx.model_name)
 
     async def __call__(self, method: str, path: str, query: bytes, headers: list[tuple[bytes, bytes]],
-                       body: bytes, metered: bool = False) -> AsyncIterator[dict[str, Any] | bytes]:
+                       body: bytes, metered: bool = False, key: tuple[str, list[str] | None] | None = None
+                       ) -> AsyncIterator[dict[str, Any] | bytes]:
         """The response's head, its body chunks, and (metered: the ingress counts a key's tokens) a last
-        {"usage": [prompt, completion]} of the tokens this request used, for the key's limits."""
-        from hearth.entrypoints.openai.api_keys import KeyRing, KeyUsage, Meter, current_meter
+        {"usage": [prompt, completion]} of the tokens this request used, for the key's limits. key: the name and
+        model list of the ingress's key (what it may see and use here, whose stored responses are its own)."""
+        from hearth.entrypoints.openai.api_keys import KeyRing, KeySpec, KeyUsage, Meter, current_key, current_meter
 
+        if key is not None:  # NOTE: not reset, as the meter below
+            name, models = key
+            current_key.set(KeySpec(name, "", models=frozenset(models) if models is not None else None))
         usage = KeyUsage()
         if metered:  # (the serving layer adds each request's tokens to the current meter, as under hearth serve)
             # NOTE: not reset: each handle call runs in its own task, whose context ends with it

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from hearth.structured.heap import give_back, heap_bytes
 from hearth.structured.params import StructuredOutputsParams
 from hearth.tokenizer import Tokenizer
 
@@ -23,6 +24,12 @@ _MAX_ERROR_CHARS = 600
 # A constraint's source text (schema JSON, regex, grammar, choices) beyond this is refused before compiling:
 # compile time and memory grow with it, and no real output format needs more.
 MAX_GRAMMAR_CHARS = 100_000
+MiB = 1024 * 1024
+# A short text can still expand to a huge lexer ("(x{1000}){999}": about 170 MiB); a grammar whose compile (and
+# first mask) takes more heap than this is refused, and the cache keeps at most GRAMMAR_CACHE_BYTES of them.
+MAX_GRAMMAR_BYTES = 64 * MiB
+GRAMMAR_CACHE_BYTES = 512 * MiB
+_GIVE_BACK_BYTES = 16 * MiB  # evictions freeing this much trim the heap (a trim walks every arena)
 
 
 def clean_error(message: str) -> str:
@@ -113,24 +120,32 @@ class GrammarMatcher:
 
 
 class CompiledGrammar:
-    def __init__(self, template: Any, mask_words: int) -> None:
+    def __init__(self, template: Any, mask_words: int, nbytes: int = 0) -> None:
         self._template = template
         self.mask_words = mask_words
+        self.nbytes = nbytes  # heap the compile took: what the cache charges for keeping it
 
     def new_matcher(self) -> GrammarMatcher:
         return GrammarMatcher(self._template.deep_copy(), self.mask_words)
 
 
 class GrammarCompiler:
-    """Thread-safe: the server compiles (to reject bad schemas early) while the engine thread runs."""
+    """Thread-safe: the server compiles (to reject bad schemas early) while the engine thread runs. The cache is
+    bounded by entries and by bytes (each grammar charged the heap its compile took)."""
 
-    def __init__(self, tokenizer: Tokenizer, vocab_size: int, eos_token_ids: list[int], cache_size: int = 512) -> None:
+    def __init__(self, tokenizer: Tokenizer, vocab_size: int, eos_token_ids: list[int], cache_size: int = 512,
+                 cache_bytes: int = GRAMMAR_CACHE_BYTES, max_grammar_bytes: int = MAX_GRAMMAR_BYTES) -> None:
         self.tokenizer = tokenizer
         self.vocab_size = max(vocab_size, len(tokenizer))  # NOTE: the model's logits may be wider (padded)
         self.eos_token_ids = list(eos_token_ids) or [tokenizer.eos_token_id]
         self.cache_size = cache_size
+        self.cache_bytes_limit = cache_bytes
+        self.max_grammar_bytes = max_grammar_bytes
         self._cache: OrderedDict[str, CompiledGrammar] = OrderedDict()
+        self.cache_bytes = 0  # the sum of the cached grammars' nbytes
         self._lock = threading.Lock()
+        # NOTE: one build at a time, so the heap growth measured around a build is that grammar's own
+        self._build_lock = threading.Lock()
         self._lltok: Any = None
         self.hits = self.misses = 0
 
@@ -148,28 +163,68 @@ class GrammarCompiler:
         return (self.ll_tokenizer.vocab_size + 31) // 32
 
     def compile(self, spec: StructuredOutputsParams) -> CompiledGrammar:
-        """Raises ValueError with a user-facing message for an invalid or unsupported constraint."""
-        import llguidance as llg
-
+        """Raises ValueError with a user-facing message for an invalid or unsupported constraint, or one that needs
+        more than max_grammar_bytes of memory."""
         text = grammar_text(spec)
         lltok = self.ll_tokenizer
+        mask_words = self.mask_words
+        hit = self._lookup(text)
+        if hit is not None:
+            return hit
+        with self._build_lock:
+            hit = self._lookup(text)  # built by another request while this one waited
+            if hit is not None:
+                return hit
+            compiled = self._build(spec, text, lltok, mask_words)
+        dropped = 0
+        with self._lock:
+            self.misses += 1
+            self._cache[text] = compiled
+            self.cache_bytes += compiled.nbytes
+            while len(self._cache) > self.cache_size or (self.cache_bytes > self.cache_bytes_limit
+                                                         and len(self._cache) > 1):
+                _, old = self._cache.popitem(last=False)
+                self.cache_bytes -= old.nbytes
+                dropped += old.nbytes
+        if dropped >= _GIVE_BACK_BYTES:
+            give_back()
+        return compiled
+
+    def __len__(self) -> int:
+        return len(self._cache)
+
+    def _lookup(self, text: str) -> CompiledGrammar | None:
         with self._lock:
             hit = self._cache.get(text)
             if hit is not None:
                 self._cache.move_to_end(text)
                 self.hits += 1
-                return hit
+            return hit
+
+    def _build(self, spec: StructuredOutputsParams, text: str, lltok: Any, mask_words: int) -> CompiledGrammar:
+        import llguidance as llg
+
+        before = heap_bytes()
         template = llg.LLMatcher(lltok, text, log_level=0)
         if template.is_error():
             message = clean_error(template.get_error())
             raise ValueError(f"invalid {spec.describe()}: {message}")
-        compiled = CompiledGrammar(template, self.mask_words)
-        with self._lock:
-            self.misses += 1
-            self._cache[text] = compiled
-            while len(self._cache) > self.cache_size:
-                self._cache.popitem(last=False)
-        return compiled
+        # llguidance builds the lexer lazily, at the first mask, into state every copy of the template shares:
+        # computing one here charges that memory to this grammar (and refuses it) before any request runs it.
+        warm = GrammarMatcher(template.deep_copy(), mask_words)
+        warm.fill_bitmask()
+        error = warm.error if warm.matcher.is_error() else None
+        del warm
+        nbytes = max(heap_bytes() - before, len(text))
+        if error:
+            raise ValueError(f"invalid {spec.describe()}: {clean_error(error)}")
+        if nbytes > self.max_grammar_bytes:
+            del template
+            give_back()
+            raise ValueError(f"the {spec.describe()} needs {nbytes / MiB:.0f} MiB of memory to compile, more than "
+                             f"the limit of {self.max_grammar_bytes / MiB:.0f} MiB: simplify it (nested repeat "
+                             "counts multiply)")
+        return CompiledGrammar(template, mask_words, nbytes)
 
 
 def _ll_tokenizer(backend: Any, n_vocab: int, eos_token_ids: list[int]) -> Any:

@@ -12,7 +12,8 @@ from hearth.entrypoints import cli
 from tests.server.conftest import TINY_ARGS, start_server, wait_until
 
 ADMIN = "sk-admin-test"
-KEYS = {"alice": "sk-alice-1", "bob": "sk-bob-2", "carol": "sk-carol-3", "dave": "sk-dave-4", "erin": "sk-erin-5"}
+KEYS = {"alice": "sk-alice-1", "bob": "sk-bob-2", "carol": "sk-carol-3", "dave": "sk-dave-4", "erin": "sk-erin-5",
+        "frank": "sk-frank-6"}
 KEY_FILE = f"""
 admin_key = "{ADMIN}"
 
@@ -40,6 +41,11 @@ tokens_per_day = 1
 name = "erin"
 key = "{KEYS['erin']}"
 models = ["tiny"]
+
+[[keys]]
+name = "frank"
+key = "{KEYS['frank']}"
+tokens_per_day = 50
 """
 
 
@@ -47,7 +53,7 @@ models = ["tiny"]
 def keyed(tiny_model, tmp_path_factory):
     path = tmp_path_factory.mktemp("keys") / "keys.toml"
     path.write_text(KEY_FILE)
-    srv = start_server([tiny_model, *TINY_ARGS, "--api-key-file", str(path)],
+    srv = start_server([tiny_model, *TINY_ARGS, "--api-key-file", str(path), "--answer-cache-size", "16"],
                        str(tmp_path_factory.mktemp("logs") / "keys.log"))
     srv.key_file = path
     yield srv
@@ -95,13 +101,17 @@ def test_model_not_allowed_403(keyed):
     assert err["code"] == "model_not_allowed" and err["param"] == "model"
     assert "'tiny'" in err["message"] and "another-model" in err["message"]
     assert error(complete(keyed, "bob", model=None), 403)["code"] == "model_not_allowed"
-    assert keyed.metric("hearth:key_requests_total", key_name="bob") == 0  # a refused request is not counted
+    # NOTE: refused where the route reaches the model (model_access), after the guard counted it against the key
+    assert keyed.metric("hearth:key_requests_total", key_name="bob") == 2
     assert complete(keyed, "erin").status_code == 200  # allowed: the body reaches the app intact
     big = httpx.post(keyed.url + "/v1/completions", headers={"authorization": f"Bearer {KEYS['erin']}"},
                      content=(b"x" * 1000 for _ in range(300)), timeout=30)  # chunked: no content-length
-    assert "larger than the limit" in error(big, 413)["message"]  # read by the model check, still a 413
+    assert "larger than the limit" in error(big, 413)["message"]
     assert keyed.client(KEYS["bob"]).models.list().data == []  # a key's model list shows only its models
     assert [m.id for m in keyed.client(KEYS["erin"]).models.list().data] == ["tiny"]
+    for path in ("/status", "/api/tags", "/api/ps"):  # every listing, not only /v1/models
+        assert httpx.get(keyed.url + path, headers=_as("bob")).json()["models"] == []
+        assert len(httpx.get(keyed.url + path, headers=_as("erin")).json()["models"]) == 1
 
 
 def test_concurrent_requests_limit(keyed):
@@ -138,10 +148,32 @@ def usage(server, name: str) -> dict:
 
 
 def test_tokens_per_day(keyed):
-    assert complete(keyed, "dave").status_code == 200
-    r = complete(keyed, "dave")
+    r = complete(keyed, "dave")  # it could use more than the whole quota: refused before it runs
     assert "tokens_per_day = 1" in error(r, 429)["message"]
     assert 1 <= int(r.headers["retry-after"]) <= 86400
+
+
+def _frank_usage(keyed) -> dict:
+    rows = httpx.get(keyed.url + "/keys/usage", headers={"authorization": f"Bearer {ADMIN}"}).json()["data"]
+    return next(row["usage"] for row in rows if row["name"] == "frank")
+
+
+def test_token_quota_is_reserved_before_a_request_runs(keyed):
+    # Issue 44: one request of 32 prompts x 64 tokens used 2 080 tokens of a 50-token quota.
+    r = complete(keyed, "frank", prompt=["Hello there"] * 32, max_tokens=64, ignore_eos=True)
+    err = error(r, 429)
+    assert "tokens_per_day = 50" in err["message"] and err["type"] == "rate_limit_error"
+    assert _frank_usage(keyed)["tokens_today"] == 0  # nothing ran, nothing held
+    used = []
+    for _ in range(10):  # bounded: each allowed request uses at least 8 tokens
+        r = complete(keyed, "frank", max_tokens=5, ignore_eos=True)
+        if r.status_code != 200:
+            assert r.status_code == 429
+            break
+        used.append(r.json()["usage"]["total_tokens"])
+    usage = _frank_usage(keyed)
+    assert used and usage["tokens_today"] == sum(used) <= 50  # never past the quota
+    assert usage["tokens_reserved"] == 0  # what finished requests did not use went back
 
 
 def test_usage_metrics_and_cli(keyed, capsys):
@@ -190,3 +222,57 @@ def test_sighup_reloads_the_key_file(keyed):
     assert wait_until(lambda: "keeping the current API keys" in keyed.read_log())
     assert httpx.get(keyed.url + "/v1/models", headers={"authorization": f"Bearer {frank}"}).status_code == 200
     assert json.loads(httpx.get(keyed.url + "/health").text)["status"] == "ok"
+
+
+DEEP = '{"model": "tiny", "prompt": "x", "max_tokens": 2, "messages": ' + "[" * 5000 + "]" * 5000 + "}"
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions", "/v1/messages", "/api/chat"])
+@pytest.mark.parametrize("name", ["erin", "carol"])  # with a model list (read by the key check) and without
+def test_deep_json_is_a_400_in_the_routes_shape_for_every_key(keyed, path, name):
+    # Issue 44: only for a key with a model list, the key check's own json.loads raised RecursionError (a 500
+    # and a dropped connection); the body's one reader now answers it the same way on every path.
+    with httpx.Client(base_url=keyed.url, timeout=30, headers={"authorization": f"Bearer {KEYS[name]}",
+                                                               "content-type": "application/json"}) as c:
+        r = c.post(path, content=DEEP.encode())
+        assert r.status_code == 400, r.text
+        body = r.json()
+        if path == "/v1/messages":
+            assert body["type"] == "error" and "64 levels" in body["error"]["message"]
+        elif path.startswith("/api/"):
+            assert "64 levels" in body["error"]
+        else:
+            assert body["error"]["param"] == "messages" and "64 levels" in body["error"]["message"]
+        assert c.get("/v1/models").status_code == 200  # the same connection goes on
+
+
+def _as(name: str) -> dict[str, str]:
+    return {"authorization": f"Bearer {KEYS[name]}"}
+
+
+def test_stored_responses_belong_to_the_key_that_made_them(keyed):
+    # Issue 44: any key could read, continue and delete another key's stored response.
+    with httpx.Client(base_url=keyed.url, timeout=60) as c:
+        r = c.post("/v1/responses", headers=_as("erin"), json={"model": "tiny", "input": "secret plans",
+                                                                "max_output_tokens": 3})
+        assert r.status_code == 200, r.text
+        rid = r.json()["id"]
+        for attempt in (c.get(f"/v1/responses/{rid}", headers=_as("carol")),
+                        c.post("/v1/responses", headers=_as("carol"), json={
+                            "model": "tiny", "input": "and then?", "previous_response_id": rid,
+                            "max_output_tokens": 2}),
+                        c.delete(f"/v1/responses/{rid}", headers=_as("carol"))):
+            assert error(attempt, 404)["code"] == "response_not_found"  # as for an id that does not exist
+        assert c.get(f"/v1/responses/{rid}", headers=_as("erin")).json()["id"] == rid  # still there, for erin
+        assert c.delete(f"/v1/responses/{rid}", headers=_as("erin")).json()["deleted"] is True
+
+
+def test_cached_answers_are_per_key(keyed):
+    body = {"model": "tiny", "prompt": "the secret question", "max_tokens": 3, "temperature": 0}
+    with httpx.Client(base_url=keyed.url, timeout=60) as c:
+        first = c.post("/v1/completions", headers=_as("erin"), json=body)
+        again = c.post("/v1/completions", headers=_as("erin"), json=body)
+        other = c.post("/v1/completions", headers=_as("carol"), json=body)
+    assert first.headers["x-hearth-route"] == "local" and again.headers["x-hearth-route"] == "cache"
+    assert other.status_code == 200 and other.headers["x-hearth-route"] == "local"  # not erin's answer
+    assert other.json()["id"] != first.json()["id"]

@@ -138,3 +138,50 @@ def test_upstream_down_fails_only_upstream_requests(gateway: ServerProcess, upst
     assert local.status_code == 200 and local.headers["x-hearth-route"] == "local"
     assert gateway.health()["status"] == "ok"
     assert [m["id"] for m in http.get("/v1/models").json()["data"]] == ["tiny"]
+
+
+# ---- a key's token quota on every path: local, upstream, cache hit (issue 44) ----
+
+@pytest.fixture(scope="module")
+def quota_gateway(tiny_model: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    d = tmp_path_factory.mktemp("quota")
+    # its own upstream: test_upstream_down_fails_only_upstream_requests stops the shared one
+    upstream = start_server([tiny_model, *TINY_ARGS, "--served-model-name", "big"], str(d / "upstream.log"))
+    (d / "keys.toml").write_text('admin_key = "sk-admin"\n\n[[keys]]\nname = "q"\nkey = "sk-q"\n'
+                                 'tokens_per_day = 60\n')
+    try:
+        srv = start_server([tiny_model, *TINY_ARGS, "--upstream", upstream.url + "/v1", "--api-key-file",
+                            str(d / "keys.toml"), "--answer-cache-size", "8"], str(d / "quota.log"))
+        yield srv
+        srv.stop()
+    finally:
+        upstream.stop()
+
+
+def _tokens_today(gw: ServerProcess) -> dict:
+    rows = gw.http.get("/keys/usage", headers={"authorization": "Bearer sk-admin"}).json()["data"]
+    return next(r["usage"] for r in rows if r["name"] == "q")
+
+
+def test_token_quota_counts_upstream_and_cached_answers(quota_gateway: ServerProcess) -> None:
+    with httpx.Client(base_url=quota_gateway.url, timeout=60, headers={"authorization": "Bearer sk-q"}) as c:
+        body = {"prompt": "hello", "max_tokens": 6, "model": "big", **GREEDY}
+        r = c.post("/v1/completions", json=body)  # for the upstream's model
+        assert r.status_code == 200 and r.headers["x-hearth-route"] == "upstream", r.text
+        upstream = r.json()["usage"]["total_tokens"]
+        assert _tokens_today(quota_gateway)["tokens_today"] == upstream  # the upstream's answer was charged
+        assert c.post("/v1/completions", json=body).headers["x-hearth-route"] == "cache"
+        assert _tokens_today(quota_gateway)["tokens_today"] == 2 * upstream  # and so was its cached copy
+        stream = {"prompt": "hi", "max_tokens": 5, "stream": True, **GREEDY}  # local, streamed: no usage in it
+        assert c.post("/v1/completions", json=stream).headers["x-hearth-route"] == "local"
+        local = _tokens_today(quota_gateway)["tokens_today"] - 2 * upstream
+        assert local > 5
+        assert c.post("/v1/completions", json=stream).headers["x-hearth-route"] == "cache"
+        total = 2 * upstream + 2 * local
+        assert _tokens_today(quota_gateway)["tokens_today"] == total
+        # an upstream request that could use more than is left is refused before it is forwarded
+        big = c.post("/v1/completions", json={"prompt": "hello", "max_tokens": 60, "model": "big"})
+        assert big.status_code == 429 and "tokens_per_day = 60" in big.json()["error"]["message"], big.text
+        usage = _tokens_today(quota_gateway)
+        assert usage["tokens_today"] == total and usage["tokens_reserved"] == 0
+    assert quota_gateway.metric("hearth:upstream_requests_total") == 1

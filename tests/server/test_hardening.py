@@ -75,6 +75,15 @@ def test_deep_json_is_a_400_and_the_connection_stays_usable(server: ServerProces
         assert c.post("/v1/completions", json={"prompt": "x", "max_tokens": 1}).status_code == 200
 
 
+def test_deeply_nested_tool_call_arguments_are_a_400(server: ServerProcess) -> None:
+    # JSON text inside the body (an assistant turn's tool-call arguments) is read by the same depth-limited reader
+    deep = "[" * 5000 + "]" * 5000
+    call = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": deep}}
+    messages = [*user(), {"role": "assistant", "content": None, "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "ok"}]
+    r = httpx.post(server.url + CHAT, json={"messages": messages, "max_tokens": 2}, timeout=30)
+    assert r.status_code == 400 and "64 levels" in r.json()["error"]["message"], r.text
+
 def test_form_and_text_bodies_are_refused_on_json_routes(server: ServerProcess) -> None:
     body = json.dumps({"prompt": "x", "max_tokens": 1})
     for ctype in ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x"):
@@ -174,6 +183,25 @@ def test_huge_json_schema_is_a_clean_400(server: ServerProcess) -> None:
     message = r.json()["error"]["message"]
     assert "limit" in message and "panic" not in message and "backtrace" not in message
     assert time.monotonic() - t0 < 5
+
+
+
+def test_distinct_huge_regexes_are_refused_and_the_grammar_cache_stays_bounded(server: ServerProcess) -> None:
+    # Issue 44: each regex like this, a few characters long, used to keep ~170 MiB in the compiled-grammar cache.
+    rss0 = rss_mb(server.proc.pid)
+    for k in (999, 998, 997):
+        r = httpx.post(server.url + "/v1/completions", json={"prompt": "x", "max_tokens": 2,
+                                                             "guided_regex": f"(x{{1000}}){{{k}}}"}, timeout=60)
+        err = r.json()["error"]
+        assert r.status_code == 400 and err["param"] == "guided_regex", r.text
+        assert "MiB" in err["message"] and "limit" in err["message"]
+    grown = rss_mb(server.proc.pid) - rss0
+    assert grown < 100, f"RSS grew {grown:.0f} MB"  # refused grammars are neither kept nor left in the heap
+    ok = httpx.post(server.url + "/v1/completions", json={"prompt": "x", "max_tokens": 3, "guided_regex": "[ab]{3}"},
+                    timeout=60)
+    assert ok.status_code == 200, ok.text
+    assert 0 < server.metric("hearth:grammar_cache_bytes") <= 512 * 1024 * 1024
+    assert server.metric("hearth:grammar_cache_entries") >= 1
 
 
 # ---- disconnects and overload ----

@@ -105,3 +105,41 @@ def test_concurrency_and_reload_keeps_usage(tmp_path):
     assert keys.usage["a"].requests == 2
     keys.path = write(tmp_path, "not toml [")
     assert not keys.reload() and keys.lookup(b"Bearer k2") is not None
+
+
+def test_token_quota_is_held_before_and_given_back_after(tmp_path):
+    import asyncio
+    from types import SimpleNamespace
+
+    from hearth.entrypoints.openai.api_keys import Meter, current_meter
+    from hearth.entrypoints.openai.errors import APIError
+    from hearth.entrypoints.openai.token_quota import meter, reserve, tokens_needed
+
+    keys, _, _ = ring(tmp_path, "[[keys]]\nname = 'a'\nkey = 'k'\ntokens_per_day = 50\n")
+    spec = keys.specs[0]
+    u = keys.admit(spec)
+    params = SimpleNamespace(max_tokens=64, n=1)
+    assert tokens_needed([(f"r{i}", [1], params) for i in range(32)], 2048) == 32 * 65
+    assert tokens_needed([("r", [1, 2], SimpleNamespace(max_tokens=None, n=2))], 10) == 2 + 2 * 8
+    assert tokens_needed([("r", [1, 2, 3], object())], 10) == 3  # pooling: the prompt only
+    token = current_meter.set(Meter(keys, "a", u, spec.tokens_per_day))
+    try:
+        with pytest.raises(APIError) as e:
+            reserve(32 * 65)
+        assert e.value.status == 429 and "tokens_per_day = 50" in e.value.message and u.reserved == 0
+        charge = reserve(30)
+        with pytest.raises(APIError):  # 30 held: 21 more do not fit
+            reserve(21)
+
+        class Stream:
+            async def __aiter__(self):
+                for _ in range(4):
+                    yield SimpleNamespace(new_token_ids=[7])
+
+        async def drain() -> None:
+            async for _ in meter(Stream(), [("r", [1, 2], None)], charge):
+                pass
+        asyncio.run(drain())
+    finally:
+        current_meter.reset(token)
+    assert u.day_tokens == 2 + 4 and u.reserved == 0  # used 6 of the 30 held; the rest went back

@@ -47,11 +47,13 @@ def test_bad_blocklist_names_the_line(tmp_path) -> None:
 def test_cache_key_and_lru() -> None:
     assert repeatable({"temperature": 0}) and repeatable({"seed": 3}) and not repeatable({"temperature": 0.7})
     body = {"messages": [{"role": "user", "content": "hi"}], "temperature": 0}
-    assert cache_key("/v1/chat/completions", "m", body) == cache_key("/v1/chat/completions", "m",
-                                                                     dict(reversed(body.items())))
-    assert cache_key("/v1/chat/completions", "m", body) != cache_key("/v1/chat/completions", "m",
-                                                                     {**body, "max_tokens": 3})
-    assert cache_key("/v1/chat/completions", "m", body) != cache_key("/v1/completions", "m", body)
+    assert cache_key("/v1/chat/completions", "m", body, None) == cache_key("/v1/chat/completions", "m",
+                                                                           dict(reversed(body.items())), None)
+    assert cache_key("/v1/chat/completions", "m", body, None) != cache_key("/v1/chat/completions", "m",
+                                                                           {**body, "max_tokens": 3}, None)
+    assert cache_key("/v1/chat/completions", "m", body, None) != cache_key("/v1/completions", "m", body, None)
+    # per API key: one key's hit never answers (or reveals) another key's question
+    assert cache_key("/v1/chat/completions", "m", body, "a") != cache_key("/v1/chat/completions", "m", body, "b")
     registry = CollectorRegistry()
     cache = AnswerCache(2, 60, registry)
     for k in "abc":

@@ -98,21 +98,3 @@ def test_refusals_come_in_the_route_clients_shape() -> None:
     assert kinds == ["authentication_error", "request_too_large", "request_too_large", "rate_limit_error"]
     assert "requests_per_minute = 2" in answers["/api/chat"][4].json()["error"]
     assert answers["/api/chat"][4].headers["retry-after"]
-
-
-def test_ollama_latest_tag_is_the_allowed_model() -> None:
-    from hearth.entrypoints.openai.api_keys import KeyRing, KeySpec
-    from hearth.entrypoints.openai.guard import Guard
-
-    a = FastAPI()
-
-    @a.post("/api/chat")
-    async def chat() -> dict:
-        return {"ok": True}
-
-    a.add_middleware(Guard, keys=KeyRing([KeySpec("s", "k", models=frozenset({"smol"}))]), max_body_bytes=1000)
-    c = TestClient(a)
-    key = {"authorization": "Bearer k"}
-    assert c.post("/api/chat", json={"model": "smol:latest"}, headers=key).status_code == 200
-    r = c.post("/api/chat", json={"model": "gemma:latest"}, headers=key)
-    assert r.status_code == 403 and "may not use the model 'gemma'" in r.json()["error"]

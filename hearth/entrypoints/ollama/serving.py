@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import ValidationError
 
 from hearth import __version__
-from hearth.entrypoints.openai.body import openapi_body
+from hearth.entrypoints.openai.body import JSONTextError, openapi_body, parse_json
 from hearth.entrypoints.openai.chat_drive import Tally, drive, run_whole
 from hearth.engine.async_engine import RequestStream
 from hearth.engine.protocol import EngineRequest
@@ -71,8 +71,8 @@ def _tool_calls(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for c in calls:
         fn = c.get("function") or {}
         try:
-            args = json.loads(fn.get("arguments") or "{}")
-        except json.JSONDecodeError:
+            args = parse_json(fn.get("arguments") or "{}")
+        except JSONTextError:
             args = {}
         out.append({"function": {"name": fn.get("name"), "arguments": args}})
     return out

@@ -6,6 +6,7 @@ from fastapi import FastAPI, Request
 from pydantic import BaseModel, ConfigDict
 
 from hearth.entrypoints.openai.errors import APIError
+from hearth.entrypoints.openai.model_access import visible_status
 from hearth.entrypoints.openai.model_router import ModelRouter
 
 
@@ -19,7 +20,7 @@ def register(app: FastAPI, router: ModelRouter) -> None:
 
     @app.get("/status")
     async def status() -> dict:
-        return router.status()
+        return visible_status(router.status())
 
     @app.get("/models")
     async def list_models() -> dict:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +19,7 @@ _SSE_ERROR = b'data: {"error"'
 class CachedAnswer:
     body: bytes
     media_type: str
+    usage: tuple[int, int] = (0, 0)  # (prompt, completion) tokens it took: what a hit charges the key
 
 
 def repeatable(obj: dict[str, Any]) -> bool:
@@ -26,10 +27,11 @@ def repeatable(obj: dict[str, Any]) -> bool:
     return obj.get("temperature") == 0 or obj.get("seed") is not None
 
 
-def cache_key(path: str, model: str, obj: dict[str, Any]) -> str:
-    """Same endpoint, model, messages/prompt and parameters (stream included: an SSE body is not a JSON body)."""
+def cache_key(path: str, model: str, obj: dict[str, Any], key_name: str | None) -> str:
+    """Same API key, endpoint, model, messages/prompt and parameters (stream included: an SSE body is not a JSON
+    body). NOTE: per key, so a hit (x-hearth-route: cache) never tells one key what another asked."""
     canon = json.dumps({**obj, "model": model}, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return hashlib.sha256(f"{path}\n{canon}".encode()).hexdigest()
+    return hashlib.sha256(f"{key_name!r}\n{path}\n{canon}".encode()).hexdigest()
 
 
 class AnswerCache:
@@ -48,10 +50,11 @@ class AnswerCache:
             self.hits.inc()
         return answer
 
-    def put(self, key: str, body: bytes, media_type: str) -> None:
-        self._entries[key] = CachedAnswer(body, media_type)
+    def put(self, key: str, body: bytes, media_type: str, usage: tuple[int, int] = (0, 0)) -> None:
+        self._entries[key] = CachedAnswer(body, media_type, usage)
 
-    async def tee(self, key: str, chunks: AsyncIterator[bytes | str], media_type: str) -> AsyncIterator[bytes]:
+    async def tee(self, key: str, chunks: AsyncIterator[bytes | str], media_type: str,
+                  usage: Callable[[bytes], tuple[int, int]] = lambda _: (0, 0)) -> AsyncIterator[bytes]:
         """Pass a streamed body through and keep it once it ended cleanly (not cut off, no error event)."""
         parts: list[bytes] = []
         async for chunk in chunks:
@@ -60,4 +63,4 @@ class AnswerCache:
             yield data
         body = b"".join(parts)
         if _SSE_ERROR not in body:
-            self.put(key, body, media_type)
+            self.put(key, body, media_type, usage(body))

@@ -23,15 +23,9 @@ import logging
 import math
 import time
 from collections import deque
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from typing import TYPE_CHECKING
-
 from prometheus_client import CollectorRegistry, Counter
-
-if TYPE_CHECKING:
-    from hearth.engine.protocol import EngineRequest
 
 from hearth.entrypoints.openai.toml_file import check_fields, read_toml, str_list, tables
 
@@ -71,12 +65,14 @@ class KeyUsage:
     in_flight: int = 0
     day: int = 0  # the UTC day (days since the epoch) that day_tokens counts
     day_tokens: int = 0
+    reserved: int = 0  # tokens running requests may still use (token_quota.Charge): held against tokens_per_day
     recent: deque[float] = field(default_factory=deque)  # monotonic admission times within the last minute
 
     def as_dict(self) -> dict:
         return {"requests": self.requests, "prompt_tokens": self.prompt_tokens,
                 "completion_tokens": self.completion_tokens, "in_flight": self.in_flight,
-                "tokens_today": self.day_tokens, "requests_last_minute": len(self.recent)}
+                "tokens_today": self.day_tokens, "tokens_reserved": self.reserved,
+                "requests_last_minute": len(self.recent)}
 
 
 def _positive_int(entry: dict, name: str, where: str) -> int | None:
@@ -204,11 +200,11 @@ class KeyRing:
             raise LimitExceeded(f"rate limit reached for key {spec.name!r}: requests_per_minute = "
                                 f"{spec.requests_per_minute}; retry in {wait} s", wait)
         self._today(u)
-        if spec.tokens_per_day is not None and u.day_tokens >= spec.tokens_per_day:
+        if spec.tokens_per_day is not None and u.day_tokens + u.reserved >= spec.tokens_per_day:
             wait = max(1, math.ceil((u.day + 1) * 86400 - self._wall()))
             raise LimitExceeded(f"token quota reached for key {spec.name!r}: tokens_per_day = "
-                                f"{spec.tokens_per_day} (used {u.day_tokens} today, UTC); it resets at 00:00 UTC",
-                                wait)
+                                f"{spec.tokens_per_day} (used {u.day_tokens} today, UTC, {u.reserved} held by "
+                                f"running requests); it resets at 00:00 UTC", wait)
         if spec.max_concurrent_requests is not None and u.in_flight >= spec.max_concurrent_requests:
             raise LimitExceeded(f"too many requests at once for key {spec.name!r}: max_concurrent_requests = "
                                 f"{spec.max_concurrent_requests}; wait for one to finish", 1)
@@ -218,6 +214,18 @@ class KeyRing:
         if self.metrics is not None:
             self.metrics.requests.labels(key_name=spec.name).inc()
         return u
+
+    def hold(self, name: str, u: KeyUsage, quota: int | None, tokens: int) -> None:
+        """Hold `tokens` of the key's daily quota for a request about to run (token_quota.Charge gives back what it
+        does not use), or raise LimitExceeded when they do not fit beside today's use and the other holds."""
+        self._today(u)
+        if quota is not None and u.day_tokens + u.reserved + tokens > quota:
+            left = max(0, quota - u.day_tokens - u.reserved)
+            wait = max(1, math.ceil((u.day + 1) * 86400 - self._wall()))
+            raise LimitExceeded(f"token quota: this request may use up to {tokens} tokens (its prompts, and n x "
+                                f"max_tokens for each) and key {name!r} has {left} of its tokens_per_day = {quota} "
+                                "left today (UTC): lower max_tokens or n, or wait until 00:00 UTC", wait)
+        u.reserved += tokens
 
     def release(self, u: KeyUsage) -> None:
         u.in_flight -= 1
@@ -250,34 +258,16 @@ class Meter:
     ring: KeyRing
     name: str
     usage: KeyUsage
+    tokens_per_day: int | None = None  # the key's quota, which token_quota.reserve holds a request's tokens in
 
 
 current_meter: contextvars.ContextVar[Meter | None] = contextvars.ContextVar("hearth_key_meter", default=None)
+# The key of the request being served (set by the guard on every keyed route; None when the server has no keys):
+# what the request may see and touch follows from it (stored responses, cached answers, models).
+current_key: contextvars.ContextVar[KeySpec | None] = contextvars.ContextVar("hearth_key", default=None)
 
 
-class MeteredStream:
-    """A RequestStream that adds the completion tokens it yields to the current key's usage."""
-
-    def __init__(self, stream, meter: Meter) -> None:
-        self._stream, self._meter = stream, meter
-
-    def __aiter__(self) -> AsyncIterator:
-        return self._iter()
-
-    async def _iter(self) -> AsyncIterator:
-        m = self._meter
-        async for out in self._stream:
-            m.ring.add_tokens(m.name, m.usage, 0, len(out.new_token_ids))
-            yield out
-
-    def __getattr__(self, name: str):  # abort(), aborted, finished, request_ids: the stream's own
-        return getattr(self._stream, name)
-
-
-def meter(stream, subs: list[EngineRequest]):
-    """Wrap a new RequestStream for the key serving this request (prompt tokens count at once); no key: as is."""
-    m = current_meter.get()
-    if m is None:
-        return stream
-    m.ring.add_tokens(m.name, m.usage, sum(len(r.prompt_token_ids) for r in subs), 0)
-    return MeteredStream(stream, m)
+def owner() -> str | None:
+    """The name of the key serving this request: whose stored responses and cached answers it may see."""
+    spec = current_key.get()
+    return spec.name if spec is not None else None

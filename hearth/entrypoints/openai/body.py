@@ -62,15 +62,38 @@ def sanitize(obj: Any, max_depth: int = MAX_JSON_DEPTH) -> Any:
     return obj
 
 
-def loads(data: bytes) -> Any:
+class JSONTextError(ValueError):
+    """JSON text from a request that cannot be read: not JSON, or nested deeper than the limit. `param`: the
+    top-level field under which it nests too deep, when known."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+def parse_json(data: bytes | str, max_depth: int = MAX_JSON_DEPTH) -> Any:
+    """The one reader of JSON text a client sent (bodies, and JSON strings inside them such as tool-call arguments):
+    the depth limit applies before anything else sees the value, and a nesting deep enough to exhaust the
+    parser's stack is the same error (never a RecursionError). Sanitizes lone surrogates (see sanitize)."""
     try:
         obj = json.loads(data)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise APIError(400, f"the request body is not valid JSON: {e}") from None
+        raise JSONTextError(f"not valid JSON: {e}") from None
     except RecursionError:
-        raise APIError(400, f"the request body is nested more than {MAX_JSON_DEPTH} levels deep",
-                       param=_deep_key(data)) from None
-    return sanitize(obj)
+        raw = data.encode() if isinstance(data, str) else data
+        raise JSONTextError(f"nested more than {max_depth} levels deep", _deep_key(raw, max_depth)) from None
+    try:
+        return sanitize(obj, max_depth)
+    except APIError as e:
+        raise JSONTextError(e.message.removeprefix("the request body is "), e.param) from None
+
+
+def loads(data: bytes) -> Any:
+    """A request body as JSON; every failure is a 400 naming the top-level field when there is one."""
+    try:
+        return parse_json(data)
+    except JSONTextError as e:
+        raise APIError(400, f"the request body is {e}", param=e.param) from None
 
 
 def _deep_key(data: bytes, max_depth: int = MAX_JSON_DEPTH) -> str | None:

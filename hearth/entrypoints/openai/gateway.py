@@ -6,7 +6,6 @@ The local path is the ordinary one (serving_chat / serving_completion); only the
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -19,10 +18,23 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CollectorRegistry, Counter
 
 from hearth.entrypoints.openai.gateway_args import add_gateway_args  # noqa: F401 (its flags)
+from hearth.entrypoints.openai.api_keys import owner
+from hearth.entrypoints.openai.body import loads
 from hearth.entrypoints.openai.answer_cache import AnswerCache, cache_key, repeatable
 from hearth.entrypoints.openai.errors import APIError, bad_request, error_body
+from hearth.entrypoints.openai.model_access import may_use
 from hearth.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
 from hearth.entrypoints.openai.serving_common import SAMPLING_PARAMS, ServingContext, sse
+from hearth.entrypoints.openai.token_quota import (
+    Charge,
+    charge_now,
+    has_quota,
+    request_charges,
+    reserve,
+    settle,
+    settled,
+    usage_of,
+)
 
 logger = logging.getLogger("hearth")
 
@@ -128,31 +140,71 @@ class Gateway:
 
     async def handle(self, raw: Request, req: ChatCompletionRequest | CompletionRequest,
                      serve_local: LocalHandler) -> Response:
+        may_use(req.model)  # (routed here, never through KeyScopedModels: it may go upstream)
         for text in _texts(req):
             if any(p.search(text) for p in self.config.blocklist):
                 raise APIError(400, "the request was refused: its prompt matches this server's blocklist",
                                param="prompt" if isinstance(req, CompletionRequest) else "messages",
                                code="content_blocked")
-        obj = json.loads(await raw.body())  # NOTE: parse_body already read (and Starlette kept) the body
+        obj = loads(await raw.body())  # NOTE: parse_body already read (and Starlette kept) the body
         key = None
         if self.cache is not None and repeatable(obj):
             # NOTE: looked up before routing (which renders and tokenizes): the route is a function of the body.
-            key = cache_key(raw.url.path, req.model or self.ctx.model_name, obj)
+            key = cache_key(raw.url.path, req.model or self.ctx.model_name, obj, owner())
             hit = self.cache.get(key)
             if hit is not None:
+                charge_now(*hit.usage)  # a hit costs the key what the answer took
                 return Response(hit.body, media_type=hit.media_type, headers={ROUTE_HEADER: "cache"})
         target = await self._upstream_model(req)
-        if target is not None:
-            resp = await self._forward(raw.url.path, {**obj, "model": target}, bool(req.stream))
-        else:
-            resp = await serve_local(self.ctx, req, raw)
-            resp.headers[ROUTE_HEADER] = "local"
-        if key is not None and resp.status_code == 200:
-            if isinstance(resp, StreamingResponse):
-                resp.body_iterator = self.cache.tee(key, resp.body_iterator, resp.media_type or "text/event-stream")
+        charges: list[Charge] = []  # the quota holds of this request: what its answer cost, for the cache
+        token = request_charges.set(charges)
+        try:
+            if target is not None:
+                resp = await self._forward_charged(raw.url.path, {**obj, "model": target}, req)
             else:
-                self.cache.put(key, bytes(resp.body), resp.media_type or "application/json")
+                resp = await serve_local(self.ctx, req, raw)
+                resp.headers[ROUTE_HEADER] = "local"
+        finally:
+            request_charges.reset(token)
+        if key is not None and resp.status_code == 200:
+            def cost(body: bytes) -> tuple[int, int]:
+                used = usage_of(body)
+                return used if used is not None else (sum(c.prompt for c in charges),
+                                                      sum(c.completion for c in charges))
+            if isinstance(resp, StreamingResponse):
+                resp.body_iterator = self.cache.tee(key, resp.body_iterator, resp.media_type or "text/event-stream",
+                                                    cost)
+            else:
+                self.cache.put(key, bytes(resp.body), resp.media_type or "application/json", cost(bytes(resp.body)))
         return resp
+
+    async def _forward_charged(self, path: str, obj: dict[str, Any],
+                               req: ChatCompletionRequest | CompletionRequest) -> Response:
+        """Forward, holding the most the request may use against its key's quota; charged what the upstream
+        reports it used (all it held when it reports nothing)."""
+        charge = reserve(await self._most_tokens(req)) if has_quota() else None
+        try:
+            resp = await self._forward(path, obj, bool(req.stream))
+        except BaseException:
+            settle(charge, b"")
+            raise
+        if isinstance(resp, StreamingResponse):
+            resp.body_iterator = settled(resp.body_iterator, charge) if charge is not None else resp.body_iterator
+        else:
+            settle(charge, bytes(resp.body))
+        return resp
+
+    async def _most_tokens(self, req: ChatCompletionRequest | CompletionRequest) -> int:
+        """Prompts (counted here) + n x max_tokens each; no max_tokens: this server's context length, as a bound."""
+        from hearth.entrypoints.openai.serving_completion import prompts_of
+
+        if isinstance(req, CompletionRequest):
+            prompts, max_tokens = [len(ids) for _, ids in prompts_of(self.ctx, req)], req.max_tokens
+        else:
+            prompts = [await self._prompt_tokens(req)]
+            max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+        each = max_tokens if max_tokens is not None else self.ctx.max_model_len
+        return sum(prompts) + len(prompts) * (req.n or 1) * each
 
     async def _upstream_model(self, req: ChatCompletionRequest | CompletionRequest) -> str | None:
         """The model to ask the upstream for, or None to serve locally. Upstream-bound requests get the same

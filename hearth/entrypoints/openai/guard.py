@@ -1,9 +1,11 @@
-"""The ASGI guard in front of every route: API key (and its limits and models), then body size.
+"""The ASGI guard in front of every route: API key (and its limits), then body size.
 
 Pure ASGI middleware, so streaming and disconnects pass through untouched. Route classes:
 open (/health, /version, /metrics, the web page), keyed (/v1, /tokenize, /detokenize, /status, Ollama's /api: any
-valid key; Anthropic's clients send it as x-api-key) and admin (/models, /keys: the admin key only). Generating
-requests (POST under /v1/, /api/chat, /api/generate) are the ones a key's limits count.
+valid key; Anthropic's clients send it as x-api-key) and admin (/models, /keys: the admin key only). The key is
+named for the route (api_keys.current_key): which models it may use and see is model_access's one check, where a
+route reaches a model. POSTs that name a model (under /v1/, /api/chat, /api/generate, /api/embed, /api/show,
+/tokenize, /detokenize: any of them may load one) are the requests a key's limits count.
 """
 from __future__ import annotations
 
@@ -11,12 +13,12 @@ import json
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from hearth.entrypoints.openai.api_keys import KeyRing, KeySpec, LimitExceeded, Meter, current_meter
+from hearth.entrypoints.openai.api_keys import KeyRing, KeySpec, LimitExceeded, Meter, current_key, current_meter
 from hearth.entrypoints.openai.errors import error_body, shaped_for
 
 _KEYED = ("/v1/", "/tokenize", "/detokenize", "/status", "/api/")  # /api/: Ollama's API
-# POSTs here are what a key's limits count (/api/embed, like /v1/embeddings, runs the model)
-_GENERATING = ("/v1/", "/api/chat", "/api/generate", "/api/embed")
+# POSTs here are what a key's limits count: each names a model, which it may load (under a router) and run
+_COUNTED = ("/v1/", "/api/chat", "/api/generate", "/api/embed", "/api/show", "/tokenize", "/detokenize")
 _ADMIN = ("/models", "/keys")
 
 
@@ -55,26 +57,26 @@ class Guard:
             return await _reply(send, path, 403, error_body(
                 f"{path} needs the admin key; key {spec.name!r} is not it", "permission_error", None,
                 "admin_key_required"))
-        if scope["method"] == "GET" and path == "/v1/models" and spec.models is not None:
-            return await self.app(scope, receive, _only_models(send, spec.models))
-        if not (scope["method"] == "POST" and path.startswith(_GENERATING)):
+        token = current_key.set(spec)
+        try:
+            await self._as_key(spec, headers, scope, receive, send)
+        finally:
+            current_key.reset(token)
+
+    async def _as_key(self, spec: KeySpec, headers: dict[bytes, bytes], scope: Scope, receive: Receive,
+                      send: Send) -> None:
+        path = scope["path"]
+        if not (scope["method"] == "POST" and path.startswith(_COUNTED)):
             return await self._sized(headers, scope, receive, send)
         if self._too_large(headers):
             return await self._reply_too_large(send, scope["path"])
         receive = self._counted(receive)
-        if spec.models is not None:
-            try:
-                receive, refusal = await self._check_model(spec, receive, path.startswith("/api/"))
-            except BodyTooLarge:  # raised here, outside the app's handlers, so answered here
-                return await self._reply_too_large(send, scope["path"])
-            if refusal is not None:
-                return await _reply(send, path, 403, refusal)
         try:
             usage = self.keys.admit(spec)
         except LimitExceeded as e:
             return await _reply(send, path, 429, error_body(str(e), "rate_limit_error", None, "rate_limit_exceeded"),
                                 [(b"retry-after", str(e.retry_after).encode())])
-        token = current_meter.set(Meter(self.keys, spec.name, usage))
+        token = current_meter.set(Meter(self.keys, spec.name, usage, spec.tokens_per_day))
         try:
             await self.app(scope, receive, send)
         finally:
@@ -108,69 +110,6 @@ class Guard:
             return message
 
         return counted
-
-    async def _check_model(self, spec: KeySpec, receive: Receive, ollama: bool) -> tuple[Receive, dict | None]:
-        """Read the whole body to see its `model`; hand the app a receive that replays it. Unparsable bodies go
-        on to the app, which answers them with its 400."""
-        chunks: list[bytes] = []
-        while True:
-            message = await receive()
-            if message["type"] != "http.request":
-                break
-            chunks.append(message.get("body", b""))
-            if not message.get("more_body", False):
-                break
-        body = b"".join(chunks)
-        replayed = False
-
-        async def replay() -> Message:
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
-
-        try:
-            obj = json.loads(body)
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            return replay, None
-        model = obj.get("model") if isinstance(obj, dict) else None
-        allowed = sorted(spec.models or ())
-        if model is None:
-            return replay, error_body(f"key {spec.name!r} may use only the models {allowed}: name one in 'model'",
-                                      "permission_error", "model", "model_not_allowed")
-        if ollama and isinstance(model, str) and model not in allowed:
-            model = model.removesuffix(":latest")  # Ollama's clients' name for the same model
-        if model not in allowed:
-            return replay, error_body(f"key {spec.name!r} may not use the model {model!r}; it may use {allowed}",
-                                      "permission_error", "model", "model_not_allowed")
-        return replay, None
-
-
-def _only_models(send: Send, allowed: frozenset[str]) -> Send:
-    """GET /v1/models for a key with a model list: only its models (so the page's picker offers no 403s)."""
-    start: Message | None = None
-    chunks: list[bytes] = []
-
-    async def filtered(message: Message) -> None:
-        nonlocal start
-        if message["type"] == "http.response.start":
-            start = message
-            return
-        chunks.append(message.get("body", b""))
-        if message.get("more_body", False):
-            return
-        body = b"".join(chunks)
-        if start is not None and start["status"] == 200:
-            obj = json.loads(body)
-            obj["data"] = [m for m in obj.get("data", []) if m.get("id") in allowed]
-            body = json.dumps(obj).encode()
-        kept = [(k, v) for k, v in (start or {}).get("headers", []) if k.lower() != b"content-length"]
-        await send({**(start or {"type": "http.response.start", "status": 500}),
-                    "headers": [*kept, (b"content-length", str(len(body)).encode())]})
-        await send({"type": "http.response.body", "body": body})
-
-    return filtered
 
 
 async def _reply(send: Send, path: str, status: int, body: dict,

@@ -5,11 +5,11 @@ wrong type becomes a 400 naming the field. Range checks live in SamplingParams, 
 """
 from __future__ import annotations
 
-import json
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
+from hearth.entrypoints.openai.body import JSONTextError, parse_json
 from hearth.errors import ParamError
 from hearth.sampling_params import SamplingParams
 from hearth.structured.params import StructuredOutputsParams
@@ -217,9 +217,9 @@ def _arguments(args: str | dict[str, Any]) -> dict[str, Any]:
     if isinstance(args, dict):
         return args
     try:
-        value = json.loads(args or "{}")
-    except json.JSONDecodeError:
-        raise ValueError(f"tool call arguments must be a JSON object, got {args[:100]!r}") from None
+        value = parse_json(args or "{}")
+    except JSONTextError as e:
+        raise ValueError(f"tool call arguments must be a JSON object ({e}), got {args[:100]!r}") from None
     if not isinstance(value, dict):  # NOTE: ValueError, not TypeError: render_chat makes it a 400
         raise ValueError(f"tool call arguments must be a JSON object, got {args[:100]!r}")  # noqa: TRY004
     return value

@@ -20,6 +20,7 @@ from hearth.entrypoints.openai.body import install_openapi, openapi_body, parse_
 from hearth.entrypoints.openai.errors import error_body, install_handlers
 from hearth.entrypoints.openai.gateway import Gateway
 from hearth.entrypoints.openai.guard import Guard
+from hearth.entrypoints.openai.model_access import KeyScopedModels, may_see
 from hearth.entrypoints.openai.model_router import ModelRouter
 from hearth.entrypoints.openai.served_models import OneModel, ServedModels
 from hearth.entrypoints.openai.site_guard import SiteConfig, SiteGuard
@@ -115,7 +116,8 @@ def build_app(engine: EngineClient | None, ctx: ServingContext | None, config: S
         web.register_page(app)  # (its /status is the router's, registered above)
     app.state.engine, app.state.ctx = state, ctx
 
-    served: ServedModels = OneModel(ctx) if router is None else router  # (not `models`: a route below)
+    # NOTE: every route reaches a model through `served`, which checks the request's key first (model_access)
+    served: ServedModels = KeyScopedModels(OneModel(ctx) if router is None else router)  # (`models`: a route)
     context = served.context  # the request's model's ServingContext (an unknown name: 404)
 
     @app.exception_handler(ShutdownError)
@@ -144,11 +146,13 @@ def build_app(engine: EngineClient | None, ctx: ServingContext | None, config: S
     @app.get("/v1/models")
     async def models() -> dict:
         if router is not None:
-            return router.openai_list()
-        upstream = await gateway.upstream_models() if gateway is not None else []
-        return {"object": "list", "data": [{"id": ctx.model_name, "object": "model", "created": ctx.created,
-                                            "owned_by": "hearth", "root": ctx.model_name, "parent": None,
-                                            "max_model_len": ctx.max_model_len}, *upstream]}
+            listed = router.openai_list()
+        else:
+            upstream = await gateway.upstream_models() if gateway is not None else []
+            listed = {"object": "list", "data": [{"id": ctx.model_name, "object": "model", "created": ctx.created,
+                                                  "owned_by": "hearth", "root": ctx.model_name, "parent": None,
+                                                  "max_model_len": ctx.max_model_len}, *upstream]}
+        return {**listed, "data": [m for m in listed["data"] if may_see(m["id"])]}
 
     @app.post("/v1/completions", openapi_extra=openapi_body(CompletionRequest))
     async def completions(raw: Request):

@@ -12,7 +12,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from hearth.entrypoints.openai.body import openapi_body
+from hearth.entrypoints.openai.body import JSONTextError, openapi_body, parse_json
 from hearth.entrypoints.openai.chat_drive import Tally, drive, run_whole
 from hearth.entrypoints.openai.anthropic_protocol import CountTokensRequest, MessagesRequest, chat_request
 from hearth.entrypoints.openai.errors import APIError, validation_message, anthropic_body
@@ -37,8 +37,8 @@ def _new(prefix: str) -> str:
 
 def _input(arguments: str) -> dict[str, Any]:
     try:
-        value = json.loads(arguments or "{}")
-    except json.JSONDecodeError:
+        value = parse_json(arguments or "{}")
+    except JSONTextError:
         return {}
     return value if isinstance(value, dict) else {}
 

@@ -15,7 +15,7 @@ from fastapi import Request
 from hearth.engine.async_engine import EngineDeadError, QueueFullError, RequestStream, ShutdownError
 from hearth.engine.outputs import StepOutput
 from hearth.engine.protocol import EngineClient, EngineRequest, engine_requests
-from hearth.entrypoints.openai.api_keys import meter
+from hearth.entrypoints.openai.token_quota import meter, reserve, tokens_needed
 from hearth.entrypoints.openai.errors import APIError, bad_request, error_body
 from hearth.entrypoints.openai.template_sandbox import SandboxRenderer
 from hearth.entrypoints.openai.fim import FIMTokens, find_fim_tokens
@@ -123,8 +123,11 @@ class ServingContext:
         """Submit; user errors become 400 (param: the field at fault; prompt_param names the prompt's field), a
         full queue 503 with Retry-After."""
         subs = engine_requests(subs)
+        # The request's API key holds what it may use before it runs (a 429 when that is over its quota)
+        charge, stream = reserve(tokens_needed(subs, self.max_model_len)), None
         try:
-            return meter(await self.engine.generate(subs), subs)  # counts tokens for the request's API key
+            stream = meter(await self.engine.generate(subs), subs, charge)  # counts what it uses as it runs
+            return stream
         except ValueError as e:  # (a ParamError names its field; "prompt" is this API's prompt_param)
             err = bad_request(e, SAMPLING_PARAMS | {"dimensions"})
             if err.param == "prompt":
@@ -135,6 +138,9 @@ class ServingContext:
                            headers={"Retry-After": str(e.retry_after)}) from None
         except EngineDeadError as e:  # a worker process that died is a 503 (WorkerDiedError.status_code)
             raise APIError(getattr(e, "status_code", 500), str(e), "server_error") from None
+        finally:
+            if stream is None and charge is not None:  # never submitted: nothing of the hold was used
+                charge.close()
 
 
 def new_id(prefix: str) -> str:

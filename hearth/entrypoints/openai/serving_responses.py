@@ -12,6 +12,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from hearth.entrypoints.openai.api_keys import owner
 from hearth.entrypoints.openai.body import openapi_body
 from hearth.entrypoints.openai.chat_drive import Tally, drive, run_whole
 from hearth.entrypoints.openai.errors import APIError
@@ -32,27 +33,31 @@ STORE_SIZE = 1000  # responses kept for previous_response_id (oldest dropped fir
 
 
 class ResponseStore:
-    """The last STORE_SIZE stored responses (body, and the conversation up to and with it) in memory."""
+    """The last STORE_SIZE stored responses (body, and the conversation up to and with it) in memory, each kept for
+    the key that made it: another key's id is answered as OpenAI answers an unknown one (404), so ids cannot be
+    probed either."""
 
     def __init__(self, size: int = STORE_SIZE) -> None:
         self.size = size
-        self.items: OrderedDict[str, tuple[dict[str, Any], list[dict[str, Any]]]] = OrderedDict()
+        self.items: OrderedDict[tuple[str | None, str], tuple[dict[str, Any], list[dict[str, Any]]]] = OrderedDict()
 
     def get(self, response_id: str, param: str | None = "previous_response_id") -> tuple[dict, list[dict]]:
-        if response_id not in self.items:
+        found = self.items.get((owner(), response_id))
+        if found is None:
             raise APIError(404, f"no stored response has the id {response_id!r} (responses made with store false, "
                                 f"and all but the last {self.size}, are not kept)", param=param,
                            code="response_not_found")
-        return self.items[response_id]
+        return found
 
     def put(self, response_id: str, body: dict[str, Any], messages: list[dict[str, Any]]) -> None:
-        self.items[response_id] = (body, messages)
+        self.items[(owner(), response_id)] = (body, messages)
         while len(self.items) > self.size:
             self.items.popitem(last=False)
 
     def delete(self, response_id: str) -> None:
         self.get(response_id, None)
-        del self.items[response_id]
+        del self.items[(owner(), response_id)]
+
 
 class ResponsesAPI:
     def __init__(self, models: ServedModels) -> None:

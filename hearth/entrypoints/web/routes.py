@@ -11,6 +11,7 @@ from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
 
 from hearth.engine.protocol import EngineClient
+from hearth.entrypoints.openai.model_access import visible_status
 from hearth.entrypoints.openai.serving_common import ServingContext
 
 STATIC = Path(__file__).parent / "static"
@@ -64,7 +65,5 @@ def register(app: FastAPI, engine: EngineClient, ctx: ServingContext) -> None:
 
     @app.get("/status")
     async def status() -> dict:
-        models = [model_status(ctx.model_name, engine, rate)]
-        return {"object": "status", "models": models,
-                "num_requests_running": sum(m["num_requests_running"] for m in models),
-                "num_requests_waiting": sum(m["num_requests_waiting"] for m in models)}
+        return visible_status({"object": "status", "models": [model_status(ctx.model_name, engine, rate)],
+                               "num_requests_running": 0, "num_requests_waiting": 0})
