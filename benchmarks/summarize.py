@@ -55,7 +55,9 @@ def _meta(results: str, name: str) -> str:
     if not os.path.exists(path):
         return ""
     m = _load(path)
-    return f"Measured {m['date']} at {m['commit']} ({m['cpus']} vCPUs, load average {m['loadavg']:.1f} at the start)."
+    cpu = f"{m['cpu']}, " if m.get("cpu") else ""
+    return (f"Measured {m['date']} at {m['commit']} ({cpu}{m['cpus']} vCPUs, load average {m['loadavg']:.1f} at the "
+            "start).")
 
 
 def _fmt(values: list[float], fmt: str) -> str:
@@ -181,6 +183,51 @@ def _ab_table(rows: dict[str, dict[str, list[float]]]) -> list[str]:
     return lines
 
 
+AVX2_CASES = {"b1": ("batch-1 decode tok/s (16 in / 64 out)", "decode_tok_s"),
+              "n8": ("8 in flight, decode tok/s (128 in / 64 out)", "decode_tok_s"),
+              "n32": ("32 in flight, decode tok/s (128 in / 64 out)", "decode_tok_s"),
+              "p512": ("prefill 512, tok/s", "prefill_tok_s")}
+
+
+def _llama_avx2(results: str, r: str) -> dict[str, float]:
+    """llama.cpp's figures of round r: llama-bench's tg64 and pp512, llama-batched-bench's S_TG at 8 and 32."""
+    out: dict[str, float] = {}
+    for x in _load(os.path.join(results, f"avx2_llama_r{r}_bench.json")):
+        if x.get("n_gen"):
+            out["b1"] = x["avg_ts"]
+        elif x.get("n_prompt") == 512:
+            out["p512"] = x["avg_ts"]
+    with open(os.path.join(results, f"avx2_llama_r{r}_batched.jsonl")) as f:
+        for line in f:
+            row = json.loads(line)
+            out[f"n{row['pl']}"] = row["speed_tg"]
+    return out
+
+
+def avx2(results: str) -> dict[str, dict[str, list[float]]]:
+    """{case: {"hearth": [per round], "llama.cpp": [per round]}} from avx2.sh's files."""
+    rounds = sorted({m.group(1) for p in _glob(results, "avx2_hearth_r*_b1.json")
+                     if (m := re.search(r"_r(\d+)_", p))}, key=int)
+    out: dict[str, dict[str, list[float]]] = {}
+    for r in rounds:
+        peer = _llama_avx2(results, r)
+        for case, (label, key) in AVX2_CASES.items():
+            row = out.setdefault(label, {"hearth": [], "llama.cpp": []})
+            row["hearth"].append(_load(os.path.join(results, f"avx2_hearth_r{r}_{case}.json"))[key])
+            row["llama.cpp"].append(peer[case])
+    return out
+
+
+def _avx2_table(rows: dict[str, dict[str, list[float]]]) -> list[str]:
+    lines = ["| case | llama.cpp (AVX2 build), per round | hearth (forced AVX2), per round | hearth / llama.cpp, "
+             "per round | median ratio |", "|---|---|---|---|---|"]
+    for label, row in rows.items():
+        ratios = [h / p for h, p in zip(row["hearth"], row["llama.cpp"])]
+        lines.append(f"| {label} | {_fmt(row['llama.cpp'], '{:.1f}')} | {_fmt(row['hearth'], '{:.1f}')} | "
+                     f"{_fmt(ratios, '{:.2f}x')} | **{statistics.median(ratios):.2f}x** |")
+    return lines
+
+
 def render(results: str) -> list[str]:
     """The generated part of BENCHMARKS.md: one table per case, each under the meta line of the script behind it."""
     lines: list[str] = []
@@ -208,8 +255,17 @@ def render(results: str) -> list[str]:
                   f"`benchmarks/startup.sh`. {_meta(results, 'startup')}", "", "| checkpoint | starts, s |",
                   "|---|---|", *(f"| {'bf16 folder' if v == 'bf16' else v.upper() + ' GGUF'} | {_fmt(xs, '{:.1f}')} |"
                                  for v, xs in rows.items()), ""]
+    if rows := avx2(results):
+        lines += ["## AVX2: hearth in forced AVX2 mode against an AVX2-only llama.cpp (issue 55)", "",
+                  f"`benchmarks/avx2.sh` (llama.cpp from `benchmarks/llama_avx2.sh`), Qwen2.5-0.5B shape Q4_0, the "
+                  f"same GGUF, 2 threads. {_meta(results, 'avx2')} An AVX-512 host with HEARTH_KERNELS_ISA=avx2 "
+                  "(hearth's kernels, dispatch and torch's kernels held to AVX2) against a llama.cpp built with "
+                  "GGML_NATIVE=OFF, AVX2 on, AVX-512 / VNNI / AMX off; the two alternate, a round each. Decode at "
+                  "N in flight: `hearth bench latency --batch-size N` against llama-batched-bench's S_TG.", "",
+                  *_avx2_table(rows), ""]
     if rows := ab(results):
-        lines += ["## Before / after (issue 33, the weight-format and dispatch refactor)", "",
+        lines += ["## Before / after (issue 43, architecture step 2: one engine client, token ids only in the engine, "
+                  "configuration declared once)", "",
                   "![before / after](benchmarks/plots/before_after.png)", "",
                   f"`benchmarks/ab.sh`, Qwen2.5-0.5B shape. Before: {_meta(results, 'ab_before')} After: "
                   f"{_meta(results, 'ab_after')} The two checkouts alternate ABBA, one round each.", "",

@@ -1,0 +1,35 @@
+#!/bin/bash
+# hearth in forced AVX2 mode (HEARTH_KERNELS_ISA=avx2) against an AVX2-only llama.cpp (benchmarks/llama_avx2.sh) on
+# the same Q4_0 GGUF, Qwen2.5-0.5B shape: batch-1 decode (16 in / 64 out), decode at 8 and 32 in flight (128 in /
+# 64 out: hearth bench latency --batch-size N against llama-batched-bench's S_TG), one 512-token prefill (against
+# llama-bench pp512). The two alternate, a round each; each side records what ISA it ran.
+# usage: benchmarks/avx2.sh [ROUNDS]
+set -e
+source "$(dirname "$0")/env.sh"
+LLAMA_AVX2=${LLAMA_AVX2_BIN:-$PEERS/llamacpp/llama.cpp/build-avx2/bin}
+M=$(hearth_model $QW q4_0)
+export HEARTH_KERNELS_ISA=avx2
+hearth_rows() {  # ROUND
+  local out=$RESULTS/avx2_hearth_r$1
+  "$HEARTH" bench latency "$M" --input-len 16 --output-len 64 --batch-size 1 --num-iters 3 --warmup 1 \
+    --max-model-len 1024 --kv-cache-space 1 --output-json "${out}_b1.json"
+  for n in 8 32; do
+    "$HEARTH" bench latency "$M" --input-len 128 --output-len 64 --batch-size $n --num-iters 2 --warmup 1 \
+      --max-model-len 1024 --max-num-seqs $n --kv-cache-space 2 --output-json "${out}_n$n.json"
+  done
+  "$HEARTH" bench latency "$M" --input-len 512 --output-len 2 --batch-size 1 --num-iters 2 --warmup 1 \
+    --max-model-len 1024 --kv-cache-space 1 --output-json "${out}_p512.json"
+}
+llama_rows() {  # ROUND
+  local out=$RESULTS/avx2_llama_r$1
+  "$LLAMA_AVX2/llama-bench" -m "$M" -t 2 -p 512 -n 64 -r 3 -o json > "${out}_bench.json"
+  "$LLAMA_AVX2/llama-batched-bench" -m "$M" -t 2 -c 8192 -b 2048 -ub 512 -npp 128 -ntg 64 -npl 8,32 \
+    --output-format jsonl > "${out}_batched.jsonl" 2> "${out}_batched.log"
+}
+bench_meta avx2
+"$PY" -c "from hearth.platform import cpu_info; print('hearth:', cpu_info().summary())" > "$RESULTS/avx2_isa.txt"
+grep -o "CPU : [^|]*|[^|]*|[^|]*|[^|]*|[^|]*|" "$RESULTS"/avx2_llama_r*_batched.log 2>/dev/null | head -1 >> "$RESULTS/avx2_isa.txt" || true
+for r in $(seq "${1:-2}"); do
+  if (( r % 2 )); then hearth_rows $r; llama_rows $r; else llama_rows $r; hearth_rows $r; fi
+done
+grep -h -o "system_info[^$]*" "$RESULTS"/avx2_llama_r1_batched.log | head -1 >> "$RESULTS/avx2_isa.txt" || true
