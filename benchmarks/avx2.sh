@@ -24,12 +24,12 @@ llama_rows() {  # ROUND
   local out=$RESULTS/avx2_llama_r$1
   "$LLAMA_AVX2/llama-bench" -m "$M" -t 2 -p 512 -n 64 -r 3 -o json > "${out}_bench.json"
   "$LLAMA_AVX2/llama-batched-bench" -m "$M" -t 2 -c 8192 -b 2048 -ub 512 -npp 128 -ntg 64 -npl 8,32 \
-    --output-format jsonl > "${out}_batched.jsonl" 2> "${out}_batched.log"
+    --output-format jsonl > "${out}_batched.jsonl" 2> /dev/null
 }
 bench_meta avx2
 "$PY" -c "from hearth.platform import cpu_info; print('hearth:', cpu_info().summary())" > "$RESULTS/avx2_isa.txt"
-grep -o "CPU : [^|]*|[^|]*|[^|]*|[^|]*|[^|]*|" "$RESULTS"/avx2_llama_r*_batched.log 2>/dev/null | head -1 >> "$RESULTS/avx2_isa.txt" || true
+echo "llama.cpp: $(grep -E '^GGML_(NATIVE|AVX2|AVX512|AVX_VNNI|AMX_INT8):' "$LLAMA_AVX2/../CMakeCache.txt" | tr '\n' ' ')" \
+  >> "$RESULTS/avx2_isa.txt"
 for r in $(seq "${1:-2}"); do
   if (( r % 2 )); then hearth_rows $r; llama_rows $r; else llama_rows $r; hearth_rows $r; fi
 done
-grep -h -o "system_info[^$]*" "$RESULTS"/avx2_llama_r1_batched.log | head -1 >> "$RESULTS/avx2_isa.txt" || true

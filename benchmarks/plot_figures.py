@@ -62,7 +62,7 @@ def main(results: str) -> None:
         for ax, (label, sides) in zip(axes.flat, rows.items()):
             _bars(ax, {side: [[v] for v in values] for side, values in sides.items()}, label.replace(": ", "\n"))
         axes.flat[0].legend(fontsize=8)
-        fig.suptitle("Qwen2.5-0.5B shape, before / after: one bar per round (2 vCPUs, shared)")
+        fig.suptitle("Qwen2.5-0.5B shape, before / after: one bar per round (2 vCPUs; the CPU and load are in BENCHMARKS.md)")
         fig.tight_layout()
         fig.savefig(os.path.join(HERE, "plots", "before_after.png"), dpi=80)
 

@@ -199,8 +199,9 @@ def _llama_avx2(results: str, r: str) -> dict[str, float]:
             out["p512"] = x["avg_ts"]
     with open(os.path.join(results, f"avx2_llama_r{r}_batched.jsonl")) as f:
         for line in f:
-            row = json.loads(line)
-            out[f"n{row['pl']}"] = row["speed_tg"]
+            if line.strip():
+                row = json.loads(line)
+                out[f"n{row['pl']}"] = row["speed_tg"]
     return out
 
 
