@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from hearth.entrypoints.openai.fim import find_fim_tokens, fim_ids
-from hearth.entrypoints.openai.reasoning import ReasoningParser, ReasoningStream
+from hearth.entrypoints.openai.reasoning_parser import ReasoningParser, ReasoningStream
 from hearth.structured.bitmask import unpack_bitmask
 from hearth.structured.reasoning import ReasoningGate, ReasoningParams
 from hearth.tokenizer import Tokenizer

@@ -83,7 +83,7 @@ def router_parts(ns: argparse.Namespace, serve: ServeOptions
 
 def check_serving(specs: list, ns: argparse.Namespace) -> None:
     """A model's reasoning-parser / reasoning-budget (its TOML entry, else the flag) fail now, not at its load."""
-    from hearth.entrypoints.openai.reasoning import get_parser
+    from hearth.entrypoints.openai.reasoning_parser import get_parser
 
     for s in specs:
         parser = s.serving.get("reasoning_parser", ns.reasoning_parser)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from hearth.arg_fields import SAME, add_args, arg, vllm_flags
 from hearth.entrypoints.openai.cli_ray import DEFAULT_TARGET_ONGOING_REQUESTS
-from hearth.entrypoints.openai.reasoning import REASONING_PARSERS
+from hearth.entrypoints.openai.reasoning_parser import REASONING_PARSERS
 
 # Long enough for a local client's next request to arrive, so it joins the next step (a shorter TTFT under
 # closed-loop load); it costs at most this after a step that finished requests, a fraction of one decode step.

@@ -29,7 +29,7 @@ class ServeOptions:
     gateway: GatewayConfig | None = None  # --upstream, --blocklist, answer cache: only when one is on
 
     def __post_init__(self) -> None:
-        from hearth.entrypoints.openai.reasoning import get_parser
+        from hearth.entrypoints.openai.reasoning_parser import get_parser
 
         get_parser(self.reasoning_parser)  # (an unknown name fails here, before any model loads)
         if self.reasoning_budget is not None and self.reasoning_parser is None:
@@ -60,7 +60,7 @@ def serving_context(client: EngineClient, opts: ServeOptions, name: str | None =
                     aliases: Sequence[str] = ()) -> ServingContext:
     """The context of a loaded model (client.info is set). Raises ValueError when the options do not fit the
     model (a reasoning budget without a </think> token)."""
-    from hearth.entrypoints.openai.reasoning import get_parser
+    from hearth.entrypoints.openai.reasoning_parser import get_parser
     from hearth.entrypoints.openai.serving_common import ServingContext
 
     info = client.info

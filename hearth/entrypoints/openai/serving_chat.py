@@ -25,7 +25,7 @@ from hearth.entrypoints.openai.serving_common import (
     usage,
     wait_disconnect,
 )
-from hearth.entrypoints.openai.reasoning import ReasoningParser, ReasoningStream
+from hearth.entrypoints.openai.reasoning_parser import ReasoningParser, ReasoningStream
 from hearth.entrypoints.openai.template_sandbox import TemplateLimitError, run_watched
 from hearth.entrypoints.openai.serving_tools import ToolPlan, ToolStream, finish_message, plan_tools
 from hearth.layers.sampler import TokenLogprobs
@@ -42,7 +42,7 @@ async def render_chat(ctx: ServingContext, messages: list[ChatMessage], add_gene
 
     try:
         dicts = [m.as_dict() for m in messages]
-        template = chat_template or ctx.chat_template
+        template = chat_template  # (None: the tokenizer's own, which --chat-template set at load)
         if tools is not None and tools.tools:
             dicts = tools.add_to_messages(dicts, template or ctx.tokenizer.chat_template)
         render_kw = ctx.tokenizer.chat_render_kwargs(

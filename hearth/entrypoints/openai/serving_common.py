@@ -19,7 +19,7 @@ from hearth.entrypoints.openai.token_quota import meter, reserve, tokens_needed
 from hearth.entrypoints.openai.errors import APIError, bad_request, error_body
 from hearth.entrypoints.openai.template_sandbox import SandboxRenderer
 from hearth.entrypoints.openai.fim import FIMTokens, find_fim_tokens
-from hearth.entrypoints.openai.reasoning import THINK_CLOSE, THINK_OPEN, ReasoningParser
+from hearth.entrypoints.openai.reasoning_parser import THINK_CLOSE, THINK_OPEN, ReasoningParser
 from hearth.sampling_params import SamplingParams
 from hearth.structured.params import StructuredOutputsParams
 from hearth.structured.reasoning import ReasoningParams
@@ -42,7 +42,6 @@ class ServingContext:
     model_name: str
     model_path: str
     max_model_len: int
-    chat_template: str | None = None
     aliases: tuple[str, ...] = ()  # other names a request may use (--models-config)
     reasoning_parser: ReasoningParser | None = None  # --reasoning-parser
     reasoning_budget: int | None = None  # --reasoning-budget
