@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry, Counter
 
 from hearth.entrypoints.openai.gateway_args import add_gateway_args  # noqa: F401 (its flags)
 from hearth.entrypoints.openai.api_keys import owner
-from hearth.entrypoints.openai.body import loads
+from hearth.entrypoints.openai.body import aloads
 from hearth.entrypoints.openai.answer_cache import AnswerCache, cache_key, repeatable
 from hearth.entrypoints.openai.errors import APIError, bad_request, error_body
 from hearth.entrypoints.openai.model_access import may_use
@@ -148,7 +148,7 @@ class Gateway:
                 raise APIError(400, "the request was refused: its prompt matches this server's blocklist",
                                param="prompt" if isinstance(req, CompletionRequest) else "messages",
                                code="content_blocked")
-        obj = loads(await raw.body())  # NOTE: parse_body already read (and Starlette kept) the body
+        obj = await aloads(await raw.body())  # NOTE: parse_body already read (and Starlette kept) the body
         key = None
         if self.cache is not None and repeatable(obj):
             # NOTE: looked up before routing (which renders and tokenizes): the route is a function of the body.
