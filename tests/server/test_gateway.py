@@ -272,7 +272,7 @@ def _twice(gw: ServerProcess, model: str, **kw) -> list[httpx.Response]:
 def test_broken_upstream_answer_is_a_502(broken_gateway: ServerProcess, model: str, words: str) -> None:
     hits0 = broken_gateway.metric("hearth:answer_cache_hits_total")
     for r in _twice(broken_gateway, model):
-        assert r.status_code == 502, r.text
+        assert r.status_code == 502 and r.headers["x-hearth-route"] == "upstream", r.text
         assert r.headers["content-type"].startswith("application/json")
         error = r.json()["error"]
         assert error["code"] == "upstream_error" and error["type"] == "server_error"

@@ -256,8 +256,7 @@ class Gateway:
                            code="upstream_unavailable") from None
         except httpx.HTTPError as e:
             self.upstream_requests.labels(status="502").inc()
-            raise APIError(502, f"the upstream server {self.config.upstream} failed: {type(e).__name__}: {e}",
-                           "server_error", code="upstream_error") from None
+            raise self._broken(f"failed: {type(e).__name__}: {e}") from None
         media_type = resp.headers.get("content-type", "")
         headers = {ROUTE_HEADER: "upstream"}
         if stream and 200 <= resp.status_code < 300 and media_type.startswith("text/event-stream"):
@@ -284,7 +283,7 @@ class Gateway:
 
     def _broken(self, what: str) -> APIError:
         return APIError(502, f"the upstream server {self.config.upstream} {what}", "server_error",
-                        code="upstream_error")
+                        code="upstream_error", headers={ROUTE_HEADER: "upstream"})
 
     async def _relay(self, resp: httpx.Response) -> AsyncIterator[bytes]:
         """Upstream SSE events as they come, each checked (upstream_check.EventStream) before it is passed on; a cut
