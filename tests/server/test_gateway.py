@@ -1,8 +1,12 @@
 """Gateway mode: a second hearth server (serving the tiny checkpoint as "big") stands in for the GPU upstream."""
 from __future__ import annotations
 
+import json
+import threading
 import time
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import ClassVar
 
 import httpx
 import pytest
@@ -185,3 +189,111 @@ def test_token_quota_counts_upstream_and_cached_answers(quota_gateway: ServerPro
         usage = _tokens_today(quota_gateway)
         assert usage["tokens_today"] == total and usage["tokens_reserved"] == 0
     assert quota_gateway.metric("hearth:upstream_requests_total") == 1
+
+
+# ---- a broken upstream: its answer is checked before it is passed on or cached (issue 44) ----
+
+STALL_S = 4.0  # the fake upstream's stall; the gateway's --upstream-timeout is shorter
+_CHUNK = {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "m",
+          "choices": [{"index": 0, "delta": {"content": "hi"}, "finish_reason": None}]}
+
+
+class _BrokenUpstream(BaseHTTPRequestHandler):
+    """Answers by the requested model's name: each a way an upstream can answer badly."""
+    hits: ClassVar[dict[str, int]] = {}
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def do_GET(self) -> None:  # /v1/models: none here
+        self._send(404, b'{"error": {"message": "no models"}}', "application/json")
+
+    def do_POST(self) -> None:
+        model = json.loads(self.rfile.read(int(self.headers["content-length"])))["model"]
+        self.hits[model] = self.hits.get(model, 0) + 1
+        if model == "garbage":
+            self._send(200, b"this is { not json", "application/json")
+        elif model == "not-a-completion":
+            self._send(200, b'["a list"]', "application/json")
+        elif model == "html500":
+            self._send(500, b"<html><body><h1>Internal Server Error</h1>nginx fell over</body></html>", "text/html")
+        elif model == "missing":  # a 4xx in OpenAI's shape is about the request: passed on as it is
+            self._send(404, b'{"error": {"message": "model missing does not exist", "type": "x", "code": null}}',
+                       "application/json")
+        elif model == "stall":
+            time.sleep(STALL_S)
+            self._send(200, b'{"choices": []}', "application/json")
+        else:  # streams: "truncated" (no [DONE]), "bad-event" (a non-JSON event), "stall-stream" (stops mid-way)
+            self.send_response(200)
+            self.send_header("content-type", "text/event-stream")
+            self.end_headers()
+            self.wfile.write(b"data: " + json.dumps(_CHUNK).encode() + b"\n\n")
+            self.wfile.flush()
+            if model == "bad-event":
+                self.wfile.write(b"data: <html>oops</html>\n\ndata: [DONE]\n\n")
+            elif model == "stall-stream":
+                time.sleep(STALL_S)
+
+    def _send(self, status: int, body: bytes, ctype: str) -> None:
+        self.send_response(status)
+        self.send_header("content-type", ctype)
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+@pytest.fixture(scope="module")
+def broken_gateway(tiny_model: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    fake = ThreadingHTTPServer(("127.0.0.1", 0), _BrokenUpstream)
+    fake.daemon_threads = True
+    threading.Thread(target=fake.serve_forever, daemon=True).start()
+    d = tmp_path_factory.mktemp("broken")
+    try:
+        srv = start_server([tiny_model, *TINY_ARGS, "--upstream", f"http://127.0.0.1:{fake.server_port}/v1",
+                            "--upstream-timeout", "1.5", "--answer-cache-size", "8"], str(d / "gateway.log"))
+        yield srv
+        srv.stop()
+    finally:
+        fake.shutdown()
+        fake.server_close()
+
+
+def _twice(gw: ServerProcess, model: str, **kw) -> list[httpx.Response]:
+    """The same greedy request twice: a bad answer must not be kept, so both go to the upstream."""
+    out = [_chat(gw.http, "hi", model=model, **kw) for _ in range(2)]
+    assert all(r.headers.get("x-hearth-route") != "cache" for r in out)
+    assert _BrokenUpstream.hits[model] == 2, model
+    return out
+
+
+@pytest.mark.parametrize("model,words", [("garbage", "not a JSON object"), ("not-a-completion", "not a JSON object"),
+                                         ("html500", "answered 500: Internal Server Error nginx fell over"),
+                                         ("stall", "ReadTimeout")])
+def test_broken_upstream_answer_is_a_502(broken_gateway: ServerProcess, model: str, words: str) -> None:
+    hits0 = broken_gateway.metric("hearth:answer_cache_hits_total")
+    for r in _twice(broken_gateway, model):
+        assert r.status_code == 502 and r.headers["x-hearth-route"] == "upstream", r.text
+        assert r.headers["content-type"].startswith("application/json")
+        error = r.json()["error"]
+        assert error["code"] == "upstream_error" and error["type"] == "server_error"
+        assert words in error["message"], error
+    assert broken_gateway.metric("hearth:answer_cache_hits_total") == hits0
+
+
+def test_upstream_request_error_passes_through(broken_gateway: ServerProcess) -> None:
+    for r in _twice(broken_gateway, "missing"):
+        assert r.status_code == 404 and r.json()["error"]["message"] == "model missing does not exist", r.text
+
+
+@pytest.mark.parametrize("model,words", [("truncated", "without data: [DONE]"),
+                                         ("bad-event", "not a completion chunk"),
+                                         ("stall-stream", "ReadTimeout")])
+def test_broken_upstream_stream_ends_with_an_error_event(broken_gateway: ServerProcess, model: str,
+                                                         words: str) -> None:
+    for r in _twice(broken_gateway, model, stream=True):
+        assert r.status_code == 200 and r.headers["x-hearth-route"] == "upstream"
+        events = [line.removeprefix("data: ") for line in r.text.splitlines() if line.startswith("data: ")]
+        assert json.loads(events[0])["choices"][0]["delta"]["content"] == "hi"  # the good chunk got through
+        assert events[-1] == "[DONE]" and len(events) == 3, events  # and nothing of the bad one
+        error = json.loads(events[-2])["error"]
+        assert error["code"] == "upstream_error" and words in error["message"], error

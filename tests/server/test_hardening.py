@@ -172,6 +172,40 @@ def test_request_template_over_a_limit_is_a_400_and_health_stays_fast(server: Se
     assert ok.status_code == 200, ok.text  # a fresh worker after the kill
 
 
+@pytest.fixture(scope="module")
+def roomy_server(tiny_model: str, tmp_path_factory: pytest.TempPathFactory):
+    """Takes bodies up to 16 MB (the default; the shared server takes 200 kB)."""
+    srv = start_server([tiny_model, *TINY_ARGS, "--max-request-body-bytes", str(16 << 20)],
+                       str(tmp_path_factory.mktemp("logs") / "roomy.log"))
+    yield srv
+    srv.stop()
+
+
+def test_a_large_body_is_parsed_off_the_event_loop(roomy_server: ServerProcess) -> None:
+    """~7 MB of small objects: its parse and depth check take long; /health must not wait for them."""
+    server = roomy_server
+    from hearth.entrypoints.openai.body import parse_json
+
+    body = json.dumps({"messages": user(), "n": 0, "x": [{"a": "b"}] * 600_000}).encode()
+    parses = []
+    for _ in range(3):  # (this process's parse of the same text: the yardstick, on the same loaded box)
+        t0 = time.monotonic()
+        parse_json(body)
+        parses.append(time.monotonic() - t0)
+    parse = sorted(parses)[1]
+    stop = threading.Event()
+    with ThreadPoolExecutor(1) as pool, httpx.Client(base_url=server.url, timeout=120) as c:
+        probe = pool.submit(_health_latencies, server, stop)
+        time.sleep(0.2)
+        for _ in range(2):
+            r = c.post(CHAT, content=body, headers={"content-type": "application/json"})
+            assert r.status_code == 400 and r.json()["error"]["param"] == "n", r.text
+        stop.set()
+        latencies = probe.result()
+    assert len(latencies) >= 5, latencies
+    assert max(latencies) < parse / 3, (max(latencies), parse)
+
+
 def test_huge_json_schema_is_a_clean_400(server: ServerProcess) -> None:
     # Over the compiler's 100 000-character limit, under the tiny server's 200 kB body limit.
     props = {f"field_{i}": {"type": "string", "description": "x" * 60} for i in range(1500)}

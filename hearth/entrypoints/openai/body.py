@@ -4,8 +4,10 @@ Every failure is a 4xx naming the fix; nothing here raises past the error handle
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import re
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from fastapi import Request
@@ -15,10 +17,13 @@ from pydantic import BaseModel, ValidationError
 from hearth.entrypoints.openai.errors import APIError
 
 MAX_JSON_DEPTH = 64
+OFF_LOOP_BYTES = 1 << 20  # bodies larger than this are parsed in _PARSER's threads
+PARSE_THREADS = 2
 # The content types a browser may send cross-site without a CORS preflight: a JSON route that parsed them would
 # serve a form on any web page the user visits.
 _REFUSED_TYPES = ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data")
 _SURROGATE = re.compile("[\ud800-\udfff]")
+_PARSER = ThreadPoolExecutor(PARSE_THREADS, thread_name_prefix="hearth-json")
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -96,6 +101,15 @@ def loads(data: bytes) -> Any:
         raise APIError(400, f"the request body is {e}", param=e.param) from None
 
 
+async def aloads(data: bytes) -> Any:
+    """loads, off the event loop for a body over OFF_LOOP_BYTES (its parse and depth check take long enough to hold
+    up every other request, /health included); at most PARSE_THREADS such parses at once, so a burst of large
+    bodies holds at most that many parsed copies."""
+    if len(data) <= OFF_LOOP_BYTES:
+        return loads(data)
+    return await asyncio.get_running_loop().run_in_executor(_PARSER, loads, data)
+
+
 def _deep_key(data: bytes, max_depth: int = MAX_JSON_DEPTH) -> str | None:
     """The top-level key under which the JSON text nests deeper than max_depth (for the error's param)."""
     depth, in_string, escaped, start, last, key = 0, False, False, 0, "", None
@@ -126,7 +140,7 @@ async def parse_body(raw: Request, model: type[M]) -> M:
     """A JSON body as `model`: bad JSON, bad fields, too deep or a form content type are 4xx errors.
     A missing content type is taken as JSON (curl users forget it)."""
     check_content_type(raw)
-    obj = loads(await raw.body())
+    obj = await aloads(await raw.body())
     try:
         return model.model_validate(obj)
     except ValidationError as e:

@@ -14,12 +14,12 @@ from typing import Any
 
 import httpx
 from fastapi import Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 from prometheus_client import CollectorRegistry, Counter
 
 from hearth.entrypoints.openai.gateway_args import add_gateway_args  # noqa: F401 (its flags)
 from hearth.entrypoints.openai.api_keys import owner
-from hearth.entrypoints.openai.body import loads
+from hearth.entrypoints.openai.body import aloads
 from hearth.entrypoints.openai.answer_cache import AnswerCache, cache_key, repeatable
 from hearth.entrypoints.openai.errors import APIError, bad_request, error_body
 from hearth.entrypoints.openai.model_access import may_use
@@ -35,6 +35,7 @@ from hearth.entrypoints.openai.token_quota import (
     settled,
     usage_of,
 )
+from hearth.entrypoints.openai.upstream_check import EventStream, UpstreamAnswerError, check_answer, passes_through
 
 logger = logging.getLogger("hearth")
 
@@ -114,7 +115,8 @@ class Gateway:
                       if config.answer_cache_size > 0 else None)
         self.upstream_requests = Counter("hearth:upstream_requests",
                                          "Requests forwarded to the upstream, by the HTTP status answered "
-                                         "(the upstream's, or 502/503 when it could not be reached).",
+                                         "(the upstream's, or 502/503 when it gave no valid answer or could not "
+                                         "be reached).",
                                          ["status"], registry=registry)
         self._client: httpx.AsyncClient | None = None
         if config.upstream is not None:
@@ -146,7 +148,7 @@ class Gateway:
                 raise APIError(400, "the request was refused: its prompt matches this server's blocklist",
                                param="prompt" if isinstance(req, CompletionRequest) else "messages",
                                code="content_blocked")
-        obj = loads(await raw.body())  # NOTE: parse_body already read (and Starlette kept) the body
+        obj = await aloads(await raw.body())  # NOTE: parse_body already read (and Starlette kept) the body
         key = None
         if self.cache is not None and repeatable(obj):
             # NOTE: looked up before routing (which renders and tokenizes): the route is a function of the body.
@@ -254,32 +256,56 @@ class Gateway:
                            code="upstream_unavailable") from None
         except httpx.HTTPError as e:
             self.upstream_requests.labels(status="502").inc()
-            raise APIError(502, f"the upstream server {self.config.upstream} failed: {type(e).__name__}: {e}",
-                           "server_error", code="upstream_error") from None
-        self.upstream_requests.labels(status=str(resp.status_code)).inc()
-        media_type = resp.headers.get("content-type", "application/json")
+            raise self._broken(f"failed: {type(e).__name__}: {e}") from None
+        media_type = resp.headers.get("content-type", "")
         headers = {ROUTE_HEADER: "upstream"}
-        if stream and resp.status_code == 200 and media_type.startswith("text/event-stream"):
-            return StreamingResponse(self._relay(resp), status_code=200, media_type=media_type, headers=headers)
+        if stream and 200 <= resp.status_code < 300 and media_type.startswith("text/event-stream"):
+            self.upstream_requests.labels(status=str(resp.status_code)).inc()
+            return StreamingResponse(self._relay(resp), status_code=resp.status_code, media_type=media_type,
+                                     headers=headers)
         try:
             data = await resp.aread()
         except httpx.HTTPError as e:
-            return JSONResponse(error_body(f"the upstream server {self.config.upstream} broke off its answer: "
-                                           f"{type(e).__name__}: {e}", "server_error", None, "upstream_error"),
-                                status_code=502, headers=headers)
+            self.upstream_requests.labels(status="502").inc()
+            raise self._broken(f"broke off its answer: {type(e).__name__}: {e}") from None
         finally:
             await resp.aclose()
-        return Response(data, status_code=resp.status_code, media_type=media_type, headers=headers)
+        if passes_through(resp.status_code, data):
+            self.upstream_requests.labels(status=str(resp.status_code)).inc()
+            return Response(data, status_code=resp.status_code, media_type="application/json", headers=headers)
+        try:
+            check_answer(resp.status_code, data, media_type, stream)
+        except UpstreamAnswerError as e:
+            self.upstream_requests.labels(status="502").inc()
+            raise self._broken(str(e)) from None
+        self.upstream_requests.labels(status=str(resp.status_code)).inc()
+        return Response(data, status_code=resp.status_code, media_type="application/json", headers=headers)
+
+    def _broken(self, what: str) -> APIError:
+        return APIError(502, f"the upstream server {self.config.upstream} {what}", "server_error",
+                        code="upstream_error", headers={ROUTE_HEADER: "upstream"})
 
     async def _relay(self, resp: httpx.Response) -> AsyncIterator[bytes]:
-        """Upstream SSE bytes as they come; a cut connection ends the stream with an error event and [DONE].
+        """Upstream SSE events as they come, each checked (upstream_check.EventStream) before it is passed on; a cut
+        connection, a broken event or a stream without [DONE] ends with an error event and [DONE] (so the answer
+        cache does not keep it).
         NOTE: a client that goes away closes this generator, which closes the upstream connection (its abort)."""
+        events = EventStream()
         try:
-            async for chunk in resp.aiter_raw():
-                yield chunk
+            async for chunk in resp.aiter_bytes():
+                for event in events.feed(chunk):
+                    yield event
+                if events.done:
+                    return
+            events.finish()
         except httpx.HTTPError as e:
-            yield ("\n\n" + sse(error_body(f"the upstream server {self.config.upstream} broke off the stream: "
-                                           f"{type(e).__name__}: {e}", "server_error", None, "upstream_error"))
-                   + "data: [DONE]\n\n").encode()
+            yield self._error_event(f"broke off the stream: {type(e).__name__}: {e}")
+        except UpstreamAnswerError as e:
+            yield self._error_event(str(e))
         finally:
             await resp.aclose()
+
+    def _error_event(self, what: str) -> bytes:
+        # (not counted again in upstream_requests: the stream was counted by the status it started with)
+        return (sse(error_body(f"the upstream server {self.config.upstream} {what}", "server_error", None,
+                               "upstream_error")) + "data: [DONE]\n\n").encode()
