@@ -244,6 +244,10 @@ class AsyncEngine:
         """Call on state.loop. Queue requests whose outputs go to `state`; the future resolves (None) once the
         engine thread has admitted them, or fails with their error. generate() and the engine worker use it.
         Their constraints are compiled first, off the engine thread (a cache hit after check_structured)."""
+        if not any(getattr(r.params, "structured_outputs", None) for r in requests):
+            accepted = state.loop.create_future()
+            self._queue(AddCommand(requests, [None] * len(requests), state, accepted, time.monotonic()))
+            return accepted
         return state.loop.create_task(self._compile_and_queue(requests, state))
 
     async def _compile_and_queue(self, requests: list[EngineRequest], state: StreamState) -> None:

@@ -277,6 +277,8 @@ class ProcessEngine:
                 p = self._streams.get(sid)
                 if p is None:
                     continue  # aborted meanwhile
+                if not p.accepted.done():  # outputs can overtake the worker's Accepted: they mean it was
+                    p.accepted.set_result(None)
                 if isinstance(item, str):  # wp.STREAM_END, the only text item
                     p.state.queue.put_nowait(END)
                     self._forget(sid)

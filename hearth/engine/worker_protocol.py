@@ -90,5 +90,5 @@ class Metrics:
     text: bytes
 
 
-ToWorker = Union[AddRequests, AbortRequests, CheckStructured, RenderMetrics, Shutdown]
+ToWorker = Union[AddRequests, AbortRequests, StopSequences, CheckStructured, RenderMetrics, Shutdown]
 ToFront = Union[Ready, LoadFailed, Accepted, Outputs, Stats, StructuredChecked, Metrics]

@@ -159,20 +159,6 @@ ROUTES: dict[tuple[str, str], RouteSpec] = {
 
 # Cells the matrix found wrong and that are not fixed here: (mode, method, path, kind) -> why.
 XFAIL: dict[tuple[str, str, str, str], str] = {}
-# Found wrong, but not every time (so not a strict xfail), and by hanging (so not run: each would cost the whole
-# request timeout). Not an authorization defect: the refusals on these routes are rows that do run, and the thief's
-# own answers on them are rows of the single-model server.
-ROUTER_HANG = ("under the model router a valid key's request that runs the engine sometimes never answers (the "
-               "worker's engine thread stays busy until shutdown; seen on /v1/embeddings, /api/embed, "
-               "/api/embeddings and /v1/messages, in no fixed order, also without keys); issue 44 follow-up")
-
-
-def hangs(mode: Mode, method: str, path: str, kind: str) -> bool:
-    spec = ROUTES.get((method, path))
-    return (mode is ROUTER and kind == "thief" and spec is not None and spec.engine and spec.ok == 200
-            and path != "/v1/responses")  # (the thief's POST /v1/responses is refused before the engine)
-
-
 def cells(mode: Mode) -> list[Any]:
     out = []
     for method, path in app_routes(mode):
@@ -180,8 +166,6 @@ def cells(mode: Mode) -> list[Any]:
             cell = (mode.name, method, path, kind)
             reason = XFAIL.get(cell)
             marks = [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
-            if hangs(mode, method, path, kind):
-                marks = [pytest.mark.xfail(run=False, reason=ROUTER_HANG)]
             out.append(pytest.param(method, path, kind, marks=marks, id=f"{method} {path} {kind}"))
     return out
 

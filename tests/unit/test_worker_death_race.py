@@ -79,3 +79,37 @@ def test_data_parallel_resends_a_not_started_request_to_a_live_engine() -> None:
         assert stream is not None and live.in_flight == 1 and dead.in_flight == 0
 
     asyncio.run(run())
+
+
+class _AnsweringBeforeAccepting:
+    """A worker whose step's outputs (the whole answer) reach the front before its Accepted, as they can: both
+    are posted from the worker's event loop, in whichever order its callbacks run."""
+
+    def __init__(self, engine: ProcessEngine) -> None:
+        self.engine = engine
+
+    def send(self, msg: wp.ToWorker) -> None:
+        if isinstance(msg, wp.AddRequests):
+            from hearth.engine.outputs import StepOutput
+
+            out = StepOutput(msg.requests[0].request_id, 0, [7], [], finished=True, finish_reason="length",
+                             num_output_tokens=1)
+            loop = self.engine._loop
+            loop.call_soon(self.engine._on_message, wp.Outputs([(msg.sid, [out]), (msg.sid, wp.STREAM_END)]))
+            loop.call_soon(self.engine._on_message, wp.Accepted(msg.sid, None))
+
+
+def test_outputs_that_overtake_the_accept_still_answer() -> None:
+    """The stream ended (and was forgotten) before Accepted arrived: generate() must not wait for it forever."""
+    async def run() -> list:
+        e = _engine("0")
+        e._loop = asyncio.get_running_loop()
+        e._conn = _AnsweringBeforeAccepting(e)
+        stream = await asyncio.wait_for(e.generate([("r0", [1, 2, 3], SamplingParams(max_tokens=1,
+                                                                                    detokenize=False))]), 5)
+        outs = [o async for o in stream]
+        assert e.in_flight == 0
+        return outs
+
+    outs = asyncio.run(run())
+    assert [(o.new_token_ids, o.finish_reason) for o in outs] == [([7], "length")]
