@@ -245,17 +245,19 @@ class AsyncEngine:
         engine thread has admitted them, or fails with their error. generate() and the engine worker use it.
         Their constraints are compiled first, off the engine thread (a cache hit after check_structured)."""
         if not any(getattr(r.params, "structured_outputs", None) for r in requests):
-            accepted = state.loop.create_future()
-            self._queue(AddCommand(requests, [None] * len(requests), state, accepted, time.monotonic()))
-            return accepted
+            return self._queue_add(requests, [None] * len(requests), state)  # (no hop: see ProcessEngine's Outputs)
         return state.loop.create_task(self._compile_and_queue(requests, state))
 
     async def _compile_and_queue(self, requests: list[EngineRequest], state: StreamState) -> None:
         grammars = [await asyncio.to_thread(self.engine.structured.compile, r.params.structured_outputs)
                     if getattr(r.params, "structured_outputs", None) else None for r in requests]
+        await self._queue_add(requests, grammars, state)
+
+    def _queue_add(self, requests: list[EngineRequest], grammars: list[CompiledGrammar | None],
+                   state: StreamState) -> asyncio.Future:
         accepted = state.loop.create_future()
         self._queue(AddCommand(requests, grammars, state, accepted, time.monotonic()))
-        await accepted
+        return accepted
 
     def abort(self, request_ids: list[str]) -> None:
         """Abort requests (thread-safe): the engine frees their blocks before its next step."""
@@ -406,7 +408,8 @@ class AsyncEngine:
                 m.queue_time.observe(max(0.0, min(scheduled) - track.arrival))
             first = track.requests[0] if track.requests else None
             m.observe_request(prompt_tokens=out.num_prompt_tokens, generation_tokens=track.generated,
-                              n=len(track.requests) or 1, max_tokens=getattr(first.params, "max_tokens", None) if first else None,
+                              n=len(track.requests) or 1,
+                              max_tokens=getattr(first.params, "max_tokens", None) if first else None,
                               arrival=track.arrival, scheduled=min(scheduled) if scheduled else None,
                               first_token=track.first_token, finished=now)
             reason = out.finish_reason if out.finish_reason in m.request_success else "stop"

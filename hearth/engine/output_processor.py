@@ -49,6 +49,7 @@ class OutputProcessor:
     def __init__(self, tokenizer: Tokenizer) -> None:
         self.tokenizer = tokenizer
         self._seqs: dict[tuple[str, int], _SequenceText] = {}
+        self.num_unfinished = 0  # sequences added and not yet finished here
         self.to_stop: list[StopRequest] = []  # filled by process(); the caller drains it
 
     @classmethod
@@ -62,10 +63,7 @@ class OutputProcessor:
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None:
         for i in range(getattr(params, "n", 1)):  # (pooling params: one output, no text)
             self._seqs[(request_id, i)] = _SequenceText(params, prompt_token_ids)
-
-    @property
-    def num_unfinished(self) -> int:
-        return sum(1 for s in self._seqs.values() if not s.finished)
+            self.num_unfinished += 1
 
     def process(self, outputs: list[StepOutput]) -> list[StepOutput]:
         """Fill each output's new_text (in place); drop outputs of sequences that already ended here."""
@@ -77,12 +75,14 @@ class OutputProcessor:
                 continue
             if seq.finished:
                 continue
-            if seq.wants_text and out.pooled is None:
+            if seq.wants_text:
                 if seq.detok is None:
                     seq.detok = IncrementalDetokenizer(self.tokenizer, seq.prompt_token_ids,
                                                        seq.params.skip_special_tokens)
                 self._detokenize(seq, out)
-            seq.finished = out.finished
+            if out.finished:
+                seq.finished = True
+                self.num_unfinished -= 1
             kept.append(out)
         return kept
 
@@ -128,10 +128,6 @@ class OutputProcessor:
         out.num_output_tokens -= dropped
         out.finished, out.finish_reason, out.stop_reason = True, "stop", stop
         out.ended_by_stop_token = False
-
-    def remove(self, request_id: str, n: int = 1) -> None:
-        for i in range(n):
-            self._seqs.pop((request_id, i), None)
 
 
 def run_step(engine: LLMEngine, processor: OutputProcessor) -> list[StepOutput]:

@@ -29,14 +29,6 @@ def add_engine_args(p: argparse.ArgumentParser, model_optional: bool = False, ma
     add_args(p, [EngineArgs], GROUP_DESCRIPTIONS, overrides)
 
 
-def __getattr__(name: str) -> list[str]:
-    if name == "ENGINE_ARG_NAMES":  # the old list's name, now derived from EngineArgs' fields
-        from hearth.engine_args import engine_arg_names
-
-        return engine_arg_names()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 def engine_args_from(ns: argparse.Namespace) -> EngineArgs:
     """EngineArgs from parsed flags: every EngineArgs field the namespace holds (vLLM's --model instead of the
     positional MODEL; --task and a list of served names are mapped by vllm_compat.normalize)."""
