@@ -24,3 +24,8 @@ class ContextLengthError(ParamError):
         too_long_prompt = max_tokens is None or prompt_tokens >= max_model_len
         super().__init__("prompt" if too_long_prompt else "max_tokens", message)
         self.prompt_tokens, self.max_tokens, self.max_model_len = prompt_tokens, max_tokens, max_model_len
+
+
+class LoRAError(ValueError):
+    """A LoRA adapter that cannot be served (missing, corrupt, over the rank limit, for another base model, or using
+    a PEFT feature hearth lacks). The message is one line naming the adapter and the cause."""

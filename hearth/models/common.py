@@ -91,6 +91,19 @@ class CausalLMBase(nn.Module):
             raise ValueError(f"checkpoint lacks {len(missing)} tensors, e.g. {missing[:3]}")
         self.after_load()
 
+    def lora_target(self, module: str) -> tuple[str, str | None] | None:
+        """Where an adapter's update of a checkpoint module lands, by the same tables load_weights reads: (our
+        module, its shard: q / k / v / gate / up of a merged layer, None for a whole layer); None if the checkpoint
+        name has no place here."""
+        name = self._rename(f"{module}.weight")
+        if name is None:
+            return None
+        parts = name.split(".")
+        if len(parts) >= 2 and parts[-2] in self.merged:
+            merged_name, shard = self.merged[parts[-2]]
+            return ".".join(parts[:-2] + [merged_name]), shard
+        return ".".join(parts[:-1]), None
+
     def _rename(self, name: str) -> str | None:
         if any(name.endswith(s) for s in self.skip_prefixes):
             return None
