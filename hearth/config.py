@@ -95,6 +95,26 @@ class CacheConfig:
 
 
 @dataclass
+class LoRAConfig:
+    """--enable-lora's pool: at most max_loras distinct adapters in one step (the layers' slots), up to max_cpu_loras
+    kept loaded, ranks up to max_lora_rank."""
+    max_loras: int = 1
+    max_lora_rank: int = 16
+    max_cpu_loras: int | None = None  # None: max_loras
+
+    def __post_init__(self) -> None:
+        if self.max_loras < 1:
+            raise ValueError(f"--max-loras must be >= 1, got {self.max_loras}")
+        if self.max_lora_rank < 1:
+            raise ValueError(f"--max-lora-rank must be >= 1, got {self.max_lora_rank}")
+        if self.max_cpu_loras is None:
+            self.max_cpu_loras = self.max_loras
+        if self.max_cpu_loras < self.max_loras:
+            raise ValueError(f"--max-cpu-loras ({self.max_cpu_loras}) must be at least --max-loras "
+                             f"({self.max_loras})")
+
+
+@dataclass
 class SchedulerConfig:
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
@@ -108,6 +128,8 @@ class SchedulerConfig:
     # request with a large n cannot take every slot while others wait.
     max_num_seqs_per_request: int | None = None
     scheduling_policy: str = "fcfs"  # fcfs | priority (vLLM's: lower `priority` values first, then arrival)
+    # --enable-lora: at most this many distinct adapters among the running requests (0: no adapters)
+    max_loras: int = 0
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:

@@ -11,8 +11,9 @@ from dataclasses import dataclass
 from hearth.arg_fields import MAPPED, NOOP, SAME, arg, arg_fields
 from hearth.vllm_compat import DTYPE_CHOICES, KV_CACHE_DTYPE_CHOICES
 
-ENGINE, SAMPLING, VLLM = "engine", "sampling defaults", "vLLM compatibility"
+ENGINE, SAMPLING, LORA, VLLM = "engine", "sampling defaults", "LoRA adapters", "vLLM compatibility"
 GROUP_DESCRIPTIONS = {SAMPLING: "for requests that leave a field unset",
+                      LORA: "PEFT adapters over the base model, requests for different adapters batched together",
                       VLLM: "accepted so vLLM command lines run unchanged; on a CPU most mean nothing (one info line "
                             "says so)"}
 QUANTIZATION_CHOICES = ("auto", "none", "int8", "int4", "int4-g32", "int4-g64", "int4-g128", "gguf", "gptq", "awq",
@@ -96,6 +97,16 @@ class EngineArgs:
         group=SAMPLING, vllm=SAME)
     max_tokens_default: int | None = arg(None, "max_tokens of requests that name none (default: the generation "
                                          "config's max_new_tokens, else the context that is left)", group=SAMPLING)
+    # LoRA adapters (hearth/lora/, hearth/engine/lora_pool.py); the server's --lora-modules names them.
+    enable_lora: bool = arg(False, "serve LoRA adapters: a request names one (its `model`, or lora_request offline) "
+                            "and requests for different adapters share a batch", group=LORA, action="store_true",
+                            vllm=SAME)
+    max_loras: int = arg(1, "distinct adapters in one engine step (default %(default)s); requests for another one "
+                         "wait for a slot", group=LORA, vllm=SAME)
+    max_lora_rank: int = arg(16, "largest adapter rank accepted (default %(default)s)", group=LORA, vllm=SAME)
+    max_cpu_loras: int | None = arg(None, "adapters kept loaded, least recently used dropped first (default: "
+                                    "--max-loras); an adapter a request in flight uses is kept", group=LORA,
+                                    vllm=SAME)
     # vLLM's arguments with no (or a mapped) meaning on a CPU: hearth/vllm_compat.py accepts, maps or refuses them.
     pipeline_parallel_size: int = arg(1, "must be 1 (default: %(default)s)", group=VLLM,
                                       flags=("--pipeline-parallel-size", "-pp"), vllm=MAPPED)

@@ -1,6 +1,9 @@
 """Random PEFT LoRA adapters for tiny checkpoints, and transformers + PEFT references with the adapter merged."""
 from __future__ import annotations
 
+import json
+import os
+
 import torch
 
 ALL_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -33,3 +36,24 @@ def merged_model(base: str, adapter: str | None):
 
         model = PeftModel.from_pretrained(model, adapter).merge_and_unload()
     return model.eval()
+
+
+def write_adapter(folder, tensors: dict[str, tuple[torch.Tensor, torch.Tensor]], **config) -> str:
+    """A PEFT folder written by hand: {module: (A, B)} under PEFT's key names, r 4 and lora_alpha 8 unless config
+    says otherwise."""
+    from safetensors.torch import save_file
+
+    os.makedirs(folder, exist_ok=True)
+    flat = {}
+    for module, (a, b) in tensors.items():
+        flat[f"base_model.model.{module}.lora_A.weight"] = a
+        flat[f"base_model.model.{module}.lora_B.weight"] = b
+    save_file(flat, os.path.join(folder, "adapter_model.safetensors"))
+    with open(os.path.join(folder, "adapter_config.json"), "w") as f:
+        json.dump({"peft_type": "LORA", "r": 4, "lora_alpha": 8, **config}, f)
+    return str(folder)
+
+
+def ab(r: int, inp: int, out: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random A [r, inp] and B [out, r]."""
+    return torch.randn(r, inp), torch.randn(out, r)

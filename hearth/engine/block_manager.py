@@ -36,6 +36,12 @@ def hash_block(parent_hash: int | None, token_ids: tuple[int, ...]) -> int:
     return hash((parent_hash, token_ids))
 
 
+def chain_root(lora_id: int) -> int | None:
+    """The parent hash of a request's first block: None under the base model, the adapter's own root under a LoRA
+    adapter, so the same tokens under two adapters (or one and none) never share a block: their KV differs."""
+    return None if not lora_id else hash(("lora", lora_id))
+
+
 def freeable_window(layer_windows: list[int | None]) -> int | None:
     """The window that decides which KV blocks no layer reads any more: the largest layer window, or None when
     any layer attends globally (nothing can be freed then)."""
@@ -112,7 +118,7 @@ class BlockManager:
         bs = self.block_size
         while (len(hashes) + 1) * bs <= num_tokens:
             i = len(hashes)
-            parent = hashes[-1] if hashes else None
+            parent = hashes[-1] if hashes else chain_root(req.lora_id)
             hashes.append(hash_block(parent, tuple(req.all_token_ids[i * bs:(i + 1) * bs])))
         return hashes[: num_tokens // bs]
 

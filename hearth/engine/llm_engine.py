@@ -10,10 +10,11 @@ from dataclasses import dataclass, field
 import torch
 
 from hearth import envs, generation_defaults
-from hearth.config import CacheConfig, EngineArgs, SchedulerConfig
-from hearth.errors import ContextLengthError, ParamError
+from hearth.config import CacheConfig, EngineArgs, LoRAConfig, SchedulerConfig
+from hearth.errors import ContextLengthError, LoRAError, ParamError
 from hearth.engine.block_manager import BlockManager, freeable_window
 from hearth.kv_sizing import num_kv_blocks
+from hearth.engine.lora_pool import AdapterWeights, LoRAPool
 from hearth.engine.model_runner import ModelRunner
 from hearth.engine.outputs import StepOutput
 from hearth.engine.pooling import PoolingRunner, resolve_runner
@@ -24,6 +25,7 @@ from hearth.engine.tp_worker import tp_worker_main
 from hearth.layers.attention import Attention
 from hearth.layers.pooler import PoolerConfig
 from hearth.loader.model_loader import DEFAULT_MODEL_FILE, load_model
+from hearth.lora.request import LoRARequest
 from hearth.platform import cpu_info, keep_freed_memory, setup_threads
 from hearth.pooling_params import PoolingParams
 from hearth.sampling_params import SamplingParams
@@ -73,6 +75,7 @@ class LLMEngine:
         keep_freed_memory()  # process-wide glibc setting, before the model and its activations are allocated
         torch.manual_seed(args.seed)
         spec_config = SpeculativeConfig.parse(args.speculative_config)  # before loading: a bad config fails fast
+        lora_config = _lora_config(args)  # (the same)
         loaded = load_model(args, self.tp.shard if self.tp else None)
         self.model_config = loaded.model_config
         self.tokenizer = loaded.tokenizer
@@ -90,8 +93,13 @@ class LLMEngine:
             max_num_batched_tokens=args.max_num_batched_tokens or _default_budget(self.model, args.max_num_seqs),
             max_model_len=mc.max_model_len, max_waiting_requests=args.max_waiting_requests,
             max_prefills_per_decode_step=args.max_prefills_per_decode_step,
-            max_num_seqs_per_request=args.max_num_seqs_per_request, scheduling_policy=args.scheduling_policy)
+            max_num_seqs_per_request=args.max_num_seqs_per_request, scheduling_policy=args.scheduling_policy,
+            max_loras=lora_config.max_loras if lora_config else 0)
         self.runner_type = resolve_runner(args.runner, self.model)
+        if lora_config is not None and self.runner_type == "pooling":
+            raise ValueError("--enable-lora is for text generation; this model is served for pooling (--runner "
+                             "pooling): drop --enable-lora")
+        self.lora = LoRAPool(self.model, lora_config, mc.dtype) if lora_config is not None else None
         per_block = ModelRunner.kv_bytes_per_block(self.model, args.block_size, kv_dtype)
         if draft_model is not None:  # the draft's KV cache has as many blocks as the target's
             per_block += ModelRunner.kv_bytes_per_block(draft_model, args.block_size, draft_kv_dtype)
@@ -112,7 +120,7 @@ class LLMEngine:
         self.scheduler = Scheduler(self.scheduler_config, self.block_manager,
                                    pooling_needs_kv=not getattr(self.model, "is_encoder", False))
         self.runner = ModelRunner(self.model, self.cache_config.num_blocks, args.block_size, kv_dtype,
-                                  mc.vocab_size, args.seed)
+                                  mc.vocab_size, args.seed, self.lora)
         if self.tp is not None:
             self.tp.attach(self.model, self.cache_config.num_blocks, args.block_size, kv_dtype)
         self.speculator: Speculator | None = None
@@ -169,13 +177,15 @@ class LLMEngine:
         return (f"hearth ready: {mc.architecture}, dtype {str(mc.dtype).removeprefix('torch.')}, "
                 f"{self.threads} threads (cores {cores}; {cpu_info().isa}), KV cache {blocks} blocks x "
                 f"{cc.block_size} = {tokens} tokens, max concurrency {tokens / mc.max_model_len:.1f}x at "
-                f"max-model-len {mc.max_model_len}")
+                f"max-model-len {mc.max_model_len}" + (f"; {self.lora.summary()}" if self.lora else ""))
 
     # ---- requests ----
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams | PoolingParams,
-                    arrival_time: float | None = None, grammar: CompiledGrammar | None = None) -> None:
+                    arrival_time: float | None = None, grammar: CompiledGrammar | None = None,
+                    lora_request: LoRARequest | None = None) -> None:
         """Queue a request. Raises ParamError (a user error) for an empty or too-long prompt, bad token ids.
-        grammar: params.structured_outputs compiled by the caller (off the engine thread); compiled here if None."""
+        grammar: params.structured_outputs compiled by the caller (off the engine thread); compiled here if None.
+        lora_request: the adapter it runs under (None: the base model); a LoRAError if it cannot be served."""
         if request_id in self.parents:
             raise ParamError(None, f"request id {request_id!r} is already in use")
         mc = self.model_config
@@ -185,7 +195,12 @@ class LLMEngine:
         vocab = mc.vocab_size
         if any(not 0 <= t < vocab for t in prompt_token_ids):
             raise ParamError("prompt", f"prompt token ids must be in [0, {vocab})")
+        if lora_request is not None and self.lora is None:
+            raise ParamError("model", f"this server has no LoRA adapters (start it with --enable-lora): "
+                             f"{lora_request.lora_name!r} cannot be used")
         if isinstance(params, PoolingParams):
+            if lora_request is not None:
+                raise ParamError("model", "LoRA adapters apply to text generation, not to embeddings or scores")
             if n_prompt > mc.max_model_len:
                 raise ContextLengthError(f"the input has {n_prompt} tokens, but this model's maximum input length "
                                          f"is {mc.max_model_len} tokens: shorten it, or set truncate_prompt_tokens",
@@ -227,7 +242,8 @@ class LLMEngine:
             if params.n > 1:
                 child_params = _child_params(params, i)
             rid = f"{request_id}#{i}" if params.n > 1 else request_id
-            req = Request(rid, prompt_token_ids, child_params, mc.eos_token_ids, arrival_time)
+            req = Request(rid, prompt_token_ids, child_params, mc.eos_token_ids, arrival_time,
+                          lora_request.lora_int_id if lora_request is not None else 0)
             req.group_id = request_id  # the scheduler caps the slots of one request's n sequences together
             if grammar is not None:
                 req.grammar = grammar.new_matcher()  # each of the n sequences walks the grammar on its own
@@ -235,6 +251,15 @@ class LLMEngine:
                 req.grammar = ReasoningGate(params.reasoning, req.grammar, self.structured.compiler.vocab_size)
             self.seqs[rid] = _Sequence(req, i)
             children.append(rid)
+        if lora_request is not None:
+            try:
+                for rid in children:
+                    self.lora.acquire(rid, lora_request)
+            except LoRAError:
+                for rid in children:
+                    self.lora.release(rid)
+                    del self.seqs[rid]
+                raise
         self.parents[request_id] = children
         for rid in children:
             self.scheduler.add_request(self.seqs[rid].request)
@@ -245,6 +270,8 @@ class LLMEngine:
             seq = self.seqs.pop(rid, None)
             if seq is not None:
                 self.scheduler.finish(seq.request, RequestStatus.FINISHED_ABORTED)
+            if self.lora is not None:
+                self.lora.release(rid)
 
     def stop_sequence(self, request_id: str, index: int, stop: str) -> StepOutput | None:
         """The front found stop string `stop` in sequence `index`'s text: finish it as stopped (its KV blocks are
@@ -259,6 +286,28 @@ class LLMEngine:
         return StepOutput(request_id, index, [], [], finished=True, finish_reason="stop", stop_reason=stop,
                           num_prompt_tokens=req.num_prompt_tokens, num_output_tokens=req.num_output_tokens,
                           num_cached_tokens=req.num_cached_tokens)
+
+    # ---- LoRA adapters ----
+    def read_lora(self, lora: LoRARequest) -> AdapterWeights:
+        """Read and check an adapter for add_lora without touching the engine's state (safe off the engine
+        thread). Raises LoRAError."""
+        return self._lora_pool().read(lora)
+
+    def add_lora(self, lora: LoRARequest, weights: AdapterWeights | None = None) -> None:
+        """Register and load an adapter (weights: from read_lora). Raises LoRAError."""
+        self._lora_pool().add(lora, weights)
+
+    def remove_lora(self, lora_id: int) -> bool:
+        """Forget an adapter; requests in flight under it finish under it. False: no such adapter."""
+        return self._lora_pool().remove(lora_id)
+
+    def list_loras(self) -> list[LoRARequest]:
+        return list(self.lora.registered.values()) if self.lora is not None else []
+
+    def _lora_pool(self) -> LoRAPool:
+        if self.lora is None:
+            raise LoRAError("LoRA adapters need --enable-lora")
+        return self.lora
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
@@ -374,9 +423,19 @@ class LLMEngine:
 
     def _forget(self, seq: _Sequence) -> None:
         self.seqs.pop(seq.request.request_id, None)
+        if self.lora is not None:
+            self.lora.release(seq.request.request_id)
         siblings = self.parents.get(seq.request.group_id)
         if siblings is not None and all(rid not in self.seqs for rid in siblings):
             del self.parents[seq.request.group_id]
+
+
+def _lora_config(args: EngineArgs) -> LoRAConfig | None:
+    if not args.enable_lora:
+        return None
+    if args.tensor_parallel_size > 1:
+        raise ValueError("--enable-lora cannot be used with --tensor-parallel-size > 1 yet")
+    return LoRAConfig(args.max_loras, args.max_lora_rank, args.max_cpu_loras)
 
 
 def _default_budget(model: torch.nn.Module, max_num_seqs: int) -> int:

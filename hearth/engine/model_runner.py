@@ -6,6 +6,7 @@ numpy and shared by every layer.
 """
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import torch
@@ -13,6 +14,7 @@ from torch import nn
 
 from hearth.engine.block_manager import BlockManager
 from hearth.engine.input_batch import DecodeBatch, SeqInput, prepare_inputs
+from hearth.engine.lora_pool import LoRAPool
 from hearth.engine.request import Request
 from hearth.engine.scheduler import ScheduledRequest, SchedulerOutput
 from hearth.weights import activations
@@ -38,8 +40,9 @@ def _new_tokens(s: ScheduledRequest) -> list[int]:
 
 class ModelRunner:
     def __init__(self, model: nn.Module, num_blocks: int, block_size: int, kv_dtype: torch.dtype,
-                 vocab_size: int, seed: int = 0) -> None:
+                 vocab_size: int, seed: int = 0, lora: LoRAPool | None = None) -> None:
         self.model = model
+        self.lora = lora  # --enable-lora: the adapters, and each step's rows per adapter
         self.block_size = block_size
         self.sampler = Sampler(vocab_size, seed)
         self.rejection_sampler = RejectionSampler(self.sampler)
@@ -78,7 +81,8 @@ class ModelRunner:
                 input_ids, positions, meta = self.decode_batch.prepare(reqs, block_manager.block_table,
                                                                        self._last_sampled)
                 # (forward, not __call__: no module hooks are used, and their dispatch is not free with cold caches)
-                hidden = self.model.forward(input_ids, positions, meta)  # [N, hidden]
+                with self._adapter_rows([(r.lora_id, 1) for r in reqs] if self.lora is not None else []):
+                    hidden = self.model.forward(input_ids, positions, meta)  # [N, hidden]
                 out: SamplerOutput = self.sampler(self.model.compute_logits(hidden), reqs)
             except BaseException:
                 self.decode_batch.reset()  # its rows moved on a step that did not happen
@@ -96,9 +100,17 @@ class ModelRunner:
         input_ids, positions, meta = prepare_inputs([seqs[i] for i in order], self.block_size)
         gen_rows = sum(s.num_new_tokens for s, g in zip(scheduled, generated) if g)
         # (quantized weights: a prompt's rows get the same numbers however many run)
-        with activations.prompt_rows(gen_rows, int(input_ids.shape[0])):
+        with (activations.prompt_rows(gen_rows, int(input_ids.shape[0])),
+              self._adapter_rows([(s.request.lora_id, s.num_new_tokens) for s in ordered])):
             hidden = self.model(input_ids, positions, meta)  # [T, hidden]
         return self._sample(hidden, ordered)
+
+    def _adapter_rows(self, spans: list[tuple[int, int]]):
+        """The step's rows per adapter for the model's LoRA layers, while the forward pass runs. spans: (adapter
+        id, rows) of each request in row order."""
+        if self.lora is None or not any(lora_id for lora_id, _ in spans):
+            return nullcontext()
+        return self.lora.rows.use(self.lora.row_groups(spans))
 
     def _sample(self, hidden: torch.Tensor, ordered: list[ScheduledRequest]) -> StepResult:
         last_idx, sample_reqs = [], []

@@ -138,6 +138,10 @@ class Scheduler:
         held: dict[str, int] = {}
         for r in self.running:
             held[r.group_id] = held.get(r.group_id, 0) + 1
+        # LoRA: at most max_loras distinct adapters among the running requests (the layers' slots); a request for
+        # another one waits without blocking the queue, as a capped request's sequences do.
+        max_loras = self.config.max_loras
+        adapters = {r.lora_id for r in self.running if r.lora_id} if max_loras else set()
         started = 0
         pos = 0
         while (pos < len(self.waiting) and budget > 0
@@ -159,7 +163,8 @@ class Scheduler:
                 break
             if out.preempted and req in out.preempted:
                 break  # don't re-admit what this step just preempted
-            if held.get(req.group_id, 0) >= per_request:
+            if held.get(req.group_id, 0) >= per_request or (
+                    max_loras and req.lora_id and req.lora_id not in adapters and len(adapters) >= max_loras):
                 pos += 1
                 continue
             computed_blocks, num_cached = ([], 0)
@@ -176,6 +181,8 @@ class Scheduler:
                 bm.record_prefix_lookup(req.num_tokens, num_cached)
             del self.waiting[pos]
             held[req.group_id] = held.get(req.group_id, 0) + 1
+            if req.lora_id:
+                adapters.add(req.lora_id)
             if req.first_scheduled_time is None:
                 req.first_scheduled_time = now
                 req.num_cached_tokens = num_cached

@@ -13,6 +13,7 @@ from hearth.engine.output_processor import OutputProcessor, run_step
 from hearth.engine.outputs import CompletionOutput, RequestOutput
 from hearth.entrypoints import llm_pooling
 from hearth.entrypoints.llm_pooling import PoolingRequestOutput
+from hearth.lora.request import LoRARequest
 from hearth.pooling_params import PoolingParams
 from hearth.sampling_params import SamplingParams
 
@@ -40,17 +41,22 @@ class LLM:
         return self.engine.default_sampling_params()
 
     def generate(self, prompts: Prompt | Sequence[Prompt], sampling_params: SamplingParams | list | None = None,
-                 use_tqdm: bool = False) -> list[RequestOutput]:
-        """prompts: a string, a list of token ids, {"prompt_token_ids": [...]}, or a list of those."""
+                 use_tqdm: bool = False,
+                 lora_request: LoRARequest | list[LoRARequest | None] | None = None) -> list[RequestOutput]:
+        """prompts: a string, a list of token ids, {"prompt_token_ids": [...]}, or a list of those. lora_request:
+        the adapter every prompt runs under, or one per prompt (None: the base model; needs enable_lora=True)."""
         if isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         params_list = sampling_params if isinstance(sampling_params, list) else [sampling_params] * len(prompts)
         if len(params_list) != len(prompts):
             raise ValueError("give one SamplingParams, or one per prompt")
+        loras = lora_request if isinstance(lora_request, list) else [lora_request] * len(prompts)
+        if len(loras) != len(prompts):
+            raise ValueError("give one LoRARequest, or one per prompt")
         results: dict[str, RequestOutput] = {}
         order: list[str] = []
         processor = OutputProcessor(self.tokenizer)
-        for prompt, params in zip(prompts, params_list):
+        for prompt, params, lora in zip(prompts, params_list, loras):
             text, ids = self._tokenize(prompt)
             if params is None:  # the checkpoint's defaults; their max_tokens no longer than the context leaves
                 params = self.engine.default_sampling_params()
@@ -58,7 +64,12 @@ class LLM:
                 if params.max_tokens is not None and 0 < room < params.max_tokens:
                     params = dataclasses.replace(params, max_tokens=room)
             rid = str(next(self._ids))
-            self.engine.add_request(rid, ids, params)
+            try:
+                self.engine.add_request(rid, ids, params, lora_request=lora)
+            except BaseException:  # (all or nothing: the prompts already queued are dropped)
+                for queued in order:
+                    self.engine.abort_request(queued)
+                raise
             processor.add_request(rid, ids, params)
             results[rid] = RequestOutput(rid, text, ids, [CompletionOutput(i) for i in range(params.n)])
             order.append(rid)
@@ -66,14 +77,14 @@ class LLM:
 
     def chat(self, messages: list[dict] | list[list[dict]], sampling_params: SamplingParams | None = None,
              add_generation_prompt: bool = True, chat_template: str | None = None,
-             use_tqdm: bool = False) -> list[RequestOutput]:
+             use_tqdm: bool = False, lora_request: LoRARequest | None = None) -> list[RequestOutput]:
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         prompts = []
         for conv in conversations:
             text = self.tokenizer.apply_chat_template(conv, add_generation_prompt=add_generation_prompt,
                                                       chat_template=chat_template)
             prompts.append({"prompt": text, "prompt_token_ids": self.tokenizer.encode(text, add_special_tokens=False)})
-        return self.generate(prompts, sampling_params, use_tqdm)
+        return self.generate(prompts, sampling_params, use_tqdm, lora_request)
 
     def embed(self, prompts: str | list[int] | Sequence[str | list[int]], pooling_params: PoolingParams | None = None,
               truncate_prompt_tokens: int | None = None) -> list[PoolingRequestOutput]:

@@ -13,6 +13,7 @@ from hearth.config import HFConfig
 from hearth.kernels.decoder import DecodeProgram, LayerSpec
 from hearth.layers.attention import AttentionMetadata, sdpa_min_prompt
 from hearth.layers.embedding import Embedding
+from hearth.layers.lora import LoRARows
 from hearth.layers.qkv_attention import program_spec_of
 from hearth.weights import activations, apply, dispatch
 
@@ -76,6 +77,9 @@ class DecoderModel(nn.Module):
     """Embedding (optionally scaled), a stack of layers, a final norm. Names match HF's `model.*`."""
 
     tensor_parallel = False  # set on a sharded model: layers all-reduce, so no whole-stack decode program
+    # With --enable-lora: the rows each adapter gets this step (hearth.layers.lora); the decode program has no LoRA
+    # deltas, so it runs only the steps that have no adapter rows.
+    lora_rows: LoRARows | None = None
 
     def __init__(self, cfg: HFConfig, layers: list[nn.Module], norm: nn.Module,
                  embed_scale: float | None = None) -> None:
@@ -91,7 +95,8 @@ class DecoderModel(nn.Module):
             # NOTE: Gemma rounds the scale to the compute dtype before multiplying, as HF does.
             x = x * torch.tensor(self.embed_scale, dtype=x.dtype)
         program = self._decode_program()
-        if program is not None and program.takes(x, meta, sdpa_min_prompt() is None):  # every layer in one C call
+        if (program is not None and not (self.lora_rows is not None and self.lora_rows.groups)
+                and program.takes(x, meta, sdpa_min_prompt() is None)):  # every layer in one C call
             # (prompt rows' rounding: activations.prompt_rows; the model's own choice first)
             int8_from = activations.int8_from(x.shape[0], program.activations)
             final = program_spec_of(self.norm)

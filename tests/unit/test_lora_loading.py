@@ -4,13 +4,11 @@ line naming why (missing folder, rank over the limit, a target the model lacks, 
 file, modules_to_save, embedding targets, DoRA)."""
 from __future__ import annotations
 
-import json
 import math
 import os
 
 import pytest
 import torch
-from safetensors.torch import save_file
 
 from hearth.config import EngineArgs
 from hearth.engine.lora_binding import bind_adapter
@@ -18,11 +16,10 @@ from hearth.errors import LoRAError
 from hearth.layers.lora import wrap_lora_layers
 from hearth.loader.model_loader import load_model
 from hearth.lora.peft import read_peft_adapter
-from tests.lora_adapters import build_adapter
+from tests.lora_adapters import ab, build_adapter, write_adapter
 from tests.tiny_models import build_checkpoint, tiny_config
 
 HIDDEN, INTER, Q, KV = 64, 128, 64, 32  # tiny_config("llama"): 4 heads and 2 kv heads of 16
-PREFIX = "base_model.model.model.layers"
 
 
 @pytest.fixture(scope="module")
@@ -34,23 +31,6 @@ def base(tmp_path_factory) -> str:
 def wrapped(base):
     model = load_model(EngineArgs(model=base, dtype="float32")).model
     return model, wrap_lora_layers(model, 2)[1]
-
-
-def write_adapter(folder, tensors: dict[str, torch.Tensor], **config) -> str:
-    """A PEFT folder written by hand: {module: (A, B)} under PEFT's key names."""
-    os.makedirs(folder, exist_ok=True)
-    flat = {}
-    for module, (a, b) in tensors.items():
-        flat[f"base_model.model.{module}.lora_A.weight"] = a
-        flat[f"base_model.model.{module}.lora_B.weight"] = b
-    save_file(flat, os.path.join(folder, "adapter_model.safetensors"))
-    with open(os.path.join(folder, "adapter_config.json"), "w") as f:
-        json.dump({"peft_type": "LORA", "r": 4, "lora_alpha": 8, **config}, f)
-    return str(folder)
-
-
-def ab(r: int, inp: int, out: int) -> tuple[torch.Tensor, torch.Tensor]:
-    return torch.randn(r, inp), torch.randn(out, r)
 
 
 def test_a_peft_adapter_reads_with_its_scale(base, tmp_path) -> None:
