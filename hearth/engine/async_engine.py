@@ -12,7 +12,7 @@ import logging
 import threading
 import time
 import weakref
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 
 from hearth.engine.llm_engine import EngineStats, LLMEngine
@@ -20,6 +20,7 @@ from hearth.engine.output_processor import OutputProcessor, StopRequest
 from hearth.engine.outputs import StepOutput
 from hearth.engine.protocol import EngineClient, EngineInfo, EngineRequest, engine_requests
 from hearth.engine.request import Request
+from hearth.lora.request import LoRARequest
 from hearth.metrics import ServerMetrics
 from hearth.platform import bind_omp_threads, release_calling_thread
 from hearth.structured.compiler import CompiledGrammar
@@ -84,6 +85,14 @@ class AddCommand:
 @dataclass
 class AbortCommand:
     request_ids: list[str]
+
+
+@dataclass
+class CallCommand:
+    """Queued for the engine thread: run `call` there (it touches engine state); `done` answers its result or error."""
+    call: Callable[[], object]
+    loop: asyncio.AbstractEventLoop
+    done: asyncio.Future
 
 
 @dataclass
@@ -157,7 +166,7 @@ class AsyncEngine:
         self.max_waiting_requests = max_waiting_requests
         self.refill_wait_s = refill_wait_s
         self._cond = threading.Condition()
-        self._cmds: list[AddCommand | AbortCommand] = []
+        self._cmds: list[AddCommand | AbortCommand | StopCommand | CallCommand] = []
         self._stop = False
         self._tracks: dict[str, _Track] = {}  # engine thread only
         self._thread: threading.Thread | None = None
@@ -272,7 +281,23 @@ class AsyncEngine:
         hit. NOTE: a caller's timeout leaves the compile going in its thread (it cannot be stopped)."""
         await asyncio.to_thread(self.engine.structured.compile, spec)
 
-    def _queue(self, cmd: AddCommand | AbortCommand | StopCommand) -> None:
+    async def add_lora(self, lora: LoRARequest) -> None:
+        """Read and check the adapter in a thread (the engine keeps stepping), then add it on the engine thread."""
+        weights = await asyncio.to_thread(self.engine.read_lora, lora)
+        await self._on_engine_thread(lambda: self.engine.add_lora(lora, weights))
+
+    async def remove_lora(self, lora_id: int) -> None:
+        await self._on_engine_thread(lambda: self.engine.remove_lora(lora_id))
+
+    async def _on_engine_thread(self, call: Callable[[], object]) -> object:
+        if self.dead is not None:
+            raise EngineDeadError("the engine loop has stopped after an internal error; restart the server")
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+        self._queue(CallCommand(call, loop, done))
+        return await done
+
+    def _queue(self, cmd: AddCommand | AbortCommand | StopCommand | CallCommand) -> None:
         with self._cond:
             self._cmds.append(cmd)
             self._cond.notify()
@@ -320,7 +345,14 @@ class AsyncEngine:
         with self._cond:
             self._cond.wait_for(lambda: self._cmds or self._stop, timeout=self.refill_wait_s)
 
-    def _apply(self, cmd: AddCommand | AbortCommand | StopCommand) -> None:
+    def _apply(self, cmd: AddCommand | AbortCommand | StopCommand | CallCommand) -> None:
+        if isinstance(cmd, CallCommand):
+            try:
+                result, error = cmd.call(), None
+            except Exception as e:  # (a user error such as LoRAError, or a bug: the caller gets it either way)
+                result, error = None, e
+            cmd.loop.call_soon_threadsafe(_resolve, cmd.done, error, result)
+            return
         if isinstance(cmd, StopCommand):
             outputs = [self.engine.stop_sequence(s.request_id, s.index, s.stop) for s in cmd.stops]
             self._dispatch([o for o in outputs if o is not None])
@@ -356,7 +388,8 @@ class AsyncEngine:
         for r, grammar in zip(cmd.requests, cmd.grammars):
             rid, params = r.request_id, r.params
             try:
-                self.engine.add_request(rid, r.prompt_token_ids, params, arrival_time=cmd.arrival, grammar=grammar)
+                self.engine.add_request(rid, r.prompt_token_ids, params, arrival_time=cmd.arrival, grammar=grammar,
+                                        lora_request=r.lora_request)
             except ValueError as e:
                 for done in added:
                     self.engine.abort_request(done)
@@ -432,10 +465,10 @@ class AsyncEngine:
             self.metrics.observe_stats(self._stats)
 
 
-def _resolve(fut: asyncio.Future, error: BaseException | None) -> None:
+def _resolve(fut: asyncio.Future, error: BaseException | None, result: object = None) -> None:
     if fut.done():  # the caller went away (cancelled) before the engine answered
         return
     if error is None:
-        fut.set_result(None)
+        fut.set_result(result)
     else:
         fut.set_exception(error)

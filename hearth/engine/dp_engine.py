@@ -20,6 +20,7 @@ from hearth.engine.llm_engine import EngineStats
 from hearth.engine.output_processor import StopRequest
 from hearth.engine.process_engine import LoadFailedError, NotStartedError, ProcessEngine, WorkerDiedError
 from hearth.engine.protocol import EngineInfo, EngineRequest, engine_requests
+from hearth.lora.request import LoRARequest
 from hearth.metrics_merge import merge_expositions
 from hearth.structured.params import StructuredOutputsParams
 
@@ -216,6 +217,13 @@ class DataParallelEngine:
         rank = self._pick()
         if rank is not None:
             await rank.check_structured(spec)
+
+    async def add_lora(self, lora: LoRARequest) -> None:
+        """Every rank adds it (a request may go to any); the first rank's error is raised."""
+        await asyncio.gather(*(r.add_lora(lora) for r in self.ranks))
+
+    async def remove_lora(self, lora_id: int) -> None:
+        await asyncio.gather(*(r.remove_lora(lora_id) for r in self.ranks))
 
     async def render_metrics(self) -> bytes:
         texts = await asyncio.gather(*(r.render_metrics() for r in self.ranks))

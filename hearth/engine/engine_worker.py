@@ -135,6 +135,14 @@ async def _serve(conn: Connection, engine: AsyncEngine) -> None:
             error = None
         send(wp.StructuredChecked(qid, error))
 
+    async def add_lora(qid: int, lora) -> None:
+        try:
+            await engine.add_lora(lora)
+            error = None
+        except Exception as e:  # a LoRAError (a user error) or a bug: the front raises it either way
+            error = e
+        send(wp.LoRAAdded(qid, error))
+
     async def push_stats() -> None:
         last = None
         while True:
@@ -156,6 +164,10 @@ async def _serve(conn: Connection, engine: AsyncEngine) -> None:
             engine.stop(msg.stops)
         elif isinstance(msg, wp.CheckStructured):
             asyncio.create_task(check(msg.qid, msg.spec))
+        elif isinstance(msg, wp.AddLoRA):
+            asyncio.create_task(add_lora(msg.qid, msg.lora))
+        elif isinstance(msg, wp.RemoveLoRA):
+            asyncio.create_task(engine.remove_lora(msg.lora_id))
         elif isinstance(msg, wp.RenderMetrics):
             send(wp.Metrics(msg.qid, engine.metrics.render()))
         elif isinstance(msg, wp.Shutdown):

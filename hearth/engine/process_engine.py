@@ -25,6 +25,7 @@ from hearth.engine.engine_worker import WorkerOptions, worker_main
 from hearth.engine.llm_engine import EngineStats
 from hearth.engine.output_processor import OutputProcessor, StopRequest
 from hearth.engine.protocol import EngineInfo, EngineRequest, engine_requests
+from hearth.lora.request import LoRARequest
 from hearth.structured.params import StructuredOutputsParams
 
 logger = logging.getLogger("hearth")
@@ -78,7 +79,7 @@ class ProcessEngine:
         self._rid_sid: dict[str, int] = {}
         self._sids = itertools.count()
         self._metrics = _Metrics()
-        self._checks: dict[int, asyncio.Future] = {}  # CheckStructured asks waiting for their answer
+        self._checks: dict[int, asyncio.Future] = {}  # CheckStructured and AddLoRA asks waiting for their answer
         self.in_flight = 0  # sequences submitted and not finished: the data-parallel router's load measure
         self.generated = 0  # output tokens streamed back since the start (the web page's tokens/s)
         self.exited = asyncio.Event()
@@ -230,6 +231,25 @@ class ProcessEngine:
         if error is not None:
             raise error
 
+    async def add_lora(self, lora: LoRARequest) -> None:
+        """The worker reads and adds the adapter; its LoRAError is raised here."""
+        if self.info is None or self.dead is not None:
+            raise EngineDeadError(f"the engine of {self.opts.name!r} is not running: cannot add LoRA adapter "
+                                  f"{lora.lora_name!r}")
+        qid = next(self._sids)
+        fut = asyncio.get_running_loop().create_future()
+        self._checks[qid] = fut
+        self._send_quiet(wp.AddLoRA(qid, lora))
+        try:
+            error = await fut
+        finally:
+            self._checks.pop(qid, None)
+        if error is not None:
+            raise error
+
+    async def remove_lora(self, lora_id: int) -> None:
+        self._send_quiet(wp.RemoveLoRA(lora_id))
+
     async def render_metrics(self, timeout: float = 5.0) -> bytes:
         """The worker's exposition (its registry carries model_name and engine labels)."""
         if self.info is None or self.dead is not None:
@@ -298,7 +318,7 @@ class ProcessEngine:
                     p.accepted.set_result(None)
                 else:
                     p.accepted.set_exception(msg.error)
-        elif isinstance(msg, wp.StructuredChecked):
+        elif isinstance(msg, (wp.StructuredChecked, wp.LoRAAdded)):
             fut = self._checks.get(msg.qid)
             if fut is not None and not fut.done():
                 fut.set_result(msg.error)

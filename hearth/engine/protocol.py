@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from hearth.engine.async_engine import RequestStream
     from hearth.engine.llm_engine import EngineStats, LLMEngine
     from hearth.engine.output_processor import StopRequest
+    from hearth.lora.request import LoRARequest
     from hearth.metrics import ServerMetrics
     from hearth.pooling_params import PoolingParams
     from hearth.sampling_params import SamplingParams
@@ -25,10 +26,12 @@ if TYPE_CHECKING:
 
 @dataclass
 class EngineRequest:
-    """One engine request: its id, its prompt's token ids and its parameters (sampling or pooling)."""
+    """One engine request: its id, its prompt's token ids, its parameters (sampling or pooling) and the LoRA adapter
+    it runs under (None: the base model)."""
     request_id: str
     prompt_token_ids: list[int]
     params: SamplingParams | PoolingParams
+    lora_request: LoRARequest | None = None
 
     @classmethod
     def of(cls, item: EngineRequest | tuple) -> EngineRequest:
@@ -103,6 +106,14 @@ class EngineClient(Protocol):
         """Compile (and cache) a constraint where the engine runs, off the event loop; ValueError if it is bad.
         A client whose engine compiles at submission (a worker) may return at once: the error comes from
         generate() then."""
+
+    async def add_lora(self, lora: LoRARequest) -> None:
+        """Load a LoRA adapter where the engine runs (read off its step loop), so the requests naming it start at
+        once; raises LoRAError (a user error naming the cause). A request under an adapter never added loads it
+        on admission instead."""
+
+    async def remove_lora(self, lora_id: int) -> None:
+        """Forget an adapter; requests in flight under it finish under it."""
 
 
 @runtime_checkable

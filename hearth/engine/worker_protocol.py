@@ -1,8 +1,8 @@
 """The messages between ProcessEngine (the front) and engine_worker (its process), pickled over a Pipe.
 
-Front to worker: AddRequests, AbortRequests, StopSequences, CheckStructured, RenderMetrics, Shutdown. Worker to front: Ready or
-LoadFailed once, then Accepted (per AddRequests), Outputs (once per engine step), Stats (when they change),
-StructuredChecked and Metrics (per ask).
+Front to worker: AddRequests, AbortRequests, StopSequences, CheckStructured, AddLoRA, RemoveLoRA, RenderMetrics,
+Shutdown. Worker to front: Ready or LoadFailed once, then Accepted (per AddRequests), Outputs (once per engine step),
+Stats (when they change), StructuredChecked, LoRAAdded and Metrics (per ask).
 """
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from hearth.engine.output_processor import StopRequest
     from hearth.engine.outputs import StepOutput
     from hearth.engine.protocol import EngineInfo, EngineRequest
+    from hearth.lora.request import LoRARequest
     from hearth.structured.params import StructuredOutputsParams
 
 STREAM_END = "end"  # an Outputs item: the stream's last output has been sent (identity does not survive pickling)
@@ -39,6 +40,17 @@ class StopSequences:
 class CheckStructured:
     qid: int
     spec: StructuredOutputsParams
+
+
+@dataclass
+class AddLoRA:
+    qid: int
+    lora: LoRARequest
+
+
+@dataclass
+class RemoveLoRA:
+    lora_id: int
 
 
 @dataclass
@@ -85,10 +97,17 @@ class StructuredChecked:
 
 
 @dataclass
+class LoRAAdded:
+    qid: int
+    error: Exception | None  # the LoRAError (or other failure) adding it raised
+
+
+@dataclass
 class Metrics:
     qid: int
     text: bytes
 
 
-ToWorker = Union[AddRequests, AbortRequests, StopSequences, CheckStructured, RenderMetrics, Shutdown]
-ToFront = Union[Ready, LoadFailed, Accepted, Outputs, Stats, StructuredChecked, Metrics]
+ToWorker = Union[AddRequests, AbortRequests, StopSequences, CheckStructured, AddLoRA, RemoveLoRA, RenderMetrics,
+                 Shutdown]
+ToFront = Union[Ready, LoadFailed, Accepted, Outputs, Stats, StructuredChecked, LoRAAdded, Metrics]

@@ -124,7 +124,8 @@ def _read_weights(path: str) -> dict[str, torch.Tensor]:
         return load_file(file)
     except Exception as e:  # (safetensors raises its own error types for a truncated or garbled file)
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise LoRAError(f"LoRA adapter {path!r}: {WEIGHTS_FILE} is not a readable safetensors file ({reason})") from None
+        raise LoRAError(f"LoRA adapter {path!r}: {WEIGHTS_FILE} is not a readable safetensors file "
+                        f"({reason})") from None
 
 
 def _split_key(path: str, key: str) -> tuple[str, str]:

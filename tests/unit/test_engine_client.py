@@ -90,3 +90,42 @@ def test_a_worker_checks_a_constraint_and_the_front_raises_its_error() -> None:
         assert await pending is None
 
     asyncio.run(run())
+
+
+def test_a_worker_adds_a_lora_adapter_and_the_front_raises_its_error() -> None:
+    """ProcessEngine.add_lora sends the adapter to its worker and raises the LoRAError it answers; a data-parallel
+    engine adds it on every rank."""
+    from hearth.engine import worker_protocol as wp
+    from hearth.errors import LoRAError
+    from hearth.lora.request import LoRARequest
+
+    lora = LoRARequest("a", 1, "/adapters/a")
+
+    def worker(e: ProcessEngine, sent: list, error: Exception | None):
+        class Pipe:
+            def send(self, msg) -> None:
+                sent.append(msg)
+                if isinstance(msg, wp.AddLoRA):
+                    e._loop.call_soon(e._on_message, wp.LoRAAdded(msg.qid, error))
+        return Pipe()
+
+    async def run() -> None:
+        e = ProcessEngine(EngineArgs(model="unused"), WorkerOptions("tiny"))
+        e._loop, e.info, sent = asyncio.get_running_loop(), object(), []
+        e._conn = worker(e, sent, LoRAError("LoRA adapter '/adapters/a': no such folder"))
+        with pytest.raises(LoRAError, match="no such folder"):
+            await e.add_lora(lora)
+        e._conn = worker(e, sent, None)
+        await e.add_lora(lora)
+        await e.remove_lora(1)
+        assert [type(m) for m in sent] == [wp.AddLoRA, wp.AddLoRA, wp.RemoveLoRA] and sent[0].lora == lora
+        assert not e._checks
+        dp = DataParallelEngine(EngineArgs(model="unused"), WorkerOptions("tiny"), [None, None], load_timeout=1,
+                                restart=False)
+        added = []
+        for rank in dp.ranks:
+            rank.add_lora = lambda lora, rank=rank: asyncio.sleep(0, added.append(rank))
+        await dp.add_lora(lora)
+        assert len(added) == 2
+
+    asyncio.run(run())

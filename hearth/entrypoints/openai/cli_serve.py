@@ -104,8 +104,12 @@ def _serve_in_process(plan: InProcessPlan) -> int:
     except BaseException:
         sock.close()
         raise
-    serving = build_serving(llm, plan.serve)
-    app = build_app(serving.client, serving.ctx, front.server, serving.gateway)
+    try:
+        serving = build_serving(llm, plan.serve, plan.lora_modules)
+    except BaseException:
+        sock.close()
+        raise
+    app = build_app(serving.client, serving.ctx, front.server, serving.gateway, adapters=serving.adapters)
     logger.info("serving %r on http://%s:%d/v1 (ready in %.1f s%s)", serving.ctx.model_name, front.host, front.port,
                 time.perf_counter() - t0,
                 ", API key required" if front.server.api_key or front.server.api_key_file else "")

@@ -2,7 +2,8 @@
 
 Pure ASGI middleware, so streaming and disconnects pass through untouched. Route classes:
 open (/health, /version, /metrics, the web page), keyed (/v1, /tokenize, /detokenize, /status, Ollama's /api: any
-valid key; Anthropic's clients send it as x-api-key) and admin (/models, /keys: the admin key only). The key is
+valid key; Anthropic's clients send it as x-api-key) and admin (/models, /keys, loading and unloading LoRA adapters:
+the admin key only). The key is
 named for the route (api_keys.current_key): which models it may use and see is model_access's one check, where a
 route reaches a model. POSTs that name a model (under /v1/, /api/chat, /api/generate, /api/embed, /api/show,
 /tokenize, /detokenize: any of them may load one) are the requests a key's limits count.
@@ -19,7 +20,7 @@ from hearth.entrypoints.openai.errors import error_body, shaped_for
 _KEYED = ("/v1/", "/tokenize", "/detokenize", "/status", "/api/")  # /api/: Ollama's API
 # POSTs here are what a key's limits count: each names a model, which it may load (under a router) and run
 _COUNTED = ("/v1/", "/api/chat", "/api/generate", "/api/embed", "/api/show", "/tokenize", "/detokenize")
-_ADMIN = ("/models", "/keys")
+_ADMIN = ("/models", "/keys", "/v1/load_lora_adapter", "/v1/unload_lora_adapter")
 
 
 def _is_admin_path(path: str) -> bool:

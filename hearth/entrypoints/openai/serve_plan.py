@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import argparse
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from hearth.config import EngineArgs
+    from hearth.entrypoints.openai.lora_adapters import LoRAModule
     from hearth.entrypoints.openai.model_router import ModelRouter, RouterConfig
     from hearth.entrypoints.openai.model_specs import ModelSpec
     from hearth.entrypoints.openai.server import ServerConfig
@@ -28,6 +29,8 @@ ROUTER_FLAGS = ("models_dir", "models_config", "max_loaded_models", "models_memo
                 "model_load_timeout", "data_parallel_size")
 GATEWAY_FLAGS = ("upstream", "upstream_api_key", "upstream_model", "upstream_min_prompt_tokens", "upstream_timeout",
                  "blocklist", "answer_cache_size", "answer_cache_ttl")
+# LoRA adapters are served by name by one model in process (the router and Ray replicas have no adapter names yet).
+LORA_FLAGS = ("enable_lora", "max_loras", "max_lora_rank", "max_cpu_loras", "lora_modules")
 # What the front's own HTTP server (uvicorn + the site guard) applies; under Ray, Ray Serve's proxy answers instead.
 FRONT_HTTP_FLAGS = ("allowed_hosts", "allowed_origins", "header_timeout", "body_timeout", "uvicorn_log_level")
 
@@ -47,6 +50,7 @@ class InProcessPlan:
     engine: EngineArgs
     serve: ServeOptions
     front: FrontPlan
+    lora_modules: list[LoRAModule] = field(default_factory=list)  # --lora-modules, loaded before serving
 
 
 @dataclass
@@ -74,6 +78,7 @@ def plan_serve(ns: argparse.Namespace) -> InProcessPlan | RouterPlan | RayPlan:
     """Raises ValueError (a one-line CLI error) for a bad value or a flag this mode cannot apply."""
     from hearth.entrypoints.cli import engine_args_from
     from hearth.entrypoints.openai.cli_models import router_parts
+    from hearth.entrypoints.openai.lora_adapters import parse_lora_modules
     from hearth.entrypoints.openai.serving_build import ServeOptions
 
     if ns.ray:
@@ -86,9 +91,17 @@ def plan_serve(ns: argparse.Namespace) -> InProcessPlan | RouterPlan | RayPlan:
     if parts is not None:  # several models and/or data parallel: engines in worker processes
         if serve.gateway is not None:
             _refuse(ns, GATEWAY_FLAGS, "is for one model: drop it, or --models-dir / --data-parallel-size")
+        _refuse(ns, LORA_FLAGS, "is for one model in process for now: drop it, or --models-dir / --models-config / "
+                "--data-parallel-size")
         return RouterPlan(*parts, front)
     _refuse(ns, ("model_load_timeout",), "needs --models-dir, --models-config or --data-parallel-size")
-    return InProcessPlan(engine_args_from(ns), serve, front)
+    engine = engine_args_from(ns)
+    if serve.gateway is not None:
+        _refuse(ns, LORA_FLAGS, "cannot be combined with the gateway flags (--upstream, --blocklist, "
+                "--answer-cache-size) for now")
+    if ns.lora_modules and not engine.enable_lora:
+        raise ValueError("--lora-modules needs --enable-lora")
+    return InProcessPlan(engine, serve, front, parse_lora_modules(ns.lora_modules))
 
 
 def _plan_front(ns: argparse.Namespace) -> FrontPlan:
@@ -120,6 +133,7 @@ def _plan_ray(ns: argparse.Namespace) -> RayPlan:
 
     _refuse(ns, ROUTER_FLAGS, "is not available with --ray: Ray Serve scales with --num-replicas")
     _refuse(ns, FRONT_HTTP_FLAGS, "is not applied with --ray: Ray Serve's own HTTP proxy answers; drop it")
+    _refuse(ns, LORA_FLAGS, "is for one model in process for now: drop it, or --ray")
     _check_gateway_flags(ns)
     _check_port(ns.port)
     engine = dataclasses.asdict(engine_args_from(ns))  # (MODEL or --model, --task: as without --ray)

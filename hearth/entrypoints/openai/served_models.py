@@ -4,9 +4,12 @@ with several models or data-parallel engines in worker processes (ModelRouter, w
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from hearth.entrypoints.openai.serving_common import ServingContext
+
+if TYPE_CHECKING:
+    from hearth.entrypoints.openai.lora_adapters import LoRAAdapters
 
 
 @dataclass
@@ -26,12 +29,17 @@ class ServedModels(Protocol):
 
 
 class OneModel:
-    """`hearth serve MODEL`: the one in-process model; any other name is a 404."""
+    """`hearth serve MODEL`: the one in-process model, or one of its LoRA adapters by name; any other name is a
+    404."""
 
-    def __init__(self, ctx: ServingContext) -> None:
+    def __init__(self, ctx: ServingContext, adapters: LoRAAdapters | None = None) -> None:
         self.ctx = ctx
+        self.adapters = adapters
 
     async def context(self, name: str | None) -> ServingContext:
+        adapter = self.adapters.context(name) if self.adapters is not None else None
+        if adapter is not None:
+            return adapter
         self.ctx.check_model(name)
         return self.ctx
 

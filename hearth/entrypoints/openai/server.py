@@ -15,11 +15,19 @@ from hearth import __version__
 from hearth.engine.async_engine import ShutdownError
 from hearth.engine.protocol import EngineClient
 from hearth.entrypoints.ollama import serving as ollama_serving
-from hearth.entrypoints.openai import admin_routes, serving_anthropic, serving_keys, serving_responses, serving_tokenize
+from hearth.entrypoints.openai import (
+    admin_routes,
+    lora_adapters,
+    serving_anthropic,
+    serving_keys,
+    serving_responses,
+    serving_tokenize,
+)
 from hearth.entrypoints.openai.body import install_openapi, openapi_body, parse_body  # noqa: F401 (re-export)
 from hearth.entrypoints.openai.errors import error_body, install_handlers
 from hearth.entrypoints.openai.gateway import Gateway
 from hearth.entrypoints.openai.guard import Guard
+from hearth.entrypoints.openai.lora_adapters import LoRAAdapters
 from hearth.entrypoints.openai.model_access import KeyScopedModels, may_see
 from hearth.entrypoints.openai.model_router import ModelRouter
 from hearth.entrypoints.openai.served_models import OneModel, ServedModels
@@ -72,9 +80,10 @@ async def warm_when_idle(engine: EngineClient, warm_up: Callable[[], object], id
 
 
 def build_app(engine: EngineClient | None, ctx: ServingContext | None, config: ServerConfig,
-              gateway: Gateway | None = None, router: ModelRouter | None = None) -> FastAPI:
+              gateway: Gateway | None = None, router: ModelRouter | None = None,
+              adapters: LoRAAdapters | None = None) -> FastAPI:
     """One model (its client and context), or a ModelRouter (then engine and ctx are None: each model has its own,
-    and the router answers /health)."""
+    and the router answers /health). adapters: the one model's LoRA adapters (--enable-lora)."""
     state = router if router is not None else engine  # what /health reports: dead, stats
     @asynccontextmanager
     async def lifespan(_: FastAPI):
@@ -117,7 +126,7 @@ def build_app(engine: EngineClient | None, ctx: ServingContext | None, config: S
     app.state.engine, app.state.ctx = state, ctx
 
     # NOTE: every route reaches a model through `served`, which checks the request's key first (model_access)
-    served: ServedModels = KeyScopedModels(OneModel(ctx) if router is None else router)  # (`models`: a route)
+    served: ServedModels = KeyScopedModels(OneModel(ctx, adapters) if router is None else router)  # (`models`: a route)
     context = served.context  # the request's model's ServingContext (an unknown name: 404)
 
     @app.exception_handler(ShutdownError)
@@ -151,7 +160,8 @@ def build_app(engine: EngineClient | None, ctx: ServingContext | None, config: S
             upstream = await gateway.upstream_models() if gateway is not None else []
             listed = {"object": "list", "data": [{"id": ctx.model_name, "object": "model", "created": ctx.created,
                                                   "owned_by": "hearth", "root": ctx.model_name, "parent": None,
-                                                  "max_model_len": ctx.max_model_len}, *upstream]}
+                                                  "max_model_len": ctx.max_model_len},
+                                                 *(adapters.cards() if adapters is not None else []), *upstream]}
         return {**listed, "data": [m for m in listed["data"] if may_see(m["id"])]}
 
     @app.post("/v1/completions", openapi_extra=openapi_body(CompletionRequest))
@@ -169,6 +179,8 @@ def build_app(engine: EngineClient | None, ctx: ServingContext | None, config: S
         return await create_chat_completion(await context(body.model), body, raw)
 
     register_pooling_routes(app, served)
+    if adapters is not None:
+        lora_adapters.register(app, adapters)  # POST /v1/load_lora_adapter, /v1/unload_lora_adapter
 
     @app.post("/tokenize", openapi_extra=openapi_body(TokenizeRequest))
     async def tokenize(raw: Request) -> dict:

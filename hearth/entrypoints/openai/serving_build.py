@@ -17,6 +17,7 @@ from hearth.entrypoints.openai.model_specs import SERVING_KEYS  # what a --model
 if TYPE_CHECKING:
     from hearth.engine.llm_engine import LLMEngine
     from hearth.entrypoints.openai.gateway import Gateway, GatewayConfig
+    from hearth.entrypoints.openai.lora_adapters import LoRAAdapters, LoRAModule
     from hearth.entrypoints.openai.serving_common import ServingContext
 
 
@@ -54,6 +55,7 @@ class Serving:
     client: EngineClient
     ctx: ServingContext
     gateway: Gateway | None = None
+    adapters: LoRAAdapters | None = None  # --enable-lora: the adapters served by name
 
 
 def serving_context(client: EngineClient, opts: ServeOptions, name: str | None = None,
@@ -71,14 +73,27 @@ def serving_context(client: EngineClient, opts: ServeOptions, name: str | None =
     return ctx
 
 
-def build_serving(llm: LLMEngine, opts: ServeOptions) -> Serving:
-    """In process (`hearth serve MODEL`, a Ray replica): the client with its metrics, the context, the gateway.
-    The client is not started (the app's lifespan, or the replica, starts it)."""
+def build_serving(llm: LLMEngine, opts: ServeOptions, lora_modules: Sequence[LoRAModule] = ()) -> Serving:
+    """In process (`hearth serve MODEL`, a Ray replica): the client with its metrics, the context, the gateway, and
+    with --enable-lora the adapters (lora_modules loaded now: a bad one fails here, before serving, with its
+    LoRAError). The client is not started (the app's lifespan, or the replica, starts it)."""
     client = build_client(llm, opts.client)
     ctx = serving_context(client, opts)
-    gateway = None
+    gateway = adapters = None
     if opts.gateway is not None:
         from hearth.entrypoints.openai.gateway import Gateway
 
         gateway = Gateway(opts.gateway, ctx, client.metrics.registry)
-    return Serving(client, ctx, gateway)
+    if llm.lora is not None:
+        from hearth.entrypoints.openai.errors import APIError
+        from hearth.entrypoints.openai.lora_adapters import LoRAAdapters
+
+        adapters = LoRAAdapters(ctx)
+        for module in lora_modules:  # (the engine thread has not started: adding here is safe)
+            try:
+                lora = adapters.new_request(module)
+            except APIError as e:
+                raise ValueError(f"--lora-modules: {e.message}") from None
+            llm.add_lora(lora)
+            adapters.add(lora)
+    return Serving(client, ctx, gateway, adapters)

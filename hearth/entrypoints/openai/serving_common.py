@@ -19,6 +19,7 @@ from hearth.entrypoints.openai.token_quota import meter, reserve, tokens_needed
 from hearth.entrypoints.openai.errors import APIError, bad_request, error_body
 from hearth.entrypoints.openai.template_sandbox import SandboxRenderer
 from hearth.entrypoints.openai.fim import FIMTokens, find_fim_tokens
+from hearth.lora.request import LoRARequest
 from hearth.entrypoints.openai.reasoning_parser import THINK_CLOSE, THINK_OPEN, ReasoningParser
 from hearth.sampling_params import SamplingParams
 from hearth.structured.params import StructuredOutputsParams
@@ -45,6 +46,8 @@ class ServingContext:
     aliases: tuple[str, ...] = ()  # other names a request may use (--models-config)
     reasoning_parser: ReasoningParser | None = None  # --reasoning-parser
     reasoning_budget: int | None = None  # --reasoning-budget
+    # The LoRA adapter this context's requests run under (a request named it as its model: lora_adapters.py)
+    lora: LoRARequest | None = None
     created: int = field(default_factory=lambda: int(time.time()))
     _token_texts: dict[int, str] = field(default_factory=dict)  # bounded by the vocabulary
     sandbox: SandboxRenderer = field(default_factory=SandboxRenderer)  # request-supplied chat templates
@@ -122,6 +125,8 @@ class ServingContext:
         """Submit; user errors become 400 (param: the field at fault; prompt_param names the prompt's field), a
         full queue 503 with Retry-After."""
         subs = engine_requests(subs)
+        if self.lora is not None:
+            subs = [dataclasses.replace(s, lora_request=self.lora) for s in subs]
         # The request's API key holds what it may use before it runs (a 429 when that is over its quota)
         charge, stream = reserve(tokens_needed(subs, self.max_model_len)), None
         try:

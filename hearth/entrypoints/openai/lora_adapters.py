@@ -1,0 +1,132 @@
+"""The LoRA adapters a one-model server serves by name: --lora-modules at start, POST /v1/load_lora_adapter and
+/v1/unload_lora_adapter at run time (vLLM's routes and bodies). A request names an adapter as its `model` and gets
+the model's ServingContext under that adapter; every route family resolves names through ServedModels, so the
+OpenAI, Anthropic, Responses and Ollama routes all take adapter names. /v1/models lists each with its parent."""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+from dataclasses import dataclass
+
+from fastapi import FastAPI, Request
+from fastapi.responses import PlainTextResponse
+from pydantic import BaseModel, ConfigDict
+
+from hearth.entrypoints.openai.errors import APIError
+from hearth.entrypoints.openai.serving_common import ServingContext
+from hearth.errors import LoRAError
+from hearth.lora.request import LoRARequest
+
+
+@dataclass(frozen=True)
+class LoRAModule:
+    """One --lora-modules entry."""
+    name: str
+    path: str
+    base_model_name: str | None = None
+
+
+def parse_lora_modules(values: list[str] | None) -> list[LoRAModule]:
+    """--lora-modules entries: name=path, or vLLM's JSON {"name": ..., "path": ..., "base_model_name": ...}.
+    Raises ValueError (one line naming the flag)."""
+    modules: list[LoRAModule] = []
+    for value in values or []:
+        if value.lstrip().startswith("{"):
+            try:
+                obj = json.loads(value)
+                module = LoRAModule(obj["name"], obj["path"], obj.get("base_model_name"))
+            except (ValueError, KeyError, TypeError) as e:
+                raise ValueError(f"--lora-modules: {value!r} is not JSON with a name and a path ({e})") from None
+        else:
+            name, sep, path = value.partition("=")
+            if not sep or not name or not path:
+                raise ValueError(f"--lora-modules: {value!r} is not name=path or JSON")
+            module = LoRAModule(name, path)
+        if not isinstance(module.name, str) or not isinstance(module.path, str) or not module.name:
+            raise ValueError(f"--lora-modules: {value!r}: name and path must be strings")
+        if any(m.name == module.name for m in modules):
+            raise ValueError(f"--lora-modules: the name {module.name!r} is given twice")
+        modules.append(module)
+    return modules
+
+
+class LoadLoRAAdapterRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    lora_name: str
+    lora_path: str
+
+
+class UnloadLoRAAdapterRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    lora_name: str
+    lora_int_id: int | None = None  # (vLLM's; the name decides)
+
+
+class LoRAAdapters:
+    """The adapters by name, each with the context its requests get; ids are given here, never reused, so an
+    adapter loaded again under its old name shares no cached KV with its earlier self."""
+
+    def __init__(self, base: ServingContext) -> None:
+        self.base = base
+        self.contexts: dict[str, ServingContext] = {}
+        self.loading: set[str] = set()  # names whose load is under way
+        self.ids = itertools.count(1)
+
+    def context(self, name: str | None) -> ServingContext | None:
+        return self.contexts.get(name) if name else None
+
+    def new_request(self, module: LoRAModule) -> LoRARequest:
+        """The adapter's LoRARequest under a fresh id; a name already served is an APIError 400."""
+        taken = module.name in self.contexts or module.name in self.loading
+        if taken or module.name == self.base.model_name or module.name in self.base.aliases:
+            raise APIError(400, f"the LoRA adapter {module.name!r} has already been loaded" if taken else
+                           f"{module.name!r} is the base model's name: give the adapter another",
+                           param="lora_name")
+        return LoRARequest(module.name, next(self.ids), module.path, module.base_model_name)
+
+    def add(self, lora: LoRARequest) -> None:
+        """Serve an adapter the engine has added."""
+        self.contexts[lora.lora_name] = dataclasses.replace(self.base, model_name=lora.lora_name, aliases=(),
+                                                            lora=lora)
+
+    async def load(self, module: LoRAModule) -> None:
+        lora = self.new_request(module)
+        self.loading.add(module.name)
+        try:
+            await self.base.engine.add_lora(lora)
+        except LoRAError as e:
+            raise APIError(400, str(e), param="lora_path") from None
+        finally:
+            self.loading.discard(module.name)
+        self.add(lora)
+
+    async def unload(self, name: str) -> None:
+        ctx = self.contexts.pop(name, None)
+        if ctx is None:
+            raise APIError(404, f"the LoRA adapter {name!r} cannot be found", param="lora_name",
+                           code="model_not_found")
+        await self.base.engine.remove_lora(ctx.lora.lora_int_id)
+
+    def cards(self) -> list[dict]:
+        """The /v1/models rows (vLLM's: root is the adapter's folder, parent the model it adapts)."""
+        return [{"id": name, "object": "model", "created": ctx.created, "owned_by": "hearth",
+                 "root": ctx.lora.lora_path, "parent": ctx.lora.base_model_name or self.base.model_name,
+                 "max_model_len": ctx.max_model_len} for name, ctx in self.contexts.items()]
+
+
+def register(app: FastAPI, adapters: LoRAAdapters) -> None:
+    """POST /v1/load_lora_adapter and /v1/unload_lora_adapter (the guard keeps them for the admin key)."""
+    from hearth.entrypoints.openai.body import openapi_body, parse_body
+
+    @app.post("/v1/load_lora_adapter", openapi_extra=openapi_body(LoadLoRAAdapterRequest))
+    async def load_lora_adapter(raw: Request) -> PlainTextResponse:
+        body = await parse_body(raw, LoadLoRAAdapterRequest)
+        await adapters.load(LoRAModule(body.lora_name, body.lora_path))
+        return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' added successfully.")
+
+    @app.post("/v1/unload_lora_adapter", openapi_extra=openapi_body(UnloadLoRAAdapterRequest))
+    async def unload_lora_adapter(raw: Request) -> PlainTextResponse:
+        body = await parse_body(raw, UnloadLoRAAdapterRequest)
+        await adapters.unload(body.lora_name)
+        return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' removed successfully.")
