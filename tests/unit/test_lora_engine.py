@@ -168,3 +168,23 @@ def test_the_decode_program_runs_only_steps_without_adapter_rows(base, adapters,
     runs.clear()
     mixed = llm.generate([[3, 4, 5], [3, 4, 5]], greedy, lora_request=[None, adapters[0]])
     assert not runs and mixed[0].outputs[0].token_ids == base_tokens
+
+
+def test_speculative_decoding_and_structured_output_under_an_adapter(base, adapters) -> None:
+    """n-gram speculation verifies its drafts under the request's adapter (greedy tokens unchanged), and a grammar
+    constrains an adapter's output as it does the base's."""
+    from hearth.structured.params import StructuredOutputsParams
+
+    prompt = [7, 8, 9, 10, 7, 8, 9, 10, 7, 8, 9]
+    greedy = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    plain = LLM(base, dtype="float32", kv_cache_space=0.02, enable_lora=True, max_loras=2)
+    want = [o.outputs[0].token_ids for o in plain.generate([prompt] * 2, greedy, lora_request=[adapters[1], None])]
+    spec = LLM(base, dtype="float32", kv_cache_space=0.02, enable_lora=True, max_loras=2,
+               speculative_config={"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3,
+                                   "prompt_lookup_min": 1})
+    got = [o.outputs[0].token_ids for o in spec.generate([prompt] * 2, greedy, lora_request=[adapters[1], None])]
+    assert got == want and want[0] != want[1]
+    assert spec.engine.speculator.stats.num_drafts > 0
+    regex = SamplingParams(temperature=0.0, max_tokens=8, structured_outputs=StructuredOutputsParams(regex="[a-c]{3,6}"))
+    text = plain.generate([prompt], regex, lora_request=adapters[1])[0].outputs[0].text
+    assert 3 <= len(text) <= 6 and set(text) <= set("abc")
