@@ -301,9 +301,6 @@ class LLMEngine:
         """Forget an adapter; requests in flight under it finish under it. False: no such adapter."""
         return self._lora_pool().remove(lora_id)
 
-    def list_loras(self) -> list[LoRARequest]:
-        return list(self.lora.registered.values()) if self.lora is not None else []
-
     def _lora_pool(self) -> LoRAPool:
         if self.lora is None:
             raise LoRAError("LoRA adapters need --enable-lora")

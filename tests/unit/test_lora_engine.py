@@ -185,6 +185,7 @@ def test_speculative_decoding_and_structured_output_under_an_adapter(base, adapt
     got = [o.outputs[0].token_ids for o in spec.generate([prompt] * 2, greedy, lora_request=[adapters[1], None])]
     assert got == want and want[0] != want[1]
     assert spec.engine.speculator.stats.num_drafts > 0
-    regex = SamplingParams(temperature=0.0, max_tokens=8, structured_outputs=StructuredOutputsParams(regex="[a-c]{3,6}"))
+    regex = SamplingParams(temperature=0.0, max_tokens=8,
+                           structured_outputs=StructuredOutputsParams(regex="[a-c]{3,6}"))
     text = plain.generate([prompt], regex, lora_request=adapters[1])[0].outputs[0].text
     assert 3 <= len(text) <= 6 and set(text) <= set("abc")

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from hearth.entrypoints.openai.cli_serve import add_serve_args
-from hearth.entrypoints.openai.lora_adapters import LoRAModule, parse_lora_modules
+from hearth.entrypoints.openai.lora_modules import LoRAModule, parse_lora_modules
 from hearth.entrypoints.openai.serve_plan import InProcessPlan, plan_serve
 from hearth.errors import LoRAError
 

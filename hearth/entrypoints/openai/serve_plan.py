@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from hearth.config import EngineArgs
-    from hearth.entrypoints.openai.lora_adapters import LoRAModule
+    from hearth.entrypoints.openai.lora_modules import LoRAModule
     from hearth.entrypoints.openai.model_router import ModelRouter, RouterConfig
     from hearth.entrypoints.openai.model_specs import ModelSpec
     from hearth.entrypoints.openai.server import ServerConfig
@@ -78,7 +78,7 @@ def plan_serve(ns: argparse.Namespace) -> InProcessPlan | RouterPlan | RayPlan:
     """Raises ValueError (a one-line CLI error) for a bad value or a flag this mode cannot apply."""
     from hearth.entrypoints.cli import engine_args_from
     from hearth.entrypoints.openai.cli_models import router_parts
-    from hearth.entrypoints.openai.lora_adapters import parse_lora_modules
+    from hearth.entrypoints.openai.lora_modules import parse_lora_modules
     from hearth.entrypoints.openai.serving_build import ServeOptions
 
     if ns.ray:

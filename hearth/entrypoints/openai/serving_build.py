@@ -17,7 +17,8 @@ from hearth.entrypoints.openai.model_specs import SERVING_KEYS  # what a --model
 if TYPE_CHECKING:
     from hearth.engine.llm_engine import LLMEngine
     from hearth.entrypoints.openai.gateway import Gateway, GatewayConfig
-    from hearth.entrypoints.openai.lora_adapters import LoRAAdapters, LoRAModule
+    from hearth.entrypoints.openai.lora_adapters import LoRAAdapters
+    from hearth.entrypoints.openai.lora_modules import LoRAModule
     from hearth.entrypoints.openai.serving_common import ServingContext
 
 
