@@ -121,6 +121,10 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in (
              "gives one (as the openai client reads it)."),
     Variable("HEARTH_UPSTREAM_API_KEY", _text, None, "The gateway's key for its upstream (what `--upstream-api-key` "
              "sets)."),
+    Variable("HEARTH_ALLOW_RUNTIME_LORA_UPDATING", _flag, False, "Serve POST /v1/load_lora_adapter and "
+             "/v1/unload_lora_adapter (with --enable-lora; behind the admin key when keys are on). Off: the routes do "
+             "not exist, so no client can make the server read a folder.",
+             aliases=("VLLM_ALLOW_RUNTIME_LORA_UPDATING",)),
     Variable("HEARTH_KERNELS", _flag, True, "hearth's compiled C++ kernels; 0 runs torch's operators only "
              "(kernels/_build.py)."),
     Variable("HEARTH_KERNELS_ISA", _isa, None, "avx2 makes the process behave as an AVX2-only CPU (hearth's "
@@ -202,6 +206,10 @@ def openai_api_key() -> str | None:
 
 def upstream_api_key() -> str | None:
     return get("HEARTH_UPSTREAM_API_KEY")
+
+
+def allow_runtime_lora_updating() -> bool:
+    return get("HEARTH_ALLOW_RUNTIME_LORA_UPDATING")
 
 
 def kernels_enabled() -> bool:

@@ -52,7 +52,8 @@ def server(folders, tmp_path_factory):
     srv = start_server([folders["base"], *TINY_ARGS, "--served-model-name", "tiny", "--dtype", "float32",
                         "--enable-lora", "--max-loras", "2", "--max-cpu-loras", "2",
                         "--lora-modules", f"a1={folders['a1']}", a2, "--api-key-file", str(keys)],
-                       str(tmp_path_factory.mktemp("logs") / "lora.log"))
+                       str(tmp_path_factory.mktemp("logs") / "lora.log"),
+                       env={"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1"})
     yield srv
     srv.stop()
 
@@ -127,3 +128,17 @@ def test_runtime_load_and_unload(server, folders, expected, tmp_path) -> None:
     assert post("/v1/unload_lora_adapter", {"lora_name": "a3"}).status_code == 404
     assert {m.id for m in client.models.list().data} == {"tiny", "a1", "a2"}
     assert complete(client, "a1") == expected["a1"]  # (the server is unaffected)
+
+
+def test_runtime_routes_need_the_opt_in(folders, tmp_path) -> None:
+    """Without VLLM_ALLOW_RUNTIME_LORA_UPDATING the load / unload routes do not exist (vLLM's rule): with no keys on,
+    they would let any client make the server read any folder."""
+    srv = start_server([folders["base"], *TINY_ARGS, "--served-model-name", "tiny", "--dtype", "float32",
+                        "--enable-lora", "--lora-modules", f"a1={folders['a1']}"], str(tmp_path / "closed.log"))
+    try:
+        r = httpx.post(srv.url + "/v1/load_lora_adapter", json={"lora_name": "a3", "lora_path": folders["a1"]},
+                       timeout=60)
+        assert r.status_code == 404
+        assert "a1" in {m["id"] for m in httpx.get(srv.url + "/v1/models", timeout=60).json()["data"]}
+    finally:
+        srv.stop()

@@ -11,7 +11,7 @@ from fastapi import FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
 
-from hearth import __version__
+from hearth import __version__, envs
 from hearth.engine.async_engine import ShutdownError
 from hearth.engine.protocol import EngineClient
 from hearth.entrypoints.ollama import serving as ollama_serving
@@ -179,7 +179,7 @@ def build_app(engine: EngineClient | None, ctx: ServingContext | None, config: S
         return await create_chat_completion(await context(body.model), body, raw)
 
     register_pooling_routes(app, served)
-    if adapters is not None:
+    if adapters is not None and envs.allow_runtime_lora_updating():  # (vLLM's opt-in: off, no route reads a path)
         lora_adapters.register(app, adapters)  # POST /v1/load_lora_adapter, /v1/unload_lora_adapter
 
     @app.post("/tokenize", openapi_extra=openapi_body(TokenizeRequest))
