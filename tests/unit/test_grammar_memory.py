@@ -7,7 +7,7 @@ import gc
 import pytest
 
 from hearth.structured.compiler import MAX_GRAMMAR_BYTES, MiB, GrammarCompiler
-from hearth.structured.heap import heap_bytes
+from hearth.heap import heap_bytes
 from hearth.structured.params import StructuredOutputsParams as S
 from hearth.tokenizer import Tokenizer
 from tests.tiny_models import tiny_tokenizer
