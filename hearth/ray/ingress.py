@@ -14,6 +14,7 @@ from hearth import __version__
 from hearth.entrypoints.openai.api_keys import KeyRing, KeySpec, Meter, current_key, current_meter
 from hearth.entrypoints.openai.errors import error_body, install_handlers
 from hearth.entrypoints.openai.serving_common import sse
+from hearth.entrypoints.openai.token_quota import quota_left
 from hearth.metrics import CONTENT_TYPE
 from hearth.ray.metrics_board import BOARD_NAMESPACE, MetricsBoard, board_name, merge_expositions
 
@@ -69,8 +70,9 @@ class HearthIngress:
         meter = current_meter.get()  # (set by the Guard for a keyed generating request: count its tokens)
         spec = current_key.get()  # the replica's routes decide what this key may see and use (model_access)
         key = (spec.name, sorted(spec.models) if spec.models is not None else None) if spec is not None else None
+        # the replica holds the request's tokens against what is left of the key's quota (token_quota.reserve)
         gen = self.model.options(stream=True).remote(raw.method, raw.url.path, raw.url.query.encode(), headers,
-                                                     body, meter is not None, key)
+                                                     body, meter is not None, key, quota_left())
         try:
             head = await gen.__anext__()
         except Exception as e:  # noqa: BLE001 (a dead or overloaded replica, whatever Ray calls it)

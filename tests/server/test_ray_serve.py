@@ -154,13 +154,17 @@ def test_key_file_limits_and_gateway_flags(ray_app: RayApp) -> None:
     limited.completions.create(model="tiny", prompt="hi", max_tokens=1)
     with pytest.raises(openai.RateLimitError, match="requests_per_minute = 2"):
         limited.completions.create(model="tiny", prompt="hi", max_tokens=1)
-    used = quota.completions.create(model="tiny", prompt=[5, 6, 7], max_tokens=6, extra_body={"ignore_eos": True})
-    assert used.usage.total_tokens == 9  # past the quota of 8: the next request is refused
-    with pytest.raises(openai.RateLimitError, match="token quota reached for key 'quota'"):
-        quota.completions.create(model="tiny", prompt="hi", max_tokens=1)
+    # The replica holds a request's most tokens (prompt + n x max_tokens) against what is left of the key's
+    # quota, as hearth serve does: one that could go past it is refused before it runs (issue 44).
+    with pytest.raises(openai.RateLimitError, match="may use up to 9 tokens .* key 'quota' has 8"):
+        quota.completions.create(model="tiny", prompt=[5, 6, 7], max_tokens=6)
+    used = quota.completions.create(model="tiny", prompt=[5, 6, 7], max_tokens=4, extra_body={"ignore_eos": True})
+    assert used.usage.total_tokens == 7
+    with pytest.raises(openai.RateLimitError, match="may use up to 3 tokens .* key 'quota' has 1"):
+        quota.completions.create(model="tiny", prompt=[5, 6], max_tokens=1)
     usage = {k["name"]: k for k in httpx.get(ray_app.url + "/keys/usage", timeout=10,
                                              headers={"authorization": f"Bearer {KEY}"}).json()["data"]}
-    assert usage["quota"]["usage"]["tokens_today"] == 9 and usage["limited"]["usage"]["requests"] == 2
+    assert usage["quota"]["usage"]["tokens_today"] == 7 and usage["limited"]["usage"]["requests"] == 2
 
     client = ray_app.client()
     with pytest.raises(openai.BadRequestError):  # the blocklist, checked in the replica
