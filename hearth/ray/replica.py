@@ -7,7 +7,7 @@ import logging
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
-from hearth.ray.asgi_bridge import call_asgi
+from hearth.ray.asgi_bridge import call_asgi, with_side_items
 from hearth.ray.metrics_board import BOARD_NAMESPACE, board_name
 from hearth.ray.plan import ReplicaServerConfig
 
@@ -65,13 +65,14 @@ class HearthModel:
         if key is not None:  # NOTE: not reset, as the meter below
             name, models = key
             current_key.set(KeySpec(name, "", models=frozenset(models) if models is not None else None))
-        meter = remote_meter(quota)
+        holds: asyncio.Queue[dict[str, int]] = asyncio.Queue()
+        meter = remote_meter(quota, lambda tokens: holds.put_nowait({"held": tokens}))
         usage = meter.usage
         if metered:  # (the serving layer reserves and adds each request's tokens to it, as under hearth serve)
             # NOTE: not reset: each handle call runs in its own task, whose context ends with it
             current_meter.set(meter)
-        async for item in call_asgi(self.app, method, path, query, headers, body,
-                                    [(REPLICA_HEADER, self.name.encode())]):
+        response = call_asgi(self.app, method, path, query, headers, body, [(REPLICA_HEADER, self.name.encode())])
+        async for item in with_side_items(response, holds):  # each {"held": n} as soon as it is held
             yield item
         if metered:
             yield {"usage": [usage.prompt_tokens, usage.completion_tokens]}

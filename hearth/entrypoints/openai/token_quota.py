@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextvars
 import json
 import weakref
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 
 from hearth.engine.protocol import EngineRequest, engine_requests
@@ -97,12 +97,25 @@ def quota_left() -> QuotaLeft | None:
     return QuotaLeft(m.name, m.tokens_per_day, at, spent)
 
 
-def remote_meter(quota: QuotaLeft | None) -> Meter:
+class _ReportingRing(KeyRing):
+    """A KeyRing that tells `held` of each hold it grants (the sender holds as much on its own ring)."""
+
+    def __init__(self, at: float, held: Callable[[int], None]) -> None:
+        super().__init__([], wall=lambda: at)
+        self.held = held
+
+    def hold(self, name: str, u: KeyUsage, quota: int | None, tokens: int) -> None:
+        super().hold(name, u, quota, tokens)
+        self.held(tokens)
+
+
+def remote_meter(quota: QuotaLeft | None, held: Callable[[int], None] | None = None) -> Meter:
     """The meter a request runs under in the process it was sent to: it counts what the request uses (for the
-    sender to charge), and with a quota, reserve() refuses what does not fit in what was left."""
+    sender to charge), and with a quota, reserve() refuses what does not fit in what was left and tells `held`
+    what it holds."""
     if quota is None:
         return Meter(KeyRing([]), "remote", KeyUsage())
-    ring = KeyRing([], wall=lambda: quota.at)
+    ring = _ReportingRing(quota.at, held or (lambda tokens: None))
     return Meter(ring, quota.name, KeyUsage(day=int(quota.at // 86400), day_tokens=quota.spent), quota.tokens_per_day)
 
 
