@@ -4,7 +4,8 @@ A request names a model (or an alias); an unknown name is a 404 listing the name
 while the request waits (bounded by --model-load-timeout; other models keep serving). Under the budget
 (--max-loaded-models, --models-memory: weights + KV), the least recently used unpinned idle model is unloaded
 first; --idle-unload-seconds unloads idle ones. Unloading ends the worker process, so its memory goes back to the
-OS. NOTE: everything here runs on the event loop; _lock orders "make room, then spawn" between requests.
+OS, and the front drops the model's state and gives back the heap it freed (give_back_heap).
+NOTE: everything here runs on the event loop; _lock orders "make room, then spawn" between requests.
 """
 from __future__ import annotations
 
