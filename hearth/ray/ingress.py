@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import weakref
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -77,6 +78,7 @@ class HearthIngress:
         # says so first; a key's requests leave one at a time until then, so each allowance counts the last hold.
         turn = self._quota_turns.setdefault(meter.name, asyncio.Lock()) if has_quota() else contextlib.nullcontext()
         charge: Charge | None = None
+        gen = None
         try:
             async with turn:
                 gen = self.model.options(stream=True).remote(raw.method, raw.url.path, raw.url.query.encode(),
@@ -90,14 +92,17 @@ class HearthIngress:
             gen.cancel()
             raise
         except Exception as e:  # noqa: BLE001 (a dead or overloaded replica, whatever Ray calls it)
-            gen.cancel()
+            if gen is not None:
+                gen.cancel()
             if charge is not None:
                 charge.close()
             return _unavailable(e)
         out_headers = {k.decode(): v.decode() for k, v in head["headers"] if k not in _HOP_HEADERS}
         if out_headers.get("content-type", "").startswith("text/event-stream"):
-            return StreamingResponse(self._stream(gen, meter, charge), status_code=head["status"],
-                                     headers=out_headers)
+            chunks = self._stream(gen, meter, charge)
+            if charge is not None:  # (a stream never iterated, its client gone first, still gives its hold back)
+                weakref.finalize(chunks, charge.close)
+            return StreamingResponse(chunks, status_code=head["status"], headers=out_headers)
         try:
             data = b"".join([chunk async for chunk in _counted(gen, meter, charge)])
         except Exception as e:  # noqa: BLE001
