@@ -83,6 +83,11 @@ class EngineArgs:
     task: str | None = arg(None, "vLLM's older name for --runner: embed, score and classify mean --runner pooling",
                            group=ENGINE, choices=("auto", "generate", "embed", "embedding", "score", "classify"),
                            vllm=MAPPED)
+    # Structured output (hearth/structured/compiler.py): the heap a grammar's compile may take, and the cache's.
+    max_grammar_mib: int = arg(64, "MiB of memory one structured-output grammar may take to compile; a larger one "
+                               "is refused (a 400) (default: %(default)s)", group=ENGINE)
+    grammar_cache_mib: int = arg(512, "MiB the compiled-grammar cache keeps, least recently used evicted first "
+                                 "(default: %(default)s)", group=ENGINE)
     # vLLM's --pooler-config JSON, {"pooling_type": "MEAN"|"CLS"|"LAST", "normalize": bool}; None: the checkpoint's
     pooler_config: dict | str | None = arg(
         None, 'pooling of embeddings, as JSON: {"pooling_type": "MEAN"|"CLS"|"LAST", "normalize": true} (default: '
@@ -135,6 +140,10 @@ class EngineArgs:
         from hearth import vllm_compat
 
         vllm_compat.normalize(self)
+        for name in ("max_grammar_mib", "grammar_cache_mib"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be a whole number of MiB >= 1, got {value!r}")
 
 
 def engine_arg_names() -> list[str]:

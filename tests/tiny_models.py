@@ -35,6 +35,30 @@ def tiny_tokenizer(vocab_size: int = VOCAB, extra_special: tuple[str, ...] = (),
                                    chat_template=chat_template)
 
 
+def large_vocab_tokenizer(vocab_size: int, seed: int = 0):
+    """A byte-level BPE tokenizer with vocab_size entries built from random merges (no training: fast), for what
+    a real model's large vocabulary costs the server (its tokenizer's memory), not for what it encodes."""
+    import random
+
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    vocab = {t: i for i, t in enumerate(SPECIALS + alphabet)}
+    tokens, merges, rng = list(alphabet), [], random.Random(seed)
+    while len(vocab) < vocab_size:
+        left, right = rng.choice(tokens), rng.choice(alphabet)
+        if len(left) < 12 and left + right not in vocab:
+            merges.append((left, right))
+            vocab[left + right] = len(vocab)
+            tokens.append(left + right)
+    tok = Tokenizer(models.BPE(vocab, merges))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
+                                   chat_template=CHATML)
+
+
 # family -> (transformers config class name, defaults that keep it tiny). Head dims are set explicitly because
 # several families default to 128 or 256.
 _FAMILY_DEFAULTS: dict[str, tuple[str, dict]] = {
@@ -74,8 +98,9 @@ def tiny_config(family: str, **overrides):
     return cls(**base)
 
 
-def build_checkpoint(folder: str, config, seed: int = 0, std: float = 0.08, dtype=torch.float32) -> str:
-    """Save a randomly initialised HF model (and the tiny tokenizer) to folder; returns folder."""
+def build_checkpoint(folder: str, config, seed: int = 0, std: float = 0.08, dtype=torch.float32,
+                     tokenizer=None) -> str:
+    """Save a randomly initialised HF model (and the tiny tokenizer, or the one given) to folder; returns folder."""
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
@@ -86,7 +111,7 @@ def build_checkpoint(folder: str, config, seed: int = 0, std: float = 0.08, dtyp
                 p.normal_(0.0, std)
     os.makedirs(folder, exist_ok=True)
     model.save_pretrained(folder, safe_serialization=True)
-    tiny_tokenizer(config.vocab_size).save_pretrained(folder)
+    (tokenizer or tiny_tokenizer(config.vocab_size)).save_pretrained(folder)
     return folder
 
 

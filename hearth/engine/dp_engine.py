@@ -167,11 +167,21 @@ class DataParallelEngine:
         self._closing = True
         for w in self._watchers:
             w.get_loop().call_soon_threadsafe(w.cancel)
+        # NOTE: a cancelled watcher's traceback holds this engine: kept here, that would be a cycle only gc frees
+        self._watchers = []
         threads = [threading.Thread(target=r.shutdown, args=(timeout,)) for r in self.ranks]
         for t in threads:
             t.start()
         for t in threads:
             t.join()
+
+    async def exited(self, timeout: float) -> None:
+        """Wait (up to timeout s) until every rank's process exit has been handled: till then its reader thread
+        holds the rank, and with it the model's tokenizer."""
+        waits = [asyncio.ensure_future(r.exited.wait()) for r in self.ranks]
+        await asyncio.wait(waits, timeout=timeout)
+        for w in waits:
+            w.cancel()
 
     # ---- requests ----
     def _pick(self, exclude: Collection[int] = ()) -> ProcessEngine | None:

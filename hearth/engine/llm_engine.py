@@ -32,7 +32,7 @@ from hearth.sampling_params import SamplingParams
 from hearth.engine.spec_decode.config import SpeculativeConfig
 from hearth.engine.spec_decode.draft_proposer import DraftProposer, load_draft_model
 from hearth.engine.spec_decode.speculator import Speculator
-from hearth.structured.compiler import CompiledGrammar
+from hearth.structured.compiler import CompiledGrammar, MiB
 from hearth.structured.manager import StructuredOutputManager
 from hearth.structured.reasoning import ReasoningGate
 
@@ -135,7 +135,8 @@ class LLMEngine:
             self.speculator = Speculator(spec_config, mc.max_model_len, draft)
             logger.info("speculative decoding: %s", spec_config)
         # Structured output: grammars compiled against the tokenizer, masks prefetched while the model runs.
-        self.structured = StructuredOutputManager(self.tokenizer, mc.vocab_size, mc.eos_token_ids)
+        self.structured = StructuredOutputManager(self.tokenizer, mc.vocab_size, mc.eos_token_ids,
+                                                  args.max_grammar_mib * MiB, args.grammar_cache_mib * MiB)
         pooler = PoolerConfig.parse(args.pooler_config) or loaded.pooler_config or PoolerConfig(
             getattr(self.model, "default_pooling", "LAST"), True)
         self.pooling = PoolingRunner(self.model, mc, pooler, self.block_manager)

@@ -6,7 +6,7 @@ those of `hearth serve`; the ingress deployment only relays what comes out.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 from starlette.types import ASGIApp, Message
@@ -63,3 +63,35 @@ async def call_asgi(app: ASGIApp, method: str, path: str, query: bytes, headers:
             await asyncio.wait_for(task, 5.0)
         except Exception:  # noqa: BLE001 (a timeout; or the app's own error, which was its response already)
             task.cancel()
+
+
+async def with_side_items(items: AsyncGenerator[Any, None], side: asyncio.Queue) -> AsyncIterator[Any]:
+    """items' items, and each item put on `side` as soon as it is put there (before items' next one). Closing this
+    closes `items`, as a client that goes away."""
+    nxt = asyncio.ensure_future(items.__anext__())
+    try:
+        while True:
+            getter = asyncio.ensure_future(side.get())
+            await asyncio.wait({nxt, getter}, return_when=asyncio.FIRST_COMPLETED)
+            if getter.done():
+                yield getter.result()
+                continue
+            getter.cancel()
+            try:
+                item = nxt.result()
+            except StopAsyncIteration:
+                break
+            while not side.empty():  # (put there before the item was made)
+                yield side.get_nowait()
+            yield item
+            nxt = asyncio.ensure_future(items.__anext__())
+    finally:
+        if not nxt.done():
+            nxt.cancel()  # (items' own cleanup runs as the cancellation reaches it)
+            try:
+                await nxt
+            except BaseException:  # noqa: BLE001 (the cancellation, or the error it ended with)
+                pass
+        await items.aclose()
+        while not side.empty():
+            side.get_nowait()

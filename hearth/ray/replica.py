@@ -5,11 +5,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from hearth.ray.asgi_bridge import call_asgi
+from hearth.ray.asgi_bridge import call_asgi, with_side_items
 from hearth.ray.metrics_board import BOARD_NAMESPACE, board_name
 from hearth.ray.plan import ReplicaServerConfig
+
+if TYPE_CHECKING:
+    from hearth.entrypoints.openai.token_quota import QuotaLeft
 
 logger = logging.getLogger("hearth")
 
@@ -50,22 +53,26 @@ class HearthModel:
         logger.info("replica %s serving %r", self.name, serving.ctx.model_name)
 
     async def __call__(self, method: str, path: str, query: bytes, headers: list[tuple[bytes, bytes]],
-                       body: bytes, metered: bool = False, key: tuple[str, list[str] | None] | None = None
-                       ) -> AsyncIterator[dict[str, Any] | bytes]:
+                       body: bytes, metered: bool = False, key: tuple[str, list[str] | None] | None = None,
+                       quota: QuotaLeft | None = None) -> AsyncIterator[dict[str, Any] | bytes]:
         """The response's head, its body chunks, and (metered: the ingress counts a key's tokens) a last
         {"usage": [prompt, completion]} of the tokens this request used, for the key's limits. key: the name and
-        model list of the ingress's key (what it may see and use here, whose stored responses are its own)."""
-        from hearth.entrypoints.openai.api_keys import KeyRing, KeySpec, KeyUsage, Meter, current_key, current_meter
+        model list of the ingress's key (what it may see and use here, whose stored responses are its own);
+        quota: what was left of its tokens_per_day, which the request's tokens are reserved against here."""
+        from hearth.entrypoints.openai.api_keys import KeySpec, current_key, current_meter
+        from hearth.entrypoints.openai.token_quota import remote_meter
 
         if key is not None:  # NOTE: not reset, as the meter below
             name, models = key
             current_key.set(KeySpec(name, "", models=frozenset(models) if models is not None else None))
-        usage = KeyUsage()
-        if metered:  # (the serving layer adds each request's tokens to the current meter, as under hearth serve)
+        holds: asyncio.Queue[dict[str, int]] = asyncio.Queue()
+        meter = remote_meter(quota, lambda tokens: holds.put_nowait({"held": tokens}))
+        usage = meter.usage
+        if metered:  # (the serving layer reserves and adds each request's tokens to it, as under hearth serve)
             # NOTE: not reset: each handle call runs in its own task, whose context ends with it
-            current_meter.set(Meter(KeyRing([]), "ray", usage))
-        async for item in call_asgi(self.app, method, path, query, headers, body,
-                                    [(REPLICA_HEADER, self.name.encode())]):
+            current_meter.set(meter)
+        response = call_asgi(self.app, method, path, query, headers, body, [(REPLICA_HEADER, self.name.encode())])
+        async for item in with_side_items(response, holds):  # each {"held": n} as soon as it is held
             yield item
         if metered:
             yield {"usage": [usage.prompt_tokens, usage.completion_tokens]}

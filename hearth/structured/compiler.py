@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from hearth.structured.heap import give_back, heap_bytes
+from hearth.heap import give_back, heap_bytes
 from hearth.structured.params import StructuredOutputsParams
 from hearth.tokenizer import Tokenizer
 

@@ -5,7 +5,13 @@ import logging
 from typing import Any
 
 from hearth.structured.bitmask import MaskPrefetcher
-from hearth.structured.compiler import CompiledGrammar, GrammarCompiler, GrammarMatcher
+from hearth.structured.compiler import (
+    GRAMMAR_CACHE_BYTES,
+    MAX_GRAMMAR_BYTES,
+    CompiledGrammar,
+    GrammarCompiler,
+    GrammarMatcher,
+)
 from hearth.structured.params import StructuredOutputsParams
 from hearth.tokenizer import Tokenizer
 
@@ -13,8 +19,10 @@ logger = logging.getLogger("hearth")
 
 
 class StructuredOutputManager:
-    def __init__(self, tokenizer: Tokenizer, vocab_size: int, eos_token_ids: list[int]) -> None:
-        self.compiler = GrammarCompiler(tokenizer, vocab_size, eos_token_ids)
+    def __init__(self, tokenizer: Tokenizer, vocab_size: int, eos_token_ids: list[int],
+                 max_grammar_bytes: int = MAX_GRAMMAR_BYTES, cache_bytes: int = GRAMMAR_CACHE_BYTES) -> None:
+        self.compiler = GrammarCompiler(tokenizer, vocab_size, eos_token_ids, cache_bytes=cache_bytes,
+                                        max_grammar_bytes=max_grammar_bytes)
         self.prefetcher = MaskPrefetcher()
 
     def compile(self, spec: StructuredOutputsParams) -> CompiledGrammar:

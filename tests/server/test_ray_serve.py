@@ -2,6 +2,7 @@
 ingress, driven with the official openai client; then one replica actor is killed and Ray Serve replaces it."""
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -51,6 +52,10 @@ models = ["tiny"]
 [[keys]]
 name = "quota"
 key = "ray-quota"
+tokens_per_day = 8
+[[keys]]
+name = "racer"
+key = "ray-racer"
 tokens_per_day = 8
 """
 
@@ -154,13 +159,27 @@ def test_key_file_limits_and_gateway_flags(ray_app: RayApp) -> None:
     limited.completions.create(model="tiny", prompt="hi", max_tokens=1)
     with pytest.raises(openai.RateLimitError, match="requests_per_minute = 2"):
         limited.completions.create(model="tiny", prompt="hi", max_tokens=1)
-    used = quota.completions.create(model="tiny", prompt=[5, 6, 7], max_tokens=6, extra_body={"ignore_eos": True})
-    assert used.usage.total_tokens == 9  # past the quota of 8: the next request is refused
-    with pytest.raises(openai.RateLimitError, match="token quota reached for key 'quota'"):
-        quota.completions.create(model="tiny", prompt="hi", max_tokens=1)
+    # The replica holds a request's most tokens (prompt + n x max_tokens) against what is left of the key's
+    # quota, as hearth serve does: one that could go past it is refused before it runs (issue 44).
+    with pytest.raises(openai.RateLimitError, match="may use up to 9 tokens .* key 'quota' has 8"):
+        quota.completions.create(model="tiny", prompt=[5, 6, 7], max_tokens=6)
+    used = quota.completions.create(model="tiny", prompt=[5, 6, 7], max_tokens=4, extra_body={"ignore_eos": True})
+    assert used.usage.total_tokens == 7
+    with pytest.raises(openai.RateLimitError, match="may use up to 3 tokens .* key 'quota' has 1"):
+        quota.completions.create(model="tiny", prompt=[5, 6], max_tokens=1)
+    # Two requests at once that fit one at a time: the second leaves only once the first holds its tokens, so
+    # exactly one runs (each replica saw the same allowance before; both ran).
+    async def race() -> list[int]:
+        racer = openai.AsyncOpenAI(base_url=ray_app.url + "/v1", api_key="ray-racer", max_retries=0, timeout=120)
+        jobs = [racer.completions.with_raw_response.create(model="tiny", prompt=[5], max_tokens=4) for _ in range(2)]
+        outs = await asyncio.gather(*jobs, return_exceptions=True)
+        return sorted(getattr(o, "status_code", 0) for o in outs)
+
+    assert asyncio.run(race()) == [200, 429]  # (the refused one raised RateLimitError, status 429)
     usage = {k["name"]: k for k in httpx.get(ray_app.url + "/keys/usage", timeout=10,
                                              headers={"authorization": f"Bearer {KEY}"}).json()["data"]}
-    assert usage["quota"]["usage"]["tokens_today"] == 9 and usage["limited"]["usage"]["requests"] == 2
+    assert usage["quota"]["usage"]["tokens_today"] == 7 and usage["limited"]["usage"]["requests"] == 2
+    assert usage["racer"]["usage"]["tokens_reserved"] == 0 and usage["racer"]["usage"]["tokens_today"] <= 5
 
     client = ray_app.client()
     with pytest.raises(openai.BadRequestError):  # the blocklist, checked in the replica

@@ -34,17 +34,25 @@ class Mode:
     name: str
     allowed: str  # the model every key but `limited` names (and may use)
     forbidden: str  # the model `limited` names: outside its list
+    limited_to: str  # the one model on `limited`'s list
+    routed: bool = False  # a ModelRouter front (its app has the admin routes and answers for every model)
+    cached: str | None = None  # an answer cache is on: the model the owner's cached answers are for
+    scoped: bool = False  # the other keys' lists hold `allowed` only (never `forbidden`)
 
 
-SINGLE = Mode("single", allowed="tiny", forbidden="tiny")  # `limited` may use only "elsewhere": not this one
-ROUTER = Mode("router", allowed="small", forbidden="other")
+# `limited` may use only "elsewhere": not the one model
+SINGLE = Mode("single", allowed="tiny", forbidden="tiny", limited_to="elsewhere", cached="tiny")
+ROUTER = Mode("router", allowed="small", forbidden="other", limited_to="small", routed=True, scoped=True)
+# `limited` may use the local model, not the upstream's; the owner's cached answers came from the upstream
+GATEWAY = Mode("gateway", allowed="tiny", forbidden="big", limited_to="tiny", cached="big")
+DATA_PARALLEL = Mode("data-parallel", allowed="tiny", forbidden="tiny", limited_to="elsewhere", routed=True)
+MODES = (SINGLE, ROUTER, GATEWAY, DATA_PARALLEL)
 
 
 def key_file(mode: Mode) -> str:
-    limited_to = "elsewhere" if mode is SINGLE else mode.allowed
-    scoped = "" if mode is SINGLE else f'models = ["{mode.allowed}"]\n'  # under the router: never `forbidden`
+    scoped = f'models = ["{mode.allowed}"]\n' if mode.scoped else ""
     return (f'admin_key = "{ADMIN}"\n\n[[keys]]\nname = "owner"\nkey = "{OWNER}"\n{scoped}\n'
-            f'[[keys]]\nname = "limited"\nkey = "{LIMITED}"\nmodels = ["{limited_to}"]\n\n'
+            f'[[keys]]\nname = "limited"\nkey = "{LIMITED}"\nmodels = ["{mode.limited_to}"]\n\n'
             f'[[keys]]\nname = "exhausted"\nkey = "{EXHAUSTED}"\ntokens_per_day = 1\n{scoped}\n'
             f'[[keys]]\nname = "thief"\nkey = "{THIEF}"\n{scoped}')
 
@@ -57,8 +65,9 @@ def app_routes(mode: Mode) -> list[tuple[str, str]]:
     from hearth.entrypoints.openai.model_router import ModelRouter, RouterConfig
     from hearth.entrypoints.openai.server import ServerConfig, build_app
 
-    if mode is SINGLE:  # (build_app only wires routes: the engine and context are not touched until a request)
-        app = build_app(SimpleNamespace(metrics=None), SimpleNamespace(), ServerConfig())
+    if not mode.routed:  # (build_app only wires routes: engine, context, gateway are not touched till a request)
+        gateway = SimpleNamespace() if mode is GATEWAY else None
+        app = build_app(SimpleNamespace(metrics=None), SimpleNamespace(), ServerConfig(), gateway=gateway)
     else:
         app = build_app(None, None, ServerConfig(), router=ModelRouter([], EngineArgs(model="x"), RouterConfig()))
     out = []
@@ -192,9 +201,9 @@ def _own_things(served: Served) -> None:
                                           "max_output_tokens": 2})
         assert r.status_code == 200, r.text
         served.stolen = r.json()["id"]
-        if served.mode is SINGLE:  # (--answer-cache-size: the single-model server's gateway)
+        if served.mode.cached is not None:  # (--answer-cache-size)
             for path in ("/v1/completions", "/v1/chat/completions"):
-                body = ROUTES[("POST", path)].body(Call("owner", served.mode.allowed, ""))
+                body = ROUTES[("POST", path)].body(Call("owner", served.mode.cached, ""))
                 for _ in range(2):
                     r = c.post(path, json=body)
                 assert r.status_code == 200 and r.headers.get("x-hearth-route") == "cache", r.text
@@ -225,6 +234,41 @@ def router(tiny_model: str, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     srv = start_server(["--models-dir", str(d / "models"), "--max-loaded-models", "1", "--api-key-file",
                         str(d / "keys.toml"), "--kv-cache-space", "0.05", "--threads", "1"], str(d / "server.log"))
     served = Served(srv, ROUTER)
+    try:
+        _own_things(served)
+        yield served
+    finally:
+        srv.stop()
+
+
+@pytest.fixture(scope="module")
+def gateway(tiny_model: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    """`--upstream` to a second server (no keys of its own) serving the checkpoint as `forbidden`."""
+    d = tmp_path_factory.mktemp("matrix-gateway")
+    (d / "keys.toml").write_text(key_file(GATEWAY))
+    upstream = start_server([tiny_model, *TINY_ARGS, "--served-model-name", GATEWAY.forbidden],
+                            str(d / "upstream.log"))
+    try:
+        srv = start_server([tiny_model, *TINY_ARGS, "--served-model-name", GATEWAY.allowed, "--api-key-file",
+                            str(d / "keys.toml"), "--upstream", upstream.url + "/v1", "--answer-cache-size", "16"],
+                           str(d / "server.log"))
+        served = Served(srv, GATEWAY)
+        try:
+            _own_things(served)
+            yield served
+        finally:
+            srv.stop()
+    finally:
+        upstream.stop()
+
+
+@pytest.fixture(scope="module")
+def data_parallel(tiny_model: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    d = tmp_path_factory.mktemp("matrix-dp")
+    (d / "keys.toml").write_text(key_file(DATA_PARALLEL))
+    srv = start_server([tiny_model, *TINY_ARGS, "--served-model-name", DATA_PARALLEL.allowed, "--api-key-file",
+                        str(d / "keys.toml"), "--data-parallel-size", "2"], str(d / "server.log"))
+    served = Served(srv, DATA_PARALLEL)
     try:
         _own_things(served)
         yield served
@@ -315,7 +359,7 @@ def test_a_route_without_a_template_fails_naming_it() -> None:
 
 
 def test_the_table_names_only_routes_the_app_has() -> None:
-    routes = set(app_routes(SINGLE)) | set(app_routes(ROUTER))
+    routes = set().union(*(app_routes(mode) for mode in MODES))
     assert not set(ROUTES) - routes, f"ROUTES entries for routes the app does not have: {set(ROUTES) - routes}"
 
 
@@ -329,8 +373,19 @@ def test_router(router: Served, method: str, path: str, kind: str) -> None:
     run_cell(router, method, path, kind)
 
 
-def test_owners_things_survive_the_matrix(single: Served, router: Served) -> None:
-    for served in (single, router):  # DELETE by every other key removed nothing
+@pytest.mark.parametrize("method, path, kind", cells(GATEWAY))
+def test_gateway(gateway: Served, method: str, path: str, kind: str) -> None:
+    run_cell(gateway, method, path, kind)
+
+
+@pytest.mark.parametrize("method, path, kind", cells(DATA_PARALLEL))
+def test_data_parallel(data_parallel: Served, method: str, path: str, kind: str) -> None:
+    run_cell(data_parallel, method, path, kind)
+
+
+def test_owners_things_survive_the_matrix(single: Served, router: Served, gateway: Served,
+                                          data_parallel: Served) -> None:
+    for served in (single, router, gateway, data_parallel):  # DELETE by every other key removed nothing
         r = served.srv.http.get(f"/v1/responses/{served.stolen}", headers=_h(OWNER))
         assert r.status_code == 200 and r.json()["metadata"] == {"secret": MARKER}, r.text
     # under the router, nothing any key but the admin sent loaded the model outside its list

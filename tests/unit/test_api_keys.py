@@ -143,3 +143,37 @@ def test_token_quota_is_held_before_and_given_back_after(tmp_path):
     finally:
         current_meter.reset(token)
     assert u.day_tokens == 2 + 4 and u.reserved == 0  # used 6 of the 30 held; the rest went back
+
+
+def test_a_request_sent_to_another_process_reserves_against_what_was_left(tmp_path):
+    """Ray Serve: the ingress passes what is left of the key's quota; the replica's reserve() (the same one as
+    hearth serve's) refuses what does not fit in it, and counts what the request used for the ingress."""
+    import pickle
+
+    from hearth.entrypoints.openai.api_keys import Meter, current_meter
+    from hearth.entrypoints.openai.errors import APIError
+    from hearth.entrypoints.openai.token_quota import quota_left, remote_meter, reserve
+
+    keys, _, _ = ring(tmp_path, "[[keys]]\nname = 'a'\nkey = 'k'\ntokens_per_day = 50\n")
+    spec = keys.specs[0]
+    u = keys.admit(spec)
+    keys.add_tokens("a", u, 20, 10)
+    u.reserved = 5  # another request of the key is running
+    token = current_meter.set(Meter(keys, "a", u, spec.tokens_per_day))
+    try:
+        left = pickle.loads(pickle.dumps(quota_left()))  # (what crosses to the replica)
+    finally:
+        current_meter.reset(token)
+    assert (left.name, left.tokens_per_day, left.spent) == ("a", 50, 35)
+
+    remote = remote_meter(left)  # the replica's side
+    token = current_meter.set(remote)
+    try:
+        with pytest.raises(APIError) as e:
+            reserve(16)
+        assert e.value.status == 429 and "key 'a' has 15 of its tokens_per_day = 50 left" in e.value.message
+        reserve(15).use(3, 12)
+    finally:
+        current_meter.reset(token)
+    assert (remote.usage.prompt_tokens, remote.usage.completion_tokens) == (3, 12)  # reported back
+    assert remote_meter(None).tokens_per_day is None  # a key without a quota: counted, never refused

@@ -7,7 +7,7 @@ import gc
 import pytest
 
 from hearth.structured.compiler import MAX_GRAMMAR_BYTES, MiB, GrammarCompiler
-from hearth.structured.heap import heap_bytes
+from hearth.heap import heap_bytes
 from hearth.structured.params import StructuredOutputsParams as S
 from hearth.tokenizer import Tokenizer
 from tests.tiny_models import tiny_tokenizer
@@ -44,3 +44,21 @@ def test_distinct_large_regexes_keep_the_heap_under_the_cap(tok: Tokenizer) -> N
     m = compiler.compile(S(regex="(x{100}){83}")).new_matcher()
     m.fill_bitmask()
     assert not m.matcher.is_error()
+
+
+def test_the_limits_are_engine_flags(tmp_path) -> None:
+    """--max-grammar-mib and --grammar-cache-mib reach the engine's compiler (in every deployment mode the engine
+    is built from EngineArgs); a grammar over the lowered limit is refused with it."""
+    from hearth import LLM
+    from hearth.engine_args import EngineArgs
+    from tests.tiny_models import build_checkpoint, tiny_config
+
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="--max-grammar-mib must be a whole number of MiB >= 1"):
+            EngineArgs(model="x", max_grammar_mib=bad)
+    llm = LLM(build_checkpoint(str(tmp_path / "tiny"), tiny_config("llama")), max_grammar_mib=2,
+              grammar_cache_mib=3, kv_cache_space=0.05, threads=1)
+    compiler = llm.engine.structured.compiler
+    assert (compiler.max_grammar_bytes, compiler.cache_bytes_limit) == (2 * MiB, 3 * MiB)
+    with pytest.raises(ValueError, match="more than the limit of 2 MiB"):
+        compiler.compile(S(regex="(x{100}){80}"))

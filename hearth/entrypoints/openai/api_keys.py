@@ -227,6 +227,11 @@ class KeyRing:
                                 "left today (UTC): lower max_tokens or n, or wait until 00:00 UTC", wait)
         u.reserved += tokens
 
+    def spent_today(self, u: KeyUsage) -> tuple[float, int]:
+        """(the wall-clock time now, the key's tokens of today (UTC): used, plus held by its running requests)."""
+        self._today(u)
+        return self._wall(), u.day_tokens + u.reserved
+
     def release(self, u: KeyUsage) -> None:
         u.in_flight -= 1
 

@@ -4,12 +4,14 @@ A request names a model (or an alias); an unknown name is a 404 listing the name
 while the request waits (bounded by --model-load-timeout; other models keep serving). Under the budget
 (--max-loaded-models, --models-memory: weights + KV), the least recently used unpinned idle model is unloaded
 first; --idle-unload-seconds unloads idle ones. Unloading ends the worker process, so its memory goes back to the
-OS. NOTE: everything here runs on the event loop; _lock orders "make room, then spawn" between requests.
+OS, and the front drops the model's state and gives back the heap it freed (give_back_heap).
+NOTE: everything here runs on the event loop; _lock orders "make room, then spawn" between requests.
 """
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import gc
 import logging
 import os
 import time
@@ -21,6 +23,7 @@ from hearth.distributed.dp_cores import dp_core_sets
 from hearth.engine.dp_engine import DataParallelEngine
 from hearth.engine.engine_worker import WorkerOptions
 from hearth.engine.llm_engine import EngineStats
+from hearth.heap import give_back
 from hearth.entrypoints.openai.errors import APIError
 from hearth.entrypoints.openai.model_specs import ModelSpec
 from hearth.entrypoints.openai.served_models import Listing
@@ -34,6 +37,7 @@ logger = logging.getLogger("hearth")
 GiB = 1024 ** 3
 DEFAULT_KV_SPACE_GIB = 1.0  # per model when several share the machine and --kv-cache-space is not set
 _POLL_S = 0.1
+_EXIT_WAIT_S = 5.0  # after an unload's drain, for its workers' exits to be handled
 
 
 @dataclass
@@ -80,6 +84,14 @@ class _Entry:
             return (info.weights_bytes + info.kv_bytes) * n
         kv = self.args.kv_cache_space or DEFAULT_KV_SPACE_GIB
         return (_path_bytes(self.spec.path) + int(kv * GiB)) * n
+
+
+async def give_back_heap() -> None:
+    """Free what the front dropped (a cycle too) and return the freed heap pages to the OS. Without it the front
+    grew with every model swap though nothing was kept: glibc holds the pages freed by a model's tokenizer, and
+    the transients of unpickling the next one, in the reader threads' arenas."""
+    gc.collect()
+    await asyncio.to_thread(give_back)
 
 
 def _path_bytes(path: str) -> int:
@@ -223,6 +235,7 @@ class ModelRouter:
             raise
         entry.ctx = ctx
         entry.last_used = time.monotonic()
+        await give_back_heap()  # what unpickling the model's tokenizer took beside it
         logger.info("model %r loaded in %.1f s (%d engine%s, pid %s)", entry.spec.name, time.perf_counter() - t0,
                     engine.size, "s" if engine.size > 1 else "", ",".join(map(str, engine.pids)))
         if not self._warmed:  # the chat template renderer's first use imports transformers: not in a request
@@ -270,11 +283,17 @@ class ModelRouter:
             return
         if entry.load_task is not None:
             entry.load_task.cancel()
+        ctx = entry.ctx
         entry.engine, entry.ctx = None, None
         self.cores.release(entry.spec.name)
         entry.unloads += 1
         logger.info("unloading model %r %s", entry.spec.name, reason)
         await asyncio.to_thread(engine.shutdown, self.config.drain_timeout)
+        await engine.exited(_EXIT_WAIT_S)
+        if ctx is not None:
+            await asyncio.to_thread(ctx.sandbox.shutdown)  # its request-template worker, if one was started
+        del engine, ctx
+        await give_back_heap()
 
     async def _janitor_loop(self) -> None:
         idle_s = self.config.idle_unload_seconds

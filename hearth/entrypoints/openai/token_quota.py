@@ -7,10 +7,11 @@ from __future__ import annotations
 import contextvars
 import json
 import weakref
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
 
 from hearth.engine.protocol import EngineRequest, engine_requests
-from hearth.entrypoints.openai.api_keys import LimitExceeded, Meter, current_meter
+from hearth.entrypoints.openai.api_keys import KeyRing, KeyUsage, LimitExceeded, Meter, current_meter
 from hearth.entrypoints.openai.errors import APIError
 
 
@@ -75,6 +76,47 @@ def reserve(tokens: int) -> Charge | None:
     if charges is not None:
         charges.append(charge)
     return charge
+
+
+@dataclass(frozen=True)
+class QuotaLeft:
+    """A key's daily quota as it stood when its request left for another process (a Ray Serve replica), where
+    reserve() holds the request's tokens against it as it does here (picklable)."""
+    name: str
+    tokens_per_day: int
+    at: float  # the sender's wall-clock time: the receiver counts in the sender's day, whatever its own clock says
+    spent: int  # tokens of that day used, plus held by the key's running requests
+
+
+def quota_left() -> QuotaLeft | None:
+    """The quota of the key serving this request (None: no key, or no tokens_per_day)."""
+    m = current_meter.get()
+    if m is None or m.tokens_per_day is None:
+        return None
+    at, spent = m.ring.spent_today(m.usage)
+    return QuotaLeft(m.name, m.tokens_per_day, at, spent)
+
+
+class _ReportingRing(KeyRing):
+    """A KeyRing that tells `held` of each hold it grants (the sender holds as much on its own ring)."""
+
+    def __init__(self, at: float, held: Callable[[int], None]) -> None:
+        super().__init__([], wall=lambda: at)
+        self.held = held
+
+    def hold(self, name: str, u: KeyUsage, quota: int | None, tokens: int) -> None:
+        super().hold(name, u, quota, tokens)
+        self.held(tokens)
+
+
+def remote_meter(quota: QuotaLeft | None, held: Callable[[int], None] | None = None) -> Meter:
+    """The meter a request runs under in the process it was sent to: it counts what the request uses (for the
+    sender to charge), and with a quota, reserve() refuses what does not fit in what was left and tells `held`
+    what it holds."""
+    if quota is None:
+        return Meter(KeyRing([]), "remote", KeyUsage())
+    ring = _ReportingRing(quota.at, held or (lambda tokens: None))
+    return Meter(ring, quota.name, KeyUsage(day=int(quota.at // 86400), day_tokens=quota.spent), quota.tokens_per_day)
 
 
 def charge_now(prompt: int, completion: int) -> None:

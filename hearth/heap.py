@@ -1,7 +1,8 @@
-"""Bytes in use by the C heap (glibc's mallinfo2), for charging a compiled grammar's memory to the cache.
+"""The C heap (glibc's malloc): the bytes it has handed out, and giving its freed pages back to the OS.
 
-llguidance allocates with the system malloc, so what a compile adds to the heap is what keeping its grammar costs.
-RSS is no measure of that: glibc reuses pages freed by an evicted grammar, so a new one would seem free.
+The grammar cache charges a compiled grammar what its compile added to the heap (llguidance allocates with the
+system malloc); RSS is no measure of that, as glibc reuses pages freed by an evicted grammar. The model router gives
+the heap back after a model's front state is dropped: glibc keeps freed pages in each thread's arena otherwise.
 """
 from __future__ import annotations
 
@@ -45,8 +46,8 @@ def heap_bytes() -> int:
 
 
 def give_back() -> None:
-    """Return freed heap pages to the OS (glibc's malloc_trim). A dropped grammar's memory is otherwise kept by the
-    worker thread's arena that built it, and RSS would not come down."""
+    """Return freed heap pages to the OS (glibc's malloc_trim, every arena). Memory freed in a thread's arena (a
+    dropped grammar, an unloaded model's tokenizer) is otherwise kept there, and RSS would not come down."""
     trim = getattr(_libc(), "malloc_trim", None)
     if trim is not None:
         trim(0)
