@@ -124,82 +124,104 @@ inline void store8(__m256 v, float* out, bool accumulate, const float* bias, uin
   }
 }
 
-// R x rows [m0, m0 + R) against one 32-byte slice of an int4 panel (two 8-column groups: columns c0 .. c0 + 7 in
-// the low nibbles, c0 + 16 .. in the high ones) over blocks [b0, b1). The 16-bit sums of a block stay in registers
-// (2R of them) beside the slice's two unpacked vectors; the 2R float sums are added to once per block.
-template <int R, bool X2, bool MINS, class S>
-void slice(const XQ& xq, int64_t m0, const uint8_t* ws, const S* sp, const S* mp, int64_t b0, int64_t b1,
-           int64_t spg, float* out, int64_t ldo, bool accumulate, const float* bias, const int nv[2],
-           uint16_t* out16, int64_t ldo16) {
+// Column of a panel where 32-byte slice s (0..3) of a quad starts (vector s / 2, half s % 2): its low nibbles hold
+// columns c0 .. c0 + 7, its high ones c0 + 16 .. c0 + 23.
+constexpr int slice_col(int s) { return 32 * (s / 2) + 8 * (s % 2); }
+
+// R x rows [m0, m0 + R) against NS slices [s0, s0 + NS) of one int4 panel (2 NS 8-column groups) over blocks
+// [b0, b1). A block's 16-bit sums stay in registers (2 NS R of them: NS = 1 for several rows, 4 for one) beside a
+// slice's two unpacked vectors; the float sums are added to once per block.
+template <int R, int NS, bool X2, bool MINS, class S>
+void slices(const XQ& xq, int64_t m0, const uint8_t* wp, int s0, const S* sp, const S* mp, int64_t b0, int64_t b1,
+            int64_t spg, float* out, int64_t ldo, bool accumulate, const float* bias, int nvalid, uint16_t* out16) {
   constexpr int32_t kOff = MINS ? 0 : 8;
   constexpr int64_t kQuadBytes = 128;
+  constexpr int G = 2 * NS;  // 8-column groups
   const __m256i nib = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
   const int64_t K = xq.K, nb = xq.nb;
-  __m256 f[R][2];
+  int col[G];  // each group's first column in the panel
+  for (int s = 0; s < NS; ++s) col[2 * s] = slice_col(s0 + s), col[2 * s + 1] = slice_col(s0 + s) + 16;
+  __m256 f[R][G];
 #pragma GCC unroll 8
-  for (int r = 0; r < R; ++r) f[r][0] = f[r][1] = _mm256_setzero_ps();
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+    for (int c = 0; c < G; ++c) f[r][c] = _mm256_setzero_ps();
   for (int64_t b = b0; b < b1; ++b) {
-    __m256i a1[R][2], a2[X2 ? R : 1][2];
-    const uint8_t* wb = ws + b * kQuads * kQuadBytes;
+    __m256i a1[R][G], a2[X2 ? R : 1][G];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+      for (int c = 0; c < G; ++c) {
+        a1[r][c] = _mm256_setzero_si256();
+        if constexpr (X2) a2[r][c] = _mm256_setzero_si256();
+      }
+    const uint8_t* wb = wp + b * kQuads * kQuadBytes + 32 * s0;
     const int8_t* x1p = xq.q1 + m0 * K + 32 * b;
     const int8_t* x2p = xq.q2 + m0 * K + 32 * b;
-#pragma GCC unroll 8
+    // (unrolled by 2, not 8: fully unrolled, GCC computed every quad's products first and spilled them all)
+#pragma GCC unroll 2
     for (int qd = 0; qd < kQuads; ++qd) {
-      const __m256i l = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + qd * kQuadBytes));
-      const __m256i lo = _mm256_and_si256(l, nib), hi = _mm256_and_si256(_mm256_srli_epi16(l, 4), nib);
+      __m256i x1[R], x2[X2 ? R : 1];
 #pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
-        const __m256i x1 = bcast32(x1p + r * K + 4 * qd);
-        const __m256i p0 = _mm256_maddubs_epi16(lo, x1), p1 = _mm256_maddubs_epi16(hi, x1);
-        a1[r][0] = qd ? _mm256_add_epi16(a1[r][0], p0) : p0;
-        a1[r][1] = qd ? _mm256_add_epi16(a1[r][1], p1) : p1;
-        if constexpr (X2) {
-          const __m256i x2 = bcast32(x2p + r * K + 4 * qd);
-          const __m256i t0 = _mm256_maddubs_epi16(lo, x2), t1 = _mm256_maddubs_epi16(hi, x2);
-          a2[r][0] = qd ? _mm256_add_epi16(a2[r][0], t0) : t0;
-          a2[r][1] = qd ? _mm256_add_epi16(a2[r][1], t1) : t1;
+        x1[r] = bcast32(x1p + r * K + 4 * qd);
+        if constexpr (X2) x2[r] = bcast32(x2p + r * K + 4 * qd);
+      }
+#pragma GCC unroll 4
+      for (int s = 0; s < NS; ++s) {
+        const __m256i l = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + qd * kQuadBytes + 32 * s));
+        const __m256i lo = _mm256_and_si256(l, nib), hi = _mm256_and_si256(_mm256_srli_epi16(l, 4), nib);
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r) {
+          a1[r][2 * s] = _mm256_add_epi16(a1[r][2 * s], _mm256_maddubs_epi16(lo, x1[r]));
+          a1[r][2 * s + 1] = _mm256_add_epi16(a1[r][2 * s + 1], _mm256_maddubs_epi16(hi, x1[r]));
+          if constexpr (X2) {
+            a2[r][2 * s] = _mm256_add_epi16(a2[r][2 * s], _mm256_maddubs_epi16(lo, x2[r]));
+            a2[r][2 * s + 1] = _mm256_add_epi16(a2[r][2 * s + 1], _mm256_maddubs_epi16(hi, x2[r]));
+          }
         }
       }
     }
-    const int64_t g = b / spg;
-    const __m256 sw[2] = {scales8(sp + g * kCols), scales8(sp + g * kCols + 16)};
+    const int64_t g = spg == 1 ? b : b / spg;  // (GGUF's blocks: no division per block)
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       const int64_t at = (m0 + r) * nb + b;
       const __m256 dx = _mm256_set1_ps(xq.d[at]);
       const __m256i c1 = _mm256_set1_epi32(-kOff * xq.s1[at]);
-#pragma GCC unroll 2
-      for (int c = 0; c < 2; ++c) {
+#pragma GCC unroll 8
+      for (int c = 0; c < G; ++c) {
         __m256 v = _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_madd_epi16(a1[r][c], ones), c1));
         if constexpr (X2) {
           const __m256i c2 = _mm256_set1_epi32(-kOff * xq.s2[at]);
           v = _mm256_fmadd_ps(v, _mm256_set1_ps(254.0f),
                               _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_madd_epi16(a2[r][c], ones), c2)));
         }
-        f[r][c] = _mm256_fmadd_ps(_mm256_mul_ps(v, sw[c]), dx, f[r][c]);
+        f[r][c] = _mm256_fmadd_ps(_mm256_mul_ps(v, scales8(sp + g * kCols + col[c])), dx, f[r][c]);
         if constexpr (MINS)
-          f[r][c] = _mm256_fmadd_ps(scales8(mp + g * kCols + 16 * c), _mm256_set1_ps(xq.fs[at]), f[r][c]);
+          f[r][c] = _mm256_fmadd_ps(scales8(mp + g * kCols + col[c]), _mm256_set1_ps(xq.fs[at]), f[r][c]);
       }
     }
   }
   const bool last = b1 == nb;
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
-    for (int c = 0; c < 2; ++c)
-      store8(f[r][c], out + r * ldo + 16 * c, accumulate, bias ? bias + 16 * c : nullptr,
-             out16 && last ? out16 + r * ldo16 + 16 * c : nullptr, nv[c]);
+#pragma GCC unroll 8
+    for (int c = 0; c < G; ++c)
+      store8(f[r][c], out + r * ldo + col[c], accumulate, bias ? bias + col[c] : nullptr,
+             out16 && last ? out16 + r * ldo + col[c] : nullptr, std::clamp(nvalid - col[c], 0, 8));
 }
 
-// R x rows against one panel (64 columns: four slices) over blocks [b0, b1), quant_panel.cpp's tile() contract.
+// R x rows against one panel (64 columns) over blocks [b0, b1), quant_panel.cpp's tile() contract: one row takes
+// the whole panel at once (8 groups of 16-bit sums), several rows a slice at a time (2 groups per row).
 template <int R, bool X2, bool MINS, class S>
 void tile(const XQ& xq, int64_t m0, const uint8_t* wp, const S* sp, const S* mp, int64_t b0, int64_t b1,
           int64_t spg, float* out, int64_t ldo, bool accumulate, const float* bias, int nvalid, uint16_t* out16) {
-  for (int s = 0; s < 4; ++s) {  // slice s: vector v = s / 2, half h = s % 2, first column 32 v + 8 h
-    const int c0 = 32 * (s / 2) + 8 * (s % 2);
-    const int nv[2] = {std::clamp(nvalid - c0, 0, 8), std::clamp(nvalid - c0 - 16, 0, 8)};
-    if (!nv[0] && !nv[1]) continue;
-    slice<R, X2, MINS, S>(xq, m0, wp + 32 * s, sp + c0, MINS ? mp + c0 : nullptr, b0, b1, spg, out + c0, ldo,
-                          accumulate, bias ? bias + c0 : nullptr, nv, out16 ? out16 + c0 : nullptr, ldo);
+  if constexpr (R == 1 && !X2) {
+    slices<1, 4, X2, MINS, S>(xq, m0, wp, 0, sp, mp, b0, b1, spg, out, ldo, accumulate, bias, nvalid, out16);
+  } else {
+    for (int s = 0; s < 4; ++s)
+      if (nvalid > slice_col(s))
+        slices<R, 1, X2, MINS, S>(xq, m0, wp, s, sp, mp, b0, b1, spg, out, ldo, accumulate, bias, nvalid, out16);
   }
 }
 
