@@ -339,12 +339,12 @@ struct Avx512Body {
   template <int BITS, bool X2, bool MINS, class S, bool PF>
   static constexpr auto tile_r = ::tile_r<BITS, X2, MINS, S, PF>;
 };
-struct Avx2Body {  // int4 only (see quant_panel_avx2.h); its prefetch is the hardware's
+struct Avx2Body {  // (its prefetch is the hardware's)
   template <bool X2>
   static constexpr int kMR = X2 ? 2 : avx2::kRows;
   static constexpr auto quantize_row = avx2::quantize_row;
   template <int BITS, bool X2, bool MINS, class S, bool PF>
-  static constexpr auto tile_r = avx2::tile_r<X2, MINS, S>;
+  static constexpr auto tile_r = avx2::tile_r<BITS, X2, MINS, S>;
 };
 
 template <class Body, int BITS, bool X2, bool MINS, class S>
@@ -405,7 +405,6 @@ int run(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, const voi
         const void* scales, const void* mins, int64_t group, const float* bias, float* out, uint16_t* out16,
         int nthreads, int scale_f16, bool x2) {
   const bool vnni = hk::cpu_has_vnni();
-  if (!vnni && code != kPanelsInt4) return -1;  // int8 panels need VNNI (16-bit sums would saturate on AVX2)
   if ((code != kPanelsInt8 && code != kPanelsInt4) || K % 32 || group % 32 || K % group || x_dtype < 0 ||
       x_dtype > 2 || (code == kPanelsInt8 && mins))
     return -2;
@@ -414,7 +413,10 @@ int run(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, const voi
   const bool f16 = scale_f16 != 0;
 #define HQ_GEMM_S(BODY, BITS, X2) gemm_s<BODY, BITS, X2>(x, x_dtype, M, K, ldx, wp, N, scales, mins, group, bias, \
                                                          out, out16, nthreads, f16)
-  if (!vnni) {
+  if (!vnni && code == kPanelsInt8) {
+    if (x2) HQ_GEMM_S(Avx2Body, 8, true);
+    else HQ_GEMM_S(Avx2Body, 8, false);
+  } else if (!vnni) {
     if (x2) HQ_GEMM_S(Avx2Body, 4, true);
     else HQ_GEMM_S(Avx2Body, 4, false);
   } else if (code == kPanelsInt8) {
@@ -434,7 +436,7 @@ extern "C" {
 
 // w (rows of blocks of 32 weights, block_bytes apart, the weights from byte header of each: plain int8 [N][ldw] is
 // 32 / 0, plain int4 with GGUF's nibble order 16 / 0, GGUF Q8_0 rows 34 / 2, Q4_0 18 / 2, Q4_1 20 / 4; bits 8 / 4)
-// -> dst (ceil(N / 64) panels, quant.to_panels's layout) over nthreads. Returns 0, -1 without AVX512-VNNI, -2 for a
+// -> dst (ceil(N / 64) panels, quant.to_panels's layout) over nthreads. Returns 0, -2 for a
 // shape it does not take. hq_pack_panels: plain rows.
 int hq_pack_panels_blocks(const void* w, int bits, int64_t N, int64_t K, int64_t ldw, int64_t block_bytes,
                           int64_t header, uint8_t* dst, int nthreads) {
@@ -488,8 +490,8 @@ namespace hk_family {
 
 // out [M][N] (fp32) = x [M][K] (row stride ldx; f32 / bf16 / f16) . W^T (+ bias), W in VNNI panels (code
 // kPanelsInt8 / kPanelsInt4, see the layout above; scales and mins per panel [K / group][64], fp16 if scale_f16),
-// The VNNI panel GEMM: x quantized to one int8 term per block of 32, or two (x2: "int8x2"); returns 0, -1 without
-// AVX512-VNNI, -2 for a shape or code it does not take. With out16, the result rounded to bf16 (nearest
+// The panel GEMM (AVX512-VNNI's body, else AVX2's, quant_panel_avx2.h): x quantized to one int8 term per block of
+// 32, or two (x2: "int8x2"); returns 0, -2 for a shape or code it does not take. With out16, the result rounded to bf16 (nearest
 // even, as the fp32 result's .to(torch.bfloat16)) into out16 [M][N], no fp32 output pass, and partial fp32 [M][N]
 // scratch for the partial sums of K blocks before the last (untouched where K fits one block); with out16 null,
 // the fp32 result into partial.

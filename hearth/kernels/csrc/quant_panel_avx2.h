@@ -1,4 +1,4 @@
-// The int4 panel GEMM on plain AVX2 (Haswell .. Zen 3): the panels of quant_panel.cpp, byte for byte, multiplied in
+// The panel GEMM on plain AVX2 (Haswell .. Zen 3): the panels of quant_panel.cpp, byte for byte, multiplied in
 // broadcast form by vpmaddubsw. Included by quant_panel.cpp inside its anonymous namespace, outside its AVX-512
 // region; everything here is compiled for AVX2 + FMA + F16C only.
 //
@@ -8,7 +8,8 @@
 // 4 bytes broadcast to every lane) adds pairs of u8 x s8 products into 16-bit lanes.
 // 16-bit sums are exact over a whole block of 32: 8 quads x 2 x 15 x 127 = 30480 < 2^15, so the integer sum of a
 // block costs one vpmaddwd (to 32 bits) per group and x row, not one per quad (what the row kernels pay: a
-// vpmaddubsw + vpmaddwd pair per 32 products). int8 panels (u8 to 255) would saturate 16 bits: they stay on VNNI.
+// vpmaddubsw + vpmaddwd pair per 32 products). int8 panels (u8 to 255, which would saturate 16 bits) are read the
+// same way as two nibble halves of one column group (see slices).
 //
 // Per block and output the float steps are quant_panel.cpp's: (int sum - off * sum q) converted, times the scale,
 // fma'd with dx (+ min * the block's float sum for mins; int8x2: 254 a1 + a2 as one fma). So each x row's result
@@ -124,34 +125,41 @@ inline void store8(__m256 v, float* out, bool accumulate, const float* bias, uin
   }
 }
 
-// Column of a panel where 32-byte slice s (0..3) of a quad starts (vector s / 2, half s % 2): its low nibbles hold
-// columns c0 .. c0 + 7, its high ones c0 + 16 .. c0 + 23.
-constexpr int slice_col(int s) { return 32 * (s / 2) + 8 * (s % 2); }
+// Column of a panel where 32-byte slice s of a quad starts. int4 (4 slices: vector s / 2, half s % 2): its low
+// nibbles hold columns c0 .. c0 + 7, its high ones c0 + 16 .. c0 + 23. int8 (8 slices): columns 8s .. 8s + 7.
+template <int BITS>
+constexpr int slice_col(int s) { return BITS == 8 ? 8 * s : 32 * (s / 2) + 8 * (s % 2); }
 
-// R x rows [m0, m0 + R) against NS slices [s0, s0 + NS) of one int4 panel (2 NS 8-column groups) over blocks
-// [b0, b1). A block's 16-bit sums stay in registers (2 NS R of them: NS = 1 for several rows, 4 for one) beside a
-// slice's two unpacked vectors; the float sums are added to once per block.
-template <int R, int NS, bool X2, bool MINS, class S>
+// R x rows [m0, m0 + R) against NS slices [s0, s0 + NS) of one panel over blocks [b0, b1). A block's 16-bit sums
+// stay in registers (2 NS R of them, twice for int8x2) beside a slice's two unpacked nibble vectors; the float sums
+// are added to once per block. int4: the nibbles are two 8-column groups. int8 (u = q + 128 in 0..255, which
+// vpmaddubsw would saturate whole): the nibbles of one group, summed apart and joined once per block as
+// 16 hi + lo in 32 bits (each half's 16-bit sums are int4's, so exact).
+template <int R, int NS, int BITS, bool X2, bool MINS, class S>
 void slices(const XQ& xq, int64_t m0, const uint8_t* wp, int s0, const S* sp, const S* mp, int64_t b0, int64_t b1,
             int64_t spg, float* out, int64_t ldo, bool accumulate, const float* bias, int nvalid, uint16_t* out16) {
-  constexpr int32_t kOff = MINS ? 0 : 8;
-  constexpr int64_t kQuadBytes = 128;
-  constexpr int G = 2 * NS;  // 8-column groups
-  const __m256i nib = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+  constexpr int32_t kOff = MINS ? 0 : (BITS == 8 ? 128 : 8);
+  constexpr int64_t kQuadBytes = BITS == 8 ? 256 : 128;
+  constexpr int A = 2 * NS;                    // 16-bit sums per row (a slice's low and high nibbles)
+  constexpr int G = BITS == 8 ? NS : 2 * NS;  // 8-column output groups per row
+  const __m256i nib = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1), sixteen = _mm256_set1_epi16(16);
   const int64_t K = xq.K, nb = xq.nb;
   int col[G];  // each group's first column in the panel
-  for (int s = 0; s < NS; ++s) col[2 * s] = slice_col(s0 + s), col[2 * s + 1] = slice_col(s0 + s) + 16;
+  for (int s = 0; s < NS; ++s) {
+    if constexpr (BITS == 8) col[s] = slice_col<8>(s0 + s);
+    else col[2 * s] = slice_col<4>(s0 + s), col[2 * s + 1] = slice_col<4>(s0 + s) + 16;
+  }
   __m256 f[R][G];
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 8
     for (int c = 0; c < G; ++c) f[r][c] = _mm256_setzero_ps();
   for (int64_t b = b0; b < b1; ++b) {
-    __m256i a1[R][G], a2[X2 ? R : 1][G];
+    __m256i a1[R][A], a2[X2 ? R : 1][A];
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r)
 #pragma GCC unroll 8
-      for (int c = 0; c < G; ++c) {
+      for (int c = 0; c < A; ++c) {
         a1[r][c] = _mm256_setzero_si256();
         if constexpr (X2) a2[r][c] = _mm256_setzero_si256();
       }
@@ -188,13 +196,20 @@ void slices(const XQ& xq, int64_t m0, const uint8_t* wp, int s0, const S* sp, co
       const int64_t at = (m0 + r) * nb + b;
       const __m256 dx = _mm256_set1_ps(xq.d[at]);
       const __m256i c1 = _mm256_set1_epi32(-kOff * xq.s1[at]);
+      // a group's exact integer sum (sum u q - off sum q) from its 16-bit sums
+      auto isum = [&](const __m256i (&a)[A], int c, __m256i off) __attribute__((always_inline)) {
+        if constexpr (BITS == 8)
+          return _mm256_add_epi32(_mm256_add_epi32(_mm256_madd_epi16(a[2 * c + 1], sixteen),
+                                                   _mm256_madd_epi16(a[2 * c], ones)), off);
+        else
+          return _mm256_add_epi32(_mm256_madd_epi16(a[c], ones), off);
+      };
 #pragma GCC unroll 8
       for (int c = 0; c < G; ++c) {
-        __m256 v = _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_madd_epi16(a1[r][c], ones), c1));
+        __m256 v = _mm256_cvtepi32_ps(isum(a1[r], c, c1));
         if constexpr (X2) {
           const __m256i c2 = _mm256_set1_epi32(-kOff * xq.s2[at]);
-          v = _mm256_fmadd_ps(v, _mm256_set1_ps(254.0f),
-                              _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_madd_epi16(a2[r][c], ones), c2)));
+          v = _mm256_fmadd_ps(v, _mm256_set1_ps(254.0f), _mm256_cvtepi32_ps(isum(a2[r], c, c2)));
         }
         f[r][c] = _mm256_fmadd_ps(_mm256_mul_ps(v, scales8(sp + g * kCols + col[c])), dx, f[r][c]);
         if constexpr (MINS)
@@ -211,24 +226,23 @@ void slices(const XQ& xq, int64_t m0, const uint8_t* wp, int s0, const S* sp, co
              out16 && last ? out16 + r * ldo + col[c] : nullptr, std::clamp(nvalid - col[c], 0, 8));
 }
 
-// R x rows against one panel (64 columns) over blocks [b0, b1), quant_panel.cpp's tile() contract: one row takes
-// the whole panel at once (8 groups of 16-bit sums), several rows a slice at a time (2 groups per row).
-template <int R, bool X2, bool MINS, class S>
+// R x rows against one panel (64 columns) over blocks [b0, b1), quant_panel.cpp's tile() contract: the slices of
+// a quad (int4 4, int8 8) NS at a time, so that 8 16-bit sums per chain are live (one row: 4 slices at once, or
+// 2 with two chains; several rows: one slice).
+template <int R, int BITS, bool X2, bool MINS, class S>
 void tile(const XQ& xq, int64_t m0, const uint8_t* wp, const S* sp, const S* mp, int64_t b0, int64_t b1,
           int64_t spg, float* out, int64_t ldo, bool accumulate, const float* bias, int nvalid, uint16_t* out16) {
-  if constexpr (R == 1 && !X2) {
-    slices<1, 4, X2, MINS, S>(xq, m0, wp, 0, sp, mp, b0, b1, spg, out, ldo, accumulate, bias, nvalid, out16);
-  } else {
-    for (int s = 0; s < 4; ++s)
-      if (nvalid > slice_col(s))
-        slices<R, 1, X2, MINS, S>(xq, m0, wp, s, sp, mp, b0, b1, spg, out, ldo, accumulate, bias, nvalid, out16);
-  }
+  constexpr int kSlices = BITS == 8 ? 8 : 4, NS = R > 1 ? 1 : X2 ? 2 : 4;
+  for (int s = 0; s < kSlices; s += NS)
+    if (nvalid > slice_col<BITS>(s))
+      slices<R, NS, BITS, X2, MINS, S>(xq, m0, wp, s, sp, mp, b0, b1, spg, out, ldo, accumulate, bias, nvalid,
+                                        out16);
 }
 
-template <bool X2, bool MINS, class S>
+template <int BITS, bool X2, bool MINS, class S>
 void tile_r(int r, const XQ& xq, int64_t m0, const uint8_t* wp, const S* sp, const S* mp, int64_t b0, int64_t b1,
             int64_t spg, float* out, int64_t ldo, bool accumulate, const float* bias, int nvalid, uint16_t* out16) {
-#define HQ_TILE(R) tile<R, X2, MINS, S>(xq, m0, wp, sp, mp, b0, b1, spg, out, ldo, accumulate, bias, nvalid, out16)
+#define HQ_TILE(R) tile<R, BITS, X2, MINS, S>(xq, m0, wp, sp, mp, b0, b1, spg, out, ldo, accumulate, bias, nvalid, out16)
   if (r == 1) return HQ_TILE(1);
   if constexpr (X2) return HQ_TILE(2);  // two chains: 2 rows fill the registers
   if (r == 2) return HQ_TILE(2);
