@@ -154,7 +154,8 @@ void slices(const XQ& xq, int64_t m0, const uint8_t* wp, int s0, const S* sp, co
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 8
     for (int c = 0; c < G; ++c) f[r][c] = _mm256_setzero_ps();
-  for (int64_t b = b0; b < b1; ++b) {
+  int64_t g = b0 / spg, in_group = b0 % spg;  // the block's scale group, kept without a division per block
+  for (int64_t b = b0; b < b1; ++b, in_group = in_group + 1 == spg ? (++g, 0) : in_group + 1) {
     __m256i a1[R][A], a2[X2 ? R : 1][A];
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r)
@@ -190,7 +191,6 @@ void slices(const XQ& xq, int64_t m0, const uint8_t* wp, int s0, const S* sp, co
         }
       }
     }
-    const int64_t g = spg == 1 ? b : b / spg;  // (GGUF's blocks: no division per block)
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       const int64_t at = (m0 + r) * nb + b;
