@@ -339,12 +339,12 @@ struct Avx512Body {
   template <int BITS, bool X2, bool MINS, class S, bool PF>
   static constexpr auto tile_r = ::tile_r<BITS, X2, MINS, S, PF>;
 };
-struct Avx2Body {  // (its prefetch is the hardware's)
+struct Avx2Body {  // int4 only (quant_panel_avx2.h)
   template <bool X2>
   static constexpr int kMR = X2 ? 2 : avx2::kRows;
   static constexpr auto quantize_row = avx2::quantize_row;
   template <int BITS, bool X2, bool MINS, class S, bool PF>
-  static constexpr auto tile_r = avx2::tile_r<BITS, X2, MINS, S>;
+  static constexpr auto tile_r = avx2::tile_r<X2, MINS, S, PF>;
 };
 
 template <class Body, int BITS, bool X2, bool MINS, class S>
@@ -405,6 +405,7 @@ int run(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, const voi
         const void* scales, const void* mins, int64_t group, const float* bias, float* out, uint16_t* out16,
         int nthreads, int scale_f16, bool x2) {
   const bool vnni = hk::cpu_has_vnni();
+  if (!vnni && code != kPanelsInt4) return -1;  // int8 panels: VNNI only (see quant_panel_avx2.h)
   if ((code != kPanelsInt8 && code != kPanelsInt4) || K % 32 || group % 32 || K % group || x_dtype < 0 ||
       x_dtype > 2 || (code == kPanelsInt8 && mins))
     return -2;
@@ -413,10 +414,7 @@ int run(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, const voi
   const bool f16 = scale_f16 != 0;
 #define HQ_GEMM_S(BODY, BITS, X2) gemm_s<BODY, BITS, X2>(x, x_dtype, M, K, ldx, wp, N, scales, mins, group, bias, \
                                                          out, out16, nthreads, f16)
-  if (!vnni && code == kPanelsInt8) {
-    if (x2) HQ_GEMM_S(Avx2Body, 8, true);
-    else HQ_GEMM_S(Avx2Body, 8, false);
-  } else if (!vnni) {
+  if (!vnni) {
     if (x2) HQ_GEMM_S(Avx2Body, 4, true);
     else HQ_GEMM_S(Avx2Body, 4, false);
   } else if (code == kPanelsInt8) {

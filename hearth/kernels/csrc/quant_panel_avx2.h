@@ -8,8 +8,8 @@
 // 4 bytes broadcast to every lane) adds pairs of u8 x s8 products into 16-bit lanes.
 // 16-bit sums are exact over a whole block of 32: 8 quads x 2 x 15 x 127 = 30480 < 2^15, so the integer sum of a
 // block costs one vpmaddwd (to 32 bits) per group and x row, not one per quad (what the row kernels pay: a
-// vpmaddubsw + vpmaddwd pair per 32 products). int8 panels (u8 to 255, which would saturate 16 bits) are read the
-// same way as two nibble halves of one column group (see slices).
+// vpmaddubsw + vpmaddwd pair per 32 products). int8 panels stay on VNNI: read here as two nibble halves (u8 to 255
+// would saturate 16 bits) they took twice the vpmaddubsw of the int8 row kernels, and ran slower than those.
 //
 // Per block and output the float steps are quant_panel.cpp's: (int sum - off * sum q) converted, times the scale,
 // fma'd with dx (+ min * the block's float sum for mins; int8x2: 254 a1 + a2 as one fma). So each x row's result
@@ -23,6 +23,7 @@ namespace avx2 {
 // x rows per tile (one int8 term): 4 rows x 2 groups keep 8 16-bit sums, the slice's two vectors and a broadcast
 // in the 16 ymm registers (the float sums spill to L1 once per block).
 constexpr int kRows = 4;
+constexpr int64_t kPrefetchBytes = 4 << 10;  // (as the AVX-512 body's on AMD)
 
 inline __m256 load8(const void* x, int dtype, int64_t i) {
   if (dtype == kF32) return _mm256_loadu_ps(static_cast<const float*>(x) + i);
@@ -125,30 +126,23 @@ inline void store8(__m256 v, float* out, bool accumulate, const float* bias, uin
   }
 }
 
-// Column of a panel where 32-byte slice s of a quad starts. int4 (4 slices: vector s / 2, half s % 2): its low
-// nibbles hold columns c0 .. c0 + 7, its high ones c0 + 16 .. c0 + 23. int8 (8 slices): columns 8s .. 8s + 7.
-template <int BITS>
-constexpr int slice_col(int s) { return BITS == 8 ? 8 * s : 32 * (s / 2) + 8 * (s % 2); }
+// Column of a panel where 32-byte slice s (0..3) of a quad starts (vector s / 2, half s % 2): its low nibbles hold
+// columns c0 .. c0 + 7, its high ones c0 + 16 .. c0 + 23.
+constexpr int slice_col(int s) { return 32 * (s / 2) + 8 * (s % 2); }
 
-// R x rows [m0, m0 + R) against NS slices [s0, s0 + NS) of one panel over blocks [b0, b1). A block's 16-bit sums
-// stay in registers (2 NS R of them, twice for int8x2) beside a slice's two unpacked nibble vectors; the float sums
-// are added to once per block. int4: the nibbles are two 8-column groups. int8 (u = q + 128 in 0..255, which
-// vpmaddubsw would saturate whole): the nibbles of one group, summed apart and joined once per block as
-// 16 hi + lo in 32 bits (each half's 16-bit sums are int4's, so exact).
-template <int R, int NS, int BITS, bool X2, bool MINS, class S>
+// R x rows [m0, m0 + R) against NS slices [s0, s0 + NS) of one int4 panel (2 NS 8-column groups) over blocks
+// [b0, b1). A block's 16-bit sums stay in registers (2 NS R of them, twice for int8x2) beside a slice's two unpacked
+// vectors; the float sums are added to once per block.
+template <int R, int NS, bool X2, bool MINS, class S, bool PF>
 void slices(const XQ& xq, int64_t m0, const uint8_t* wp, int s0, const S* sp, const S* mp, int64_t b0, int64_t b1,
             int64_t spg, float* out, int64_t ldo, bool accumulate, const float* bias, int nvalid, uint16_t* out16) {
-  constexpr int32_t kOff = MINS ? 0 : (BITS == 8 ? 128 : 8);
-  constexpr int64_t kQuadBytes = BITS == 8 ? 256 : 128;
-  constexpr int A = 2 * NS;                    // 16-bit sums per row (a slice's low and high nibbles)
-  constexpr int G = BITS == 8 ? NS : 2 * NS;  // 8-column output groups per row
-  const __m256i nib = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1), sixteen = _mm256_set1_epi16(16);
+  constexpr int32_t kOff = MINS ? 0 : 8;
+  constexpr int64_t kQuadBytes = 128;
+  constexpr int G = 2 * NS;  // 8-column groups
+  const __m256i nib = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
   const int64_t K = xq.K, nb = xq.nb;
   int col[G];  // each group's first column in the panel
-  for (int s = 0; s < NS; ++s) {
-    if constexpr (BITS == 8) col[s] = slice_col<8>(s0 + s);
-    else col[2 * s] = slice_col<4>(s0 + s), col[2 * s + 1] = slice_col<4>(s0 + s) + 16;
-  }
+  for (int s = 0; s < NS; ++s) col[2 * s] = slice_col(s0 + s), col[2 * s + 1] = slice_col(s0 + s) + 16;
   __m256 f[R][G];
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
@@ -156,11 +150,11 @@ void slices(const XQ& xq, int64_t m0, const uint8_t* wp, int s0, const S* sp, co
     for (int c = 0; c < G; ++c) f[r][c] = _mm256_setzero_ps();
   int64_t g = b0 / spg, in_group = b0 % spg;  // the block's scale group, kept without a division per block
   for (int64_t b = b0; b < b1; ++b, in_group = in_group + 1 == spg ? (++g, 0) : in_group + 1) {
-    __m256i a1[R][A], a2[X2 ? R : 1][A];
+    __m256i a1[R][G], a2[X2 ? R : 1][G];
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r)
 #pragma GCC unroll 8
-      for (int c = 0; c < A; ++c) {
+      for (int c = 0; c < G; ++c) {
         a1[r][c] = _mm256_setzero_si256();
         if constexpr (X2) a2[r][c] = _mm256_setzero_si256();
       }
@@ -170,6 +164,12 @@ void slices(const XQ& xq, int64_t m0, const uint8_t* wp, int s0, const S* sp, co
     // (unrolled by 2, not 8: fully unrolled, GCC computed every quad's products first and spilled them all)
 #pragma GCC unroll 2
     for (int qd = 0; qd < kQuads; ++qd) {
+      // PF (the first pass of the first row tile over a K block): every line of the quad kPrefetchBytes ahead, as
+      // the passes of one slice each touch a line in 2-4 would leave the hardware prefetcher strided, partial reads
+      if constexpr (PF)
+        for (int64_t l = 0; l < kQuadBytes; l += 64)
+          _mm_prefetch(reinterpret_cast<const char*>(wb - 32 * s0 + qd * kQuadBytes + l) + kPrefetchBytes,
+                       _MM_HINT_T0);
       __m256i x1[R], x2[X2 ? R : 1];
 #pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
@@ -196,20 +196,13 @@ void slices(const XQ& xq, int64_t m0, const uint8_t* wp, int s0, const S* sp, co
       const int64_t at = (m0 + r) * nb + b;
       const __m256 dx = _mm256_set1_ps(xq.d[at]);
       const __m256i c1 = _mm256_set1_epi32(-kOff * xq.s1[at]);
-      // a group's exact integer sum (sum u q - off sum q) from its 16-bit sums
-      auto isum = [&](const __m256i (&a)[A], int c, __m256i off) __attribute__((always_inline)) {
-        if constexpr (BITS == 8)
-          return _mm256_add_epi32(_mm256_add_epi32(_mm256_madd_epi16(a[2 * c + 1], sixteen),
-                                                   _mm256_madd_epi16(a[2 * c], ones)), off);
-        else
-          return _mm256_add_epi32(_mm256_madd_epi16(a[c], ones), off);
-      };
 #pragma GCC unroll 8
-      for (int c = 0; c < G; ++c) {
-        __m256 v = _mm256_cvtepi32_ps(isum(a1[r], c, c1));
+      for (int c = 0; c < G; ++c) {  // (the group's exact sum u q - off sum q, to float)
+        __m256 v = _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_madd_epi16(a1[r][c], ones), c1));
         if constexpr (X2) {
           const __m256i c2 = _mm256_set1_epi32(-kOff * xq.s2[at]);
-          v = _mm256_fmadd_ps(v, _mm256_set1_ps(254.0f), _mm256_cvtepi32_ps(isum(a2[r], c, c2)));
+          v = _mm256_fmadd_ps(v, _mm256_set1_ps(254.0f),
+                              _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_madd_epi16(a2[r][c], ones), c2)));
         }
         f[r][c] = _mm256_fmadd_ps(_mm256_mul_ps(v, scales8(sp + g * kCols + col[c])), dx, f[r][c]);
         if constexpr (MINS)
@@ -226,23 +219,26 @@ void slices(const XQ& xq, int64_t m0, const uint8_t* wp, int s0, const S* sp, co
              out16 && last ? out16 + r * ldo + col[c] : nullptr, std::clamp(nvalid - col[c], 0, 8));
 }
 
-// R x rows against one panel (64 columns) over blocks [b0, b1), quant_panel.cpp's tile() contract: the slices of
-// a quad (int4 4, int8 8) NS at a time, so that 8 16-bit sums per chain are live (one row: 4 slices at once, or
-// 2 with two chains; several rows: one slice).
-template <int R, int BITS, bool X2, bool MINS, class S>
-void tile(const XQ& xq, int64_t m0, const uint8_t* wp, const S* sp, const S* mp, int64_t b0, int64_t b1,
-          int64_t spg, float* out, int64_t ldo, bool accumulate, const float* bias, int nvalid, uint16_t* out16) {
-  constexpr int kSlices = BITS == 8 ? 8 : 4, NS = R > 1 ? 1 : X2 ? 2 : 4;
-  for (int s = 0; s < kSlices; s += NS)
-    if (nvalid > slice_col<BITS>(s))
-      slices<R, NS, BITS, X2, MINS, S>(xq, m0, wp, s, sp, mp, b0, b1, spg, out, ldo, accumulate, bias, nvalid,
+// R x rows against one panel (64 columns) over blocks [b0, b1), quant_panel.cpp's tile() contract: the 4 slices of
+// a quad NS at a time, so that 8 16-bit sums per chain are live (one row: all 4 at once, or 2 with two chains;
+// several rows: one slice).
+template <int R, bool X2, bool MINS, class S, bool PF>
+void panel_tile(const XQ& xq, int64_t m0, const uint8_t* wp, const S* sp, const S* mp, int64_t b0, int64_t b1,
+                int64_t spg, float* out, int64_t ldo, bool accumulate, const float* bias, int nvalid, uint16_t* out16) {
+  constexpr int NS = R > 1 ? 1 : X2 ? 2 : 4;
+  slices<R, NS, X2, MINS, S, PF>(xq, m0, wp, 0, sp, mp, b0, b1, spg, out, ldo, accumulate, bias, nvalid,
                                         out16);
+  for (int s = NS; s < 4; s += NS)
+    if (nvalid > slice_col(s))
+      slices<R, NS, X2, MINS, S, false>(xq, m0, wp, s, sp, mp, b0, b1, spg, out, ldo, accumulate, bias,
+                                               nvalid, out16);
 }
 
-template <int BITS, bool X2, bool MINS, class S>
+template <bool X2, bool MINS, class S, bool PF>
 void tile_r(int r, const XQ& xq, int64_t m0, const uint8_t* wp, const S* sp, const S* mp, int64_t b0, int64_t b1,
             int64_t spg, float* out, int64_t ldo, bool accumulate, const float* bias, int nvalid, uint16_t* out16) {
-#define HQ_TILE(R) tile<R, BITS, X2, MINS, S>(xq, m0, wp, sp, mp, b0, b1, spg, out, ldo, accumulate, bias, nvalid, out16)
+#define HQ_TILE(R) \
+  panel_tile<R, X2, MINS, S, PF>(xq, m0, wp, sp, mp, b0, b1, spg, out, ldo, accumulate, bias, nvalid, out16)
   if (r == 1) return HQ_TILE(1);
   if constexpr (X2) return HQ_TILE(2);  // two chains: 2 rows fill the registers
   if (r == 2) return HQ_TILE(2);
