@@ -9,7 +9,7 @@ choice is made in one place. Row-count rules, from the layout table's `kernel` /
       torch's GEMM ("tiled"). The GEMM runs on AVX-512 only: without VNNI an integer dot costs about an fp32 FMA, so
       it pays once per 8 rows what the dot kernels pay per row; with VNNI the dot kernels keep decode steps of fewer
       than BCAST_MIN_M rows (HEARTH_QUANT_GEMM=1: the GEMM from gemm_from rows anyway, 0: never).
-  quantized, "panels": the VNNI panel kernel at every row count (its per-row sums do not depend on the other rows).
+  quantized, "panels": the panel kernel (AVX512-VNNI's body, or AVX2's for int4) at every row count (its per-row sums do not depend on the other rows).
   dense rows: hk_linear up to caps.dense_max_rows rows, torch's GEMM above (prefill; fp32 where bf16 is emulated).
   quantized, "codebook" (NF4 / FP4): the codebook kernel (AVX-512 or AVX2 bodies) up to CODEBOOK_MAX_ROWS rows, else
       dequantized tiles and torch's GEMM.
@@ -124,10 +124,12 @@ def plan(layout: Layout, rows: int, c: Caps, prompt: bool = False) -> Kernel:
 
 
 def panels_take(bits: int, group: int, k: int, c: Caps | None = None) -> bool:
-    """VNNI panels run here for weights of `bits` with scales per `group` along an input of k: AVX512-VNNI, the
-    kernels, HEARTH_QUANT_PANELS on and integer activations (the panel kernel has no float form)."""
+    """Panels run here for weights of `bits` with scales per `group` along an input of k: int4 wherever the kernels
+    run (AVX512-VNNI's body, or AVX2's vpmaddubsw one), int8 with AVX512-VNNI (on AVX2 the int8 row kernels are
+    faster); HEARTH_QUANT_PANELS on and integer activations (the panel kernel has no float form)."""
     c = c or caps()
-    return (c.quant_panels and c.kernels and c.vnni and c.avx512 and activations.rounding() in ("int8", "int8x2")
+    isa = bits == 4 or (c.vnni and c.avx512)
+    return (c.quant_panels and c.kernels and isa and activations.rounding() in ("int8", "int8x2")
             and bits in (4, 8) and group % 32 == 0 and k % 32 == 0)
 
 

@@ -3,12 +3,11 @@ the dequantized weights times the int8 / int8x2-rounded activations for every ro
 import pytest
 import torch
 
-from hearth import kernels
-from hearth import platform
 from hearth.kernels import quant as qkernels
 from hearth.layers.quant_linear import QuantLinear
 from hearth.weights import activations
 from hearth.weights import apply
+from hearth.weights import dispatch
 from hearth.weights import gguf as gguf_w
 from hearth.weights import layouts
 from hearth.weights import packed
@@ -17,9 +16,14 @@ from hearth.weights import quantize
 from hearth.weights import reference
 from hearth.weights import relayout
 
-needs_panels = pytest.mark.skipif(
-    not (qkernels.available() and platform.cpu_info().has_vnni and kernels.isa() == kernels.ISA_AVX512),
-    reason="the panel GEMM needs AVX512-VNNI")
+def panels_run(bits: int) -> bool:
+    """The panel GEMM runs here for weights of `bits` (int4: AVX2 or AVX512-VNNI; int8: AVX512-VNNI)."""
+    return qkernels.available() and dispatch.panels_take(bits, 32, 256)
+
+
+needs_kernels = pytest.mark.skipif(not qkernels.available(), reason="hearth's kernels do not run here")
+needs_panels = pytest.mark.skipif(not panels_run(4), reason="the panel GEMM does not run here")
+needs_int8_panels = pytest.mark.skipif(not panels_run(8), reason="int8 panels need AVX512-VNNI (AVX2: int4 only)")
 
 
 def _formats(n: int, k: int) -> dict[str, packed.QWeight]:
@@ -42,6 +46,11 @@ def _formats(n: int, k: int) -> dict[str, packed.QWeight]:
     return fmts
 
 
+def _here(fmts: dict[str, packed.QWeight]) -> dict[str, packed.QWeight]:
+    """The formats whose panels the GEMM runs on this CPU (every one with AVX512-VNNI; int4 on AVX2)."""
+    return {name: qw for name, qw in fmts.items() if panels_run(qw.bits)}
+
+
 @pytest.mark.parametrize("n,k", [(64, 256), (200, 96), (130, 4352)])
 def test_panels_round_trip_exactly(n: int, k: int) -> None:
     for name, qw in _formats(n, k).items():
@@ -62,7 +71,7 @@ def test_panel_gemm_equals_dequantized_reference(n: int, k: int, act: str) -> No
     rounding = activations.quantize_x if act == "panels" else activations.quantize_x2
     g = torch.Generator().manual_seed(1)
     bias = torch.randn(n, generator=g)
-    for name, qw in _formats(n, k).items():
+    for name, qw in _here(_formats(n, k)).items():
         p = relayout.to_panels(qw)
         w = reference.dequantize(qw).double()
         for m in (1, 5, 8, 13, 70):
@@ -86,7 +95,7 @@ def test_bf16_output_equals_rounded_fp32(split: int, monkeypatch) -> None:
     g = torch.Generator().manual_seed(5)
     bias = torch.randn(130, generator=g)
     for k in (96, 4352):  # one K block; several (int4: 3 of <= 32 blocks of 32, int8: 5 of <= 16)
-        for name, qw in _formats(130, k).items():
+        for name, qw in _here(_formats(130, k)).items():
             p = relayout.to_panels(qw)
             x = (torch.randn(5, k, generator=g) * 2).to(torch.bfloat16)
             want = torch.cat([apply.run_panels(x[:split], p, bias, x[:split].shape[0], bf16=False),
@@ -98,7 +107,8 @@ def test_bf16_output_equals_rounded_fp32(split: int, monkeypatch) -> None:
 @needs_panels
 def test_int8x2_is_closer_than_int8() -> None:
     """The two-term activations give a result within ~amax / 64516 of fp32 x; one term within ~amax / 254."""
-    qw = relayout.to_panels(quantize.quantize_int8(torch.randn(128, 512) * 0.05))
+    w = torch.randn(128, 512) * 0.05
+    qw = relayout.to_panels(quantize.quantize_int8(w) if panels_run(8) else quantize.quantize_int4(w, 32))
     x = torch.randn(4, 512)
     exact = x.double() @ reference.dequantize(qw).double().t()
     e1 = (apply.run_panels(x, qw, None, 0, bf16=False).double() - exact).abs().max().item()
@@ -110,13 +120,16 @@ def test_int8x2_is_closer_than_int8() -> None:
 @pytest.mark.parametrize("act_name", ["int8x2", "int8"])
 @pytest.mark.parametrize("scheme", ["int8", "int4-g32", "int4"])
 def test_quant_linear_uses_panels(scheme: str, act_name: str, monkeypatch) -> None:
-    """QuantLinear re-lays its weight at load on VNNI CPUs; the layer's output equals the plain rows' kernels within
+    """QuantLinear re-lays its weight at load where the panel GEMM runs for its bits; the layer's output equals the plain rows' kernels within
     fp32 summation order, with the activation rounding activations.ACTIVATIONS names at the call (as the rows read it)."""
     monkeypatch.setattr(activations, "ACTIVATIONS", act_name)
     g = torch.Generator().manual_seed(3)
     w = torch.randn(192, 512, generator=g) * 0.05
     lin = QuantLinear(512, 192, scheme=scheme)
     lin.load_shard("weight", None, w)
+    if not panels_run(lin.qweight.bits):  # (int8 on AVX2: rows or tiles, the dot kernels)
+        assert not lin.qweight.panel_rows
+        return
     assert lin.qweight.panel_rows == 192 and lin.weight.data_ptr() == lin.qweight.data.data_ptr()
     plain = relayout.from_panels(lin.qweight)
     for m in (1, 3):
@@ -141,7 +154,7 @@ def test_lookup_from_panels_equals_rows(n: int, k: int) -> None:
 def test_float_activations_after_load_name_the_fix(monkeypatch) -> None:
     """Panels take int8 / int8x2 activations only: switching activations.ACTIVATIONS to float after the load is an error
     that names the setting to use before loading, not a silent other rounding."""
-    lin = QuantLinear(256, 64, scheme="int8")
+    lin = QuantLinear(256, 64, scheme="int8" if panels_run(8) else "int4-g32")
     lin.load_shard("weight", None, torch.randn(64, 256))
     assert lin.qweight.panel_rows
     monkeypatch.setattr(activations, "ACTIVATIONS", "float")
@@ -168,7 +181,7 @@ def _run_staggered(llm, a: list[int], b: list[int] | None, steps: int) -> list:
     return got
 
 
-@needs_panels
+@needs_int8_panels
 @pytest.mark.parametrize("layer_path", [False, True])
 def test_prompt_rows_take_int8_and_generated_rows_do_not_notice(tmp_path, monkeypatch, layer_path: bool) -> None:
     """HEARTH_QUANT_ACT=auto on an 8-bit model: a step's prompt rows take single-term int8 on int8x2 panels, its
@@ -275,7 +288,7 @@ def _gguf_blocks(ggml_type: int, n: int, k: int, rng):
     return gguf_w.GGUFBlocks(ggml_type, (n, k), torch.from_numpy(raw.reshape(n, -1)))
 
 
-@needs_panels
+@needs_kernels
 @pytest.mark.parametrize("ggml_type", [8, 2, 3])  # Q8_0, Q4_0, Q4_1
 def test_panels_straight_from_gguf_blocks_equal_the_repacked_path(ggml_type: int) -> None:
     """A layer's GGUF shards packed straight from the file's blocks: byte for byte what repacking each shard to plain

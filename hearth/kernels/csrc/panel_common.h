@@ -1,6 +1,8 @@
 // What panel.cpp (fp32 FMA tiles) and panel_dot.cpp (vdpbf16ps tiles) share: the panel pairs a GEMM walks, the
-// blocked loop order, and the 16 x 16 transpose of 32-bit values their packers use. Included inside each file's
+// blocked loop order (blocked_loop.h), and the 16 x 16 transpose of 32-bit values their packers use. Included inside each file's
 // anonymous namespace, under its `#pragma GCC target` (AVX-512F at least), so each gets its own copy.
+
+#include "blocked_loop.h"
 
 // Lanes of one 16-row half (0: panel rows 0-15, 1: rows 16-31) that hold real rows, for a panel with nvalid of 32.
 inline __mmask16 half_mask(int nvalid, int half) {
@@ -64,31 +66,6 @@ inline std::vector<PanelPair> panel_pairs(int64_t nparts, const void* const* w, 
     }
   }
   return pairs;
-}
-
-// The blocked GEMM's loop order over G panel pairs, ntiles row tiles and KU k units (k or k pairs): on nt threads,
-// each takes a range of pairs (or, with fewer than 4 pairs per thread, of row tiles) and walks it in blocks of
-// pairs_per_block pairs x kc units, so that weight block stays in L2 while the row tiles (mc at a time: their x
-// stays in L2 too) run against it. tile(t, g, k0, kc): row tile t against pair g over units [k0, k0 + kc).
-template <class F>
-inline void blocked_loop(int64_t G, int64_t ntiles, int64_t KU, int64_t KC, int64_t pairs_per_block, int64_t mc,
-                         int nt, F&& tile) {
-  const bool split_pairs = G >= 4 * nt;  // else the threads split the row tiles
-#pragma omp parallel num_threads(nt)
-  {
-    const int64_t th = omp_get_thread_num(), T = omp_get_num_threads();
-    const int64_t gb = split_pairs ? G * th / T : 0, ge = split_pairs ? G * (th + 1) / T : G;
-    const int64_t tb = split_pairs ? 0 : ntiles * th / T, te = split_pairs ? ntiles : ntiles * (th + 1) / T;
-    for (int64_t tb0 = tb; tb0 < te; tb0 += mc) {
-      const int64_t te0 = std::min(te, tb0 + mc);
-      for (int64_t g0 = gb; g0 < ge; g0 += pairs_per_block) {
-        const int64_t g1 = std::min(ge, g0 + pairs_per_block);
-        for (int64_t k0 = 0; k0 < KU; k0 += KC)
-          for (int64_t t = tb0; t < te0; ++t)
-            for (int64_t g = g0; g < g1; ++g) tile(t, g, k0, std::min(KC, KU - k0));
-      }
-    }
-  }
 }
 
 // c[j] = the 16 values r[0..15][j] (r: 16 rows of 16 32-bit values): unpacks within 128-bit lanes, then a 4 x 4

@@ -27,8 +27,10 @@
 #include <vector>
 
 #include "scalar.h"
+#include "simd_avx2.h"
 #include "simd_avx512.h"
 #include "hk_api.h"
+#include "blocked_loop.h"
 
 namespace {
 
@@ -54,11 +56,6 @@ const Prefetch& panel_prefetch() {
 
 using hk::kBF16, hk::kF16, hk::kF32;
 
-#pragma GCC push_options
-#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")
-
-#include "panel_common.h"
-
 // x quantized per block of 32: q1 (and q2) [M][K] int8, per block dx, the integer sums of q1 / q2 and the float sum
 // of the dequantized block (for mins).
 struct XQ {
@@ -70,6 +67,12 @@ struct XQ {
   const float* fs;
   int64_t K, nb;
 };
+
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")
+
+#include "panel_common.h"
 
 inline __m512 load16(const void* x, int dtype, int64_t i) {
   if (dtype == kF32) return _mm512_loadu_ps(static_cast<const float*>(x) + i);
@@ -240,58 +243,6 @@ void tile_r(int r, const XQ& xq, int64_t m0, const uint8_t* wp, const S* sp, con
 // panel_common.h (panels split over threads, or row tiles when there are few panels; K in blocks of kKCBytes).
 // out16 (or null): the result rounded to bf16 there instead (out then only holds the partial sums of earlier K
 // blocks, and is not touched where K is one block).
-template <int BITS, bool X2, bool MINS, class S>
-void gemm(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, const uint8_t* w, int64_t N,
-          const S* scales, const S* mins, int64_t group, const float* bias, float* out, uint16_t* out16,
-          int nthreads) {
-  constexpr int MR = X2 ? 2 : 3;
-  const int64_t nb = K / 32, spg = group / 32, ng = K / group, P = (N + kCols - 1) / kCols;
-  const int64_t panel_bytes = nb * kQuads * (BITS == 8 ? 256 : 128), ntiles = (M + MR - 1) / MR;
-  thread_local std::vector<int8_t> qbuf;
-  thread_local std::vector<float> fbuf;
-  thread_local std::vector<int32_t> ibuf;
-  if ((int64_t)qbuf.size() < 2 * M * K) qbuf.resize(2 * M * K);
-  if ((int64_t)fbuf.size() < 2 * M * nb) fbuf.resize(2 * M * nb);
-  if ((int64_t)ibuf.size() < 2 * M * nb) ibuf.resize(2 * M * nb);
-  // (thread_local: the team's other threads must see this thread's buffers through these pointers)
-  int8_t* const q = qbuf.data();
-  float* const fl = fbuf.data();
-  int32_t* const in = ibuf.data();
-  const XQ xq{q, q + M * K, fl, in, in + M * nb, fl + M * nb, K, nb};
-  const int ntq = (int)std::max<int64_t>(1, std::min<int64_t>(nthreads, M));
-#pragma omp parallel for num_threads(ntq)
-  for (int64_t m = 0; m < M; ++m)
-    quantize_row(x, x_dtype, m * ldx, K, X2, q + m * K, q + M * K + m * K, fl + m * nb, in + m * nb,
-                 in + M * nb + m * nb, fl + M * nb + m * nb);
-  constexpr int64_t kMaxKC = kKCBytes / (kQuads * (BITS == 8 ? 256 : 128));  // blocks of 32 per K block
-  const int64_t nk = (nb + kMaxKC - 1) / kMaxKC, KC = (nb + nk - 1) / nk;
-  const int nt = (int)std::max<int64_t>(1, std::min<int64_t>(nthreads, std::max(P, ntiles)));
-  constexpr int64_t kMC = 64;  // row tiles per pass over a panel block
-  blocked_loop(P, ntiles, nb, KC, 1, kMC, nt, [&](int64_t t, int64_t p, int64_t b0, int64_t kc) {
-    const int64_t m0 = t * MR, r = std::min<int64_t>(MR, M - m0), col = p * kCols;
-    auto fn = t % kMC == 0 ? tile_r<BITS, X2, MINS, S, true> : tile_r<BITS, X2, MINS, S, false>;
-    fn((int)r, xq, m0, w + p * panel_bytes, scales + p * ng * kCols, MINS ? mins + p * ng * kCols : nullptr, b0,
-       b0 + kc, spg, out + m0 * N + col, N, b0 > 0, bias ? bias + col : nullptr,
-       (int)std::min<int64_t>(kCols, N - col), out16 ? out16 + m0 * N + col : nullptr);
-  });
-}
-
-template <int BITS, bool X2>
-void gemm_s(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, const uint8_t* w, int64_t N,
-            const void* scales, const void* mins, int64_t group, const float* bias, float* out, uint16_t* out16,
-            int nthreads, bool f16) {
-#define HQ_GEMM(MINS, s, mn) gemm<BITS, X2, MINS>(x, x_dtype, M, K, ldx, w, N, s, mn, group, bias, out, out16, nthreads)
-  if (f16) {
-    auto s = static_cast<const uint16_t*>(scales), mn = static_cast<const uint16_t*>(mins);
-    if (BITS == 4 && mins) return HQ_GEMM(true, s, mn);
-    return HQ_GEMM(false, s, mn);
-  }
-  auto s = static_cast<const float*>(scales), mn = static_cast<const float*>(mins);
-  if (BITS == 4 && mins) return HQ_GEMM(true, s, mn);
-  return HQ_GEMM(false, s, mn);
-#undef HQ_GEMM
-}
-
 // Panels [p0, p1) of an int8 / int4 weight of N rows (row stride ldw bytes) into dst (quant.to_panels's layout, byte
 // for byte): each 64-byte vector of a quad is 16 rows' 32-bit groups, gathered; int4 picks each k's nibble half
 // (elements 0-15 of a block are low nibbles, 16-31 high) and joins two rows per byte. Rows past N become zeros.
@@ -343,24 +294,135 @@ void pack_range(const uint8_t* src, int bits, int64_t N, int64_t K, int64_t ldw,
 
 #pragma GCC pop_options
 
+// A portable copy of pack_range (same bytes), for CPUs without AVX-512 (and forced AVX2 mode): 4 bytes at a time.
+void pack_range_scalar(const uint8_t* src, int bits, int64_t N, int64_t K, int64_t ldw, int64_t block_bytes,
+                       int64_t header, uint8_t* dst, int64_t p0, int64_t p1) {
+  const int64_t quads = K / 4, panel_bytes = bits == 8 ? kCols * K : kCols * K / 2;
+  auto word = [&](int64_t row, int64_t off) {  // 4 bytes of a row (0 past N)
+    uint32_t v = 0;
+    if (row < N) std::memcpy(&v, src + row * ldw + off, 4);
+    return v;
+  };
+  for (int64_t p = p0; p < p1; ++p) {
+    uint8_t* d = dst + p * panel_bytes;
+    const int64_t r0 = p * kCols;
+    for (int64_t j = 0; j < quads; ++j) {
+      const int64_t e = (4 * j) % 32;
+      if (bits == 8) {
+        const int64_t off = (4 * j) / 32 * block_bytes + header + e;
+        for (int64_t c = 0; c < kCols; ++c) {
+          const uint32_t v = r0 + c < N ? word(r0 + c, off) ^ 0x80808080u : 0;
+          std::memcpy(d + j * 256 + 4 * c, &v, 4);
+        }
+      } else {
+        const int64_t off = (4 * j) / 32 * block_bytes + header + e % 16, sh = 4 * (e / 16);
+        for (int64_t v = 0; v < 2; ++v)
+          for (int64_t i = 0; i < 16; ++i) {
+            const uint32_t lo = (word(r0 + 32 * v + i, off) >> sh) & 0x0F0F0F0Fu;
+            const uint32_t hi = (word(r0 + 32 * v + 16 + i, off) >> sh) & 0x0F0F0F0Fu;
+            const uint32_t b = lo | (hi << 4);
+            std::memcpy(d + j * 128 + v * 64 + 4 * i, &b, 4);
+          }
+      }
+    }
+  }
+}
+
+#include "quant_panel_avx2.h"
+
+// The two bodies the driver below runs, each compiled for its own ISA: x rows quantized (quantize_row) and up to kMR
+// rows against one panel over a K block (tile_r).
+struct Avx512Body {
+  template <bool X2>
+  static constexpr int kMR = X2 ? 2 : 3;
+  static constexpr auto quantize_row = ::quantize_row;
+  template <int BITS, bool X2, bool MINS, class S, bool PF>
+  static constexpr auto tile_r = ::tile_r<BITS, X2, MINS, S, PF>;
+};
+struct Avx2Body {  // int4 only (quant_panel_avx2.h)
+  template <bool X2>
+  static constexpr int kMR = X2 ? 2 : avx2::kRows;
+  static constexpr auto quantize_row = avx2::quantize_row;
+  template <int BITS, bool X2, bool MINS, class S, bool PF>
+  static constexpr auto tile_r = avx2::tile_r<X2, MINS, S, PF>;
+};
+
+template <class Body, int BITS, bool X2, bool MINS, class S>
+void gemm(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, const uint8_t* w, int64_t N,
+          const S* scales, const S* mins, int64_t group, const float* bias, float* out, uint16_t* out16,
+          int nthreads) {
+  constexpr int MR = Body::template kMR<X2>;
+  const int64_t nb = K / 32, spg = group / 32, ng = K / group, P = (N + kCols - 1) / kCols;
+  const int64_t panel_bytes = nb * kQuads * (BITS == 8 ? 256 : 128), ntiles = (M + MR - 1) / MR;
+  thread_local std::vector<int8_t> qbuf;
+  thread_local std::vector<float> fbuf;
+  thread_local std::vector<int32_t> ibuf;
+  if ((int64_t)qbuf.size() < 2 * M * K) qbuf.resize(2 * M * K);
+  if ((int64_t)fbuf.size() < 2 * M * nb) fbuf.resize(2 * M * nb);
+  if ((int64_t)ibuf.size() < 2 * M * nb) ibuf.resize(2 * M * nb);
+  // (thread_local: the team's other threads must see this thread's buffers through these pointers)
+  int8_t* const q = qbuf.data();
+  float* const fl = fbuf.data();
+  int32_t* const in = ibuf.data();
+  const XQ xq{q, q + M * K, fl, in, in + M * nb, fl + M * nb, K, nb};
+  const int ntq = (int)std::max<int64_t>(1, std::min<int64_t>(nthreads, M));
+#pragma omp parallel for num_threads(ntq)
+  for (int64_t m = 0; m < M; ++m)
+    Body::quantize_row(x, x_dtype, m * ldx, K, X2, q + m * K, q + M * K + m * K, fl + m * nb, in + m * nb,
+                 in + M * nb + m * nb, fl + M * nb + m * nb);
+  constexpr int64_t kMaxKC = kKCBytes / (kQuads * (BITS == 8 ? 256 : 128));  // blocks of 32 per K block
+  const int64_t nk = (nb + kMaxKC - 1) / kMaxKC, KC = (nb + nk - 1) / nk;
+  const int nt = (int)std::max<int64_t>(1, std::min<int64_t>(nthreads, std::max(P, ntiles)));
+  constexpr int64_t kMC = 64;  // row tiles per pass over a panel block
+  blocked_loop(P, ntiles, nb, KC, 1, kMC, nt, [&](int64_t t, int64_t p, int64_t b0, int64_t kc) {
+    const int64_t m0 = t * MR, r = std::min<int64_t>(MR, M - m0), col = p * kCols;
+    auto fn = t % kMC == 0 ? Body::template tile_r<BITS, X2, MINS, S, true>
+                           : Body::template tile_r<BITS, X2, MINS, S, false>;
+    fn((int)r, xq, m0, w + p * panel_bytes, scales + p * ng * kCols, MINS ? mins + p * ng * kCols : nullptr, b0,
+       b0 + kc, spg, out + m0 * N + col, N, b0 > 0, bias ? bias + col : nullptr,
+       (int)std::min<int64_t>(kCols, N - col), out16 ? out16 + m0 * N + col : nullptr);
+  });
+}
+
+template <class Body, int BITS, bool X2>
+void gemm_s(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, const uint8_t* w, int64_t N,
+            const void* scales, const void* mins, int64_t group, const float* bias, float* out, uint16_t* out16,
+            int nthreads, bool f16) {
+#define HQ_GEMM(MINS, s, mn) gemm<Body, BITS, X2, MINS>(x, x_dtype, M, K, ldx, w, N, s, mn, group, bias, out, out16, nthreads)
+  if (f16) {
+    auto s = static_cast<const uint16_t*>(scales), mn = static_cast<const uint16_t*>(mins);
+    if (BITS == 4 && mins) return HQ_GEMM(true, s, mn);
+    return HQ_GEMM(false, s, mn);
+  }
+  auto s = static_cast<const float*>(scales), mn = static_cast<const float*>(mins);
+  if (BITS == 4 && mins) return HQ_GEMM(true, s, mn);
+  return HQ_GEMM(false, s, mn);
+#undef HQ_GEMM
+}
+
+
 int run(const void* x, int x_dtype, int64_t M, int64_t K, int64_t ldx, const void* w, int code, int64_t N,
         const void* scales, const void* mins, int64_t group, const float* bias, float* out, uint16_t* out16,
         int nthreads, int scale_f16, bool x2) {
-  if (!hk::cpu_has_vnni()) return -1;
+  const bool vnni = hk::cpu_has_vnni();
+  if (!vnni && code != kPanelsInt4) return -1;  // int8 panels: VNNI only (see quant_panel_avx2.h)
   if ((code != kPanelsInt8 && code != kPanelsInt4) || K % 32 || group % 32 || K % group || x_dtype < 0 ||
       x_dtype > 2 || (code == kPanelsInt8 && mins))
     return -2;
   if (M <= 0) return 0;
   const auto wp = static_cast<const uint8_t*>(w);
   const bool f16 = scale_f16 != 0;
-#define HQ_GEMM_S(BITS, X2) gemm_s<BITS, X2>(x, x_dtype, M, K, ldx, wp, N, scales, mins, group, bias, out, out16, \
-                                            nthreads, f16)
-  if (code == kPanelsInt8) {
-    if (x2) HQ_GEMM_S(8, true);
-    else HQ_GEMM_S(8, false);
+#define HQ_GEMM_S(BODY, BITS, X2) gemm_s<BODY, BITS, X2>(x, x_dtype, M, K, ldx, wp, N, scales, mins, group, bias, \
+                                                         out, out16, nthreads, f16)
+  if (!vnni) {
+    if (x2) HQ_GEMM_S(Avx2Body, 4, true);
+    else HQ_GEMM_S(Avx2Body, 4, false);
+  } else if (code == kPanelsInt8) {
+    if (x2) HQ_GEMM_S(Avx512Body, 8, true);
+    else HQ_GEMM_S(Avx512Body, 8, false);
   } else {
-    if (x2) HQ_GEMM_S(4, true);
-    else HQ_GEMM_S(4, false);
+    if (x2) HQ_GEMM_S(Avx512Body, 4, true);
+    else HQ_GEMM_S(Avx512Body, 4, false);
   }
 #undef HQ_GEMM_S
   return 0;
@@ -372,11 +434,10 @@ extern "C" {
 
 // w (rows of blocks of 32 weights, block_bytes apart, the weights from byte header of each: plain int8 [N][ldw] is
 // 32 / 0, plain int4 with GGUF's nibble order 16 / 0, GGUF Q8_0 rows 34 / 2, Q4_0 18 / 2, Q4_1 20 / 4; bits 8 / 4)
-// -> dst (ceil(N / 64) panels, quant.to_panels's layout) over nthreads. Returns 0, -1 without AVX512-VNNI, -2 for a
+// -> dst (ceil(N / 64) panels, quant.to_panels's layout) over nthreads. Returns 0, -2 for a
 // shape it does not take. hq_pack_panels: plain rows.
 int hq_pack_panels_blocks(const void* w, int bits, int64_t N, int64_t K, int64_t ldw, int64_t block_bytes,
                           int64_t header, uint8_t* dst, int nthreads) {
-  if (!hk::cpu_has_vnni()) return -1;
   const int64_t payload = bits == 8 ? 32 : 16;  // bytes of weights per block of 32
   if ((bits != 8 && bits != 4) || K % 32 || N <= 0 || 64 * ldw > INT32_MAX || header < 0 ||
       block_bytes < header + payload || ldw < K / 32 * block_bytes)
@@ -386,8 +447,8 @@ int hq_pack_panels_blocks(const void* w, int bits, int64_t N, int64_t K, int64_t
 #pragma omp parallel num_threads(nt)
   {
     const int64_t t = omp_get_thread_num(), T = omp_get_num_threads();
-    pack_range(static_cast<const uint8_t*>(w), bits, N, K, ldw, block_bytes, header, dst, P * t / T,
-               P * (t + 1) / T);
+    (hk::cpu_has_avx512bw() ? pack_range : pack_range_scalar)(static_cast<const uint8_t*>(w), bits, N, K, ldw,
+                                                              block_bytes, header, dst, P * t / T, P * (t + 1) / T);
   }
   return 0;
 }
@@ -427,8 +488,8 @@ namespace hk_family {
 
 // out [M][N] (fp32) = x [M][K] (row stride ldx; f32 / bf16 / f16) . W^T (+ bias), W in VNNI panels (code
 // kPanelsInt8 / kPanelsInt4, see the layout above; scales and mins per panel [K / group][64], fp16 if scale_f16),
-// The VNNI panel GEMM: x quantized to one int8 term per block of 32, or two (x2: "int8x2"); returns 0, -1 without
-// AVX512-VNNI, -2 for a shape or code it does not take. With out16, the result rounded to bf16 (nearest
+// The panel GEMM (AVX512-VNNI's body, else AVX2's, quant_panel_avx2.h): x quantized to one int8 term per block of
+// 32, or two (x2: "int8x2"); returns 0, -2 for a shape or code it does not take. With out16, the result rounded to bf16 (nearest
 // even, as the fp32 result's .to(torch.bfloat16)) into out16 [M][N], no fp32 output pass, and partial fp32 [M][N]
 // scratch for the partial sums of K blocks before the last (untouched where K fits one block); with out16 null,
 // the fp32 result into partial.
