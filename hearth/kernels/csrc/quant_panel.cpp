@@ -1,6 +1,7 @@
 // Quantized weights (int8, or int4 with or without mins) in 64-column panels, multiplied in broadcast form by
-// AVX512-VNNI integer dot products (vpdpbusd: 64 u8 x s8 multiply-adds per instruction): the quantized counterpart
-// of panel_dot.cpp, one kernel for every row count (decode steps of 1-64 rows and prompt steps alike).
+// AVX512-VNNI integer dot products (vpdpbusd: 64 u8 x s8 multiply-adds per instruction), or for int4 on AVX2 by
+// vpmaddubsw (quant_panel_avx2.h, the same panels): the quantized counterpart of panel_dot.cpp, one kernel for every
+// row count (decode steps of 1-64 rows and prompt steps alike).
 //
 // Layout (packed at load by hearth.kernels.quant.to_panels from the plain rows): P = ceil(N / 64) panels; panel p,
 // k quad j (k = 4j .. 4j + 3) holds 64 columns x 4 k as unsigned bytes, column-major within 32-bit lanes:
