@@ -1,4 +1,4 @@
-// The panel GEMM on plain AVX2 (Haswell .. Zen 3): the panels of quant_panel.cpp, byte for byte, multiplied in
+// The panel GEMM on CPUs with AVX2 and no VNNI: the panels of quant_panel.cpp, byte for byte, multiplied in
 // broadcast form by vpmaddubsw. Included by quant_panel.cpp inside its anonymous namespace, outside its AVX-512
 // region; everything here is compiled for AVX2 + FMA + F16C only.
 //
