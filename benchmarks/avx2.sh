@@ -1,14 +1,18 @@
 #!/bin/bash
-# hearth in forced AVX2 mode (HEARTH_KERNELS_ISA=avx2) against an AVX2-only llama.cpp (benchmarks/llama_avx2.sh) on
-# the same Q4_0 GGUF, Qwen2.5-0.5B shape: batch-1 decode (16 in / 64 out), decode at 8 and 32 in flight (128 in /
+# hearth against llama.cpp on AVX2: on an AVX2-only CPU both natively; on an AVX-512 host hearth in forced AVX2 mode
+# (HEARTH_KERNELS_ISA=avx2) against an AVX2-only llama.cpp (benchmarks/llama_avx2.sh). The same Q4_0 GGUF, Qwen2.5-0.5B shape: batch-1 decode (16 in / 64 out), decode at 8 and 32 in flight (128 in /
 # 64 out: hearth bench latency --batch-size N against llama-batched-bench's S_TG), one 512-token prefill (against
 # llama-bench pp512). The two alternate, a round each; each side records what ISA it ran.
 # usage: benchmarks/avx2.sh [ROUNDS]
 set -e
 source "$(dirname "$0")/env.sh"
-LLAMA_AVX2=${LLAMA_AVX2_BIN:-$PEERS/llamacpp/llama.cpp/build-avx2/bin}
 M=$(hearth_model $QW q4_0)
-export HEARTH_KERNELS_ISA=avx2
+if grep -qw avx512f /proc/cpuinfo; then  # an AVX-512 host: both sides held to AVX2
+  export HEARTH_KERNELS_ISA=avx2
+  LLAMA_AVX2=${LLAMA_AVX2_BIN:-$PEERS/llamacpp/llama.cpp/build-avx2/bin}
+else  # an AVX2-only CPU: both native (llama.cpp's GGML_NATIVE build is its AVX2 build here)
+  LLAMA_AVX2=${LLAMA_AVX2_BIN:-$LLAMA_BIN}
+fi
 hearth_rows() {  # ROUND
   local out=$RESULTS/avx2_hearth_r$1
   "$HEARTH" bench latency "$M" --input-len 16 --output-len 64 --batch-size 1 --num-iters 3 --warmup 1 \

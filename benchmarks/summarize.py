@@ -219,8 +219,15 @@ def avx2(results: str) -> dict[str, dict[str, list[float]]]:
     return out
 
 
-def _avx2_table(rows: dict[str, dict[str, list[float]]]) -> list[str]:
-    lines = ["| case | llama.cpp (AVX2 build), per round | hearth (forced AVX2), per round | hearth / llama.cpp, "
+def _avx2_forced(results: str) -> bool:
+    """Whether avx2.sh ran hearth in forced AVX2 mode (an AVX-512 host), from the ISA line it records."""
+    path = os.path.join(results, "avx2_isa.txt")
+    return not os.path.exists(path) or "HEARTH_KERNELS_ISA=avx2" in open(path).read()
+
+
+def _avx2_table(rows: dict[str, dict[str, list[float]]], forced: bool = True) -> list[str]:
+    side = "hearth (forced AVX2)" if forced else "hearth"
+    lines = [f"| case | llama.cpp (AVX2 build), per round | {side}, per round | hearth / llama.cpp, "
              "per round | median ratio |", "|---|---|---|---|---|"]
     for label, row in rows.items():
         ratios = [h / p for h, p in zip(row["hearth"], row["llama.cpp"])]
@@ -257,13 +264,18 @@ def render(results: str) -> list[str]:
                   "|---|---|", *(f"| {'bf16 folder' if v == 'bf16' else v.upper() + ' GGUF'} | {_fmt(xs, '{:.1f}')} |"
                                  for v, xs in rows.items()), ""]
     if rows := avx2(results):
-        lines += ["## AVX2: hearth in forced AVX2 mode against an AVX2-only llama.cpp (issue 55)", "",
-                  f"`benchmarks/avx2.sh` (llama.cpp from `benchmarks/llama_avx2.sh`), Qwen2.5-0.5B shape Q4_0, the "
-                  f"same GGUF, 2 threads. {_meta(results, 'avx2')} An AVX-512 host with HEARTH_KERNELS_ISA=avx2 "
-                  "(hearth's kernels, dispatch and torch's kernels held to AVX2) against a llama.cpp built with "
-                  "GGML_NATIVE=OFF, AVX2 on, AVX-512 / VNNI / AMX off; the two alternate, a round each. Decode at "
-                  "N in flight: `hearth bench latency --batch-size N` against llama-batched-bench's S_TG.", "",
-                  *_avx2_table(rows), ""]
+        if _avx2_forced(results):
+            title, how = ("hearth in forced AVX2 mode against an AVX2-only llama.cpp", "An AVX-512 host with "
+                          "HEARTH_KERNELS_ISA=avx2 (hearth's kernels, dispatch and torch's kernels held to AVX2) "
+                          "against a llama.cpp built with GGML_NATIVE=OFF, AVX2 on, AVX-512 / VNNI / AMX off")
+        else:
+            title, how = ("hearth against llama.cpp on an AVX2-only CPU", "A CPU without AVX-512 or VNNI: both "
+                          "natively (llama.cpp's GGML_NATIVE build)")
+        lines += [f"## AVX2: {title} (issue 55)", "",
+                  f"`benchmarks/avx2.sh`, Qwen2.5-0.5B shape Q4_0 (its tied head Q8_0, as llama-quantize writes "
+                  f"it), the same GGUF, 2 threads. {_meta(results, 'avx2')} {how}; the two alternate, a round each. "
+                  "Decode at N in flight: `hearth bench latency --batch-size N` against llama-batched-bench's S_TG.",
+                  "", *_avx2_table(rows, _avx2_forced(results)), ""]
     if rows := ab(results):
         lines += ["## Before / after (issue 43, architecture step 2: one engine client, token ids only in the engine, "
                   "configuration declared once)", "",
