@@ -220,26 +220,21 @@ class ProcessEngine:
         worker that is not serving says nothing here: generate() reports that."""
         if self.info is None or self.dead is not None:
             return
-        qid = next(self._sids)
-        fut = asyncio.get_running_loop().create_future()
-        self._checks[qid] = fut
-        self._send_quiet(wp.CheckStructured(qid, spec))
-        try:
-            error = await fut
-        finally:
-            self._checks.pop(qid, None)
-        if error is not None:
-            raise error
+        await self._ask(lambda qid: wp.CheckStructured(qid, spec))
 
     async def add_lora(self, lora: LoRARequest) -> None:
         """The worker reads and adds the adapter; its LoRAError is raised here."""
         if self.info is None or self.dead is not None:
             raise EngineDeadError(f"the engine of {self.opts.name!r} is not running: cannot add LoRA adapter "
                                   f"{lora.lora_name!r}")
+        await self._ask(lambda qid: wp.AddLoRA(qid, lora))
+
+    async def _ask(self, message) -> None:
+        """Send message(qid) to the worker and wait for its answer to qid: the error it carries is raised here."""
         qid = next(self._sids)
         fut = asyncio.get_running_loop().create_future()
         self._checks[qid] = fut
-        self._send_quiet(wp.AddLoRA(qid, lora))
+        self._send_quiet(message(qid))
         try:
             error = await fut
         finally:
