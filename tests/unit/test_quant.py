@@ -407,14 +407,21 @@ def test_a_rows_dot_result_does_not_depend_on_the_rows_beside_it(K: int) -> None
     if K % 256 == 0:  # GGUF Q6_K in 6-bit tiles (an LM head)
         q6 = torch.from_numpy(np.ascontiguousarray(_k_blocks(Q.Q6_K, n, K, seed=K)))
         weights.append(gguf_w.repack_q6_tiles(GGUFBlocks(int(Q.Q6_K), (n, K), q6)))
+    # int8 in groups (GGUF Q8_0's 32 with fp16 scales, 64, 16-weight groups), a -128 weight, and an odd row count
+    # (int8 rows take 2 weight rows per tile at several x rows)
+    q8 = quantize.quantize_int8(w, 32)
+    q8.data[0, 0] = -128
+    weights += [q8, dataclasses.replace(q8, scales=q8.scales.half()), quantize.quantize_int8(w, 64),
+                quantize.quantize_int8(w, 16), quantize.quantize_int8(w[:n - 1])]
     bias = torch.randn(n, generator=g)
     x = torch.randn(rows, K, generator=g)
     for qw in weights:
+        b = bias[:qw.shape[0]]
         for act in ("int8", "int8x2"):
-            alone = torch.cat([apply.run(x[m:m + 1], qw, bias, kernels.ISA_AVX2, act) for m in range(rows)])
-            _close(alone, _reference(x, reference.dequantize(qw), bias), tol=0.05)  # (a wrong kernel fails here)
+            alone = torch.cat([apply.run(x[m:m + 1], qw, b, kernels.ISA_AVX2, act) for m in range(rows)])
+            _close(alone, _reference(x, reference.dequantize(qw), b), tol=0.05)  # (a wrong kernel fails here)
             for m in (2, 3, 4, 6, 9):
-                got = apply.run(x[:m], qw, bias, kernels.ISA_AVX2, act)
+                got = apply.run(x[:m], qw, b, kernels.ISA_AVX2, act)
                 assert torch.equal(got, alone[:m]), (layouts.of(qw).name, act, m)
 
 

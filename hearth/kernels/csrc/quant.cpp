@@ -167,7 +167,8 @@ struct XQ {
   int64_t ld_d, ld_xs;
   const int8_t* q2;   // two-term mode ("int8x2"): the residual's int8 [M][K], same layout as q; else nullptr
   const float* dn;    // int4: [M][nb] dx per block in natural order (the folded M = 1 loops); else nullptr
-  const int16_t* x16; // one-row chunk, int8 weights (not 16-weight groups), AVX-512: q widened (int8x2: 254 q + q2)
+  const int16_t* x16; // int8 weights, q widened (int8x2: 254 q + q2): AVX-512, one-row chunks (not 16-weight groups),
+                      // natural order; AVX2, M > 1: [M][K], each block's even-indexed then odd-indexed values
 };
 
 // Scale / min i of a Problem (the float dequantizing paths; the integer-dot kernels read them vectorized).
@@ -427,7 +428,8 @@ static int linear_dot(const void* x, int x_dtype, int64_t M, int64_t K, int64_t 
   const int64_t mb_max = std::min(MB, M);
   std::vector<int8_t> q(mb_max * K), q2(x2 ? mb_max * K : 0);
   std::vector<float> d(mb_max * ld_d), xs(std::max<int64_t>(1, mb_max * ld_xs)), dn(int4 ? mb_max * nb + 8 : 0);
-  std::vector<int16_t> x16(M == 1 && code == 0 ? K : 0);
+  const bool split16 = code == 0 && M > 1 && !use_vnni && !use_bw;  // AVX2's tile_i8_x16
+  std::vector<int16_t> x16(code == 0 ? (split16 ? mb_max * K : K) : 0);
   for (int64_t m0 = 0; m0 < M; m0 += MB) {
     const int64_t mb = std::min(MB, M - m0);
     for (int64_t m = 0; m < mb; ++m)
@@ -442,8 +444,12 @@ static int linear_dot(const void* x, int x_dtype, int64_t M, int64_t K, int64_t 
     const bool wide = M == 1 && code == 0 && group != 16 && (use_vnni || use_bw);
     if (wide)
       for (int64_t k = 0; k < K; ++k) x16[k] = int16_t(x2 ? 254 * q[k] + q2[k] : q[k]);
+    if (split16)
+      for (int64_t i = 0; i < mb * K; i += 32)
+        for (int64_t j = 0; j < 32; ++j)
+          x16[i + (j % 2) * 16 + j / 2] = int16_t(x2 ? 254 * q[i + j] + q2[i + j] : q[i + j]);
     const XQ xq{q.data(), d.data(), int4 ? xs.data() : nullptr, ld_d, ld_xs, x2 ? q2.data() : nullptr,
-                int4 ? dn.data() : nullptr, wide ? x16.data() : nullptr};
+                int4 ? dn.data() : nullptr, wide || split16 ? x16.data() : nullptr};
     // Rows in units of 4 (the M = 1 tile): split evenly between threads, or for M = 1 in ~16 chunks per thread.
     auto rows = [&](int64_t c0, int64_t c1) {
       const int64_t n0 = c0 * 4, n1 = std::min(N, c1 * 4);

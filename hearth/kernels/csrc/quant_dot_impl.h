@@ -124,6 +124,9 @@ static void run_dot_t(const Problem& a, const XQ& xq, int64_t n_begin, int64_t n
     }
     return;
   }
+#if !HQ_ZMM
+  if (xq.x16 && !a.int4) return run_i8_x16(a, xq, n_begin, n_end);  // int8 weights, M > 1 (linear_dot)
+#endif
   if (a.M > 1 && u4_g32(a)) {  // as the tiles above, so that both layouts give the same results
     for (; n_begin + 4 <= n_end; n_begin += 4)
       for (int64_t m = 0; m < a.M; ++m) {

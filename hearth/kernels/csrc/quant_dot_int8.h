@@ -120,3 +120,93 @@ static inline void micro_i8(const Problem& a, const XQ& xq, int64_t m0, int64_t 
     }
 }
 
+#if !HQ_ZMM
+// int8 weights on AVX2 with x widened to int16 (XQ::x16: q1, or 254 q1 + q2 in int8x2 mode, each block's 32
+// values stored as its 16 even-indexed then its 16 odd-indexed ones). A 32-byte weight load is split into the
+// sign-extended even and odd bytes of its 16-bit words (two shifts), and per x row two vpmaddwd give lane j =
+// products 4j .. 4j + 3: the very int32 lanes micro_i8's sign / maddubs / madd chain gives (and its 254 A + B in
+// int8x2 mode), so results are micro_i8's bit for bit. ~5 vector ops per x row and block against micro_i8's ~10
+// in int8x2 mode, and each weight row is loaded and widened once for MR x rows.
+template <int MR, int NR, int kSpg, class S>
+static inline void tile_i8_x16(const Problem& a, const XQ& xq, int64_t m0, int64_t n0, int64_t rs = 1) {
+  const int64_t nb = a.K / 32, spg = a.sb_per_group;
+  __m256 acc[MR][NR];
+  for (int m = 0; m < MR; ++m)
+    for (int r = 0; r < NR; ++r) acc[m][r] = _mm256_setzero_ps();
+  const int8_t* w[NR];
+  const S* sc[NR];
+  for (int r = 0; r < NR; ++r) {
+    w[r] = static_cast<const int8_t*>(a.w) + (n0 + r * rs) * a.ldw;
+    sc[r] = static_cast<const S*>(a.scales) + (n0 + r * rs) * a.ldg;
+  }
+  for (int64_t b = 0; b < nb; ++b) {
+    __m256i we[NR], wo[NR];
+    for (int r = 0; r < NR; ++r) {
+      _mm_prefetch(reinterpret_cast<const char*>(w[r] + b * 32) + kPrefetchBytes, _MM_HINT_T0);  // see micro_u4
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[r] + b * 32));
+      we[r] = _mm256_srai_epi16(_mm256_slli_epi16(v, 8), 8);
+      wo[r] = _mm256_srai_epi16(v, 8);
+    }
+    for (int m = 0; m < MR; ++m) {
+      const int16_t* x = xq.x16 + (m0 + m) * a.K + b * 32;
+      const __m256i xe = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
+      const __m256i xo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 16));
+      const float dx = xq.d[(m0 + m) * xq.ld_d + b];
+      for (int r = 0; r < NR; ++r) {
+        const __m256i p = _mm256_add_epi32(_mm256_madd_epi16(we[r], xe), _mm256_madd_epi16(wo[r], xo));
+        __m256 f;
+        if constexpr (kSpg == -1)
+          f = _mm256_set1_ps(dx);
+        else if constexpr (kSpg == -2)
+          f = _mm256_mul_ps(_mm256_set1_ps(dx), pair_scales<1, S>(sc[r], b, 1));
+        else
+          f = _mm256_set1_ps(dx * to_f32(sc[r][group_of<kSpg>(b, spg)]));
+        acc[m][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), f, acc[m][r]);
+      }
+    }
+  }
+  for (int m = 0; m < MR; ++m)
+    for (int r = 0; r < NR; ++r) {  // (as micro_i8)
+      const int64_t n = n0 + r * rs;
+      float s = hsum8(acc[m][r]);
+      if (kSpg == -1)
+        s = a.bias ? __builtin_fmaf(s, to_f32(sc[r][0]), a.bias[n]) : s * to_f32(sc[r][0]);
+      else if (a.bias)
+        s += a.bias[n];
+      a.out[(m0 + m) * ldo_of(a) + n] = s;
+    }
+}
+
+template <int MR, int NR, class S>
+static inline void tile_i8_x16_s(const Problem& a, const XQ& xq, int64_t m0, int64_t n0, int64_t rs = 1) {
+  const int64_t spg = a.sb_per_group;
+  if (spg * 32 == a.K) return tile_i8_x16<MR, NR, -1, S>(a, xq, m0, n0, rs);
+  switch (spg) {
+    case 0: return tile_i8_x16<MR, NR, -2, S>(a, xq, m0, n0, rs);
+    case 1: return tile_i8_x16<MR, NR, 1, S>(a, xq, m0, n0, rs);
+    case 2: return tile_i8_x16<MR, NR, 2, S>(a, xq, m0, n0, rs);
+    case 4: return tile_i8_x16<MR, NR, 4, S>(a, xq, m0, n0, rs);
+    default: return tile_i8_x16<MR, NR, 0, S>(a, xq, m0, n0, rs);
+  }
+}
+
+template <int MR, int NR>
+static inline void tile_i8_x16_mr(int mr, const Problem& a, const XQ& xq, int64_t m0, int64_t n0, int64_t rs = 1) {
+  if constexpr (MR >= 1) {
+    if (mr != MR) return tile_i8_x16_mr<MR - 1, NR>(mr, a, xq, m0, n0, rs);
+    a.sf16 ? tile_i8_x16_s<MR, NR, uint16_t>(a, xq, m0, n0, rs) : tile_i8_x16_s<MR, NR, float>(a, xq, m0, n0, rs);
+  }
+}
+
+// Output rows [n_begin, n_end) of int8 weights for all x rows: kI8MR x rows by kI8NR weight rows per tile.
+constexpr int64_t kI8MR = 4, kI8NR = 2;
+static void run_i8_x16(const Problem& a, const XQ& xq, int64_t n_begin, int64_t n_end) {
+  int64_t n = n_begin;
+  for (; n + kI8NR <= n_end; n += kI8NR)
+    for (int64_t m0 = 0; m0 < a.M; m0 += kI8MR)
+      tile_i8_x16_mr<kI8MR, kI8NR>((int)std::min(kI8MR, a.M - m0), a, xq, m0, n);
+  for (; n < n_end; ++n)
+    for (int64_t m0 = 0; m0 < a.M; m0 += kI8MR)
+      tile_i8_x16_mr<kI8MR, 1>((int)std::min(kI8MR, a.M - m0), a, xq, m0, n);
+}
+#endif
