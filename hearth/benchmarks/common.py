@@ -1,12 +1,19 @@
-"""Shared pieces of `hearth bench`: seeded random prompts, percentiles, the printed table, the JSON file."""
+"""Shared pieces of `hearth bench`: seeded random prompts, percentiles, the printed table, the JSON file, and the
+streaming /v1/completions client that `bench serve` and `bench lab` both drive."""
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import random
 import statistics
+import time
 from collections.abc import Iterable, Sequence
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import httpx
 
 # A fixed word list for text prompts (servers that do not take token ids, e.g. llama-server).
 WORDS = (  # noqa: SIM905
@@ -132,3 +139,125 @@ def parse_int_list(text: str) -> list[int]:
     if not values or any(v < 1 for v in values):
         raise ValueError(f"expected integers >= 1, got {text!r}")
     return values
+
+
+# ---- the OpenAI-compatible streaming client (hearth, vLLM, llama-server)
+
+def add_client_args(p: argparse.ArgumentParser) -> None:
+    """The flags of every mode that loads a running server: where it is, how to prompt it, how to start it."""
+    p.add_argument("--base-url", default="http://127.0.0.1:8000", help="server root (a trailing /v1 is fine)")
+    p.add_argument("--model", default=None, help="model name to send (default: the first of GET /v1/models)")
+    p.add_argument("--prompt-mode", choices=["token-ids", "text"], default="token-ids",
+                   help="send prompts as token-id lists (hearth, vLLM) or as random words (llama-server)")
+    p.add_argument("--tokenizer", default=None,
+                   help="tokenizer folder: draw prompt ids from its vocabulary, skipping special tokens")
+    p.add_argument("--token-id-range", default="100:10000",
+                   help="LOW:HIGH range of prompt token ids when no --tokenizer is given")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds allowed per request")
+    p.add_argument("--api-key", default=None, help="sent as a Bearer token")
+    p.add_argument("--launch", default=None, metavar="COMMAND",
+                   help="start this server command first: reports seconds until /health is OK and its peak RSS "
+                        "(children included), and stops it afterwards")
+    p.add_argument("--launch-timeout", type=float, default=600.0, help="seconds to wait for /health")
+
+
+def server_root(base_url: str) -> str:
+    """http://host:port from a --base-url with or without /v1."""
+    return base_url.rstrip("/").removesuffix("/v1")
+
+
+def token_sampler(ns: argparse.Namespace) -> TokenSampler | None:
+    """The prompt-id sampler of --tokenizer / --token-id-range; None with --prompt-mode text."""
+    if ns.prompt_mode == "text":
+        return None
+    if ns.tokenizer:
+        from hearth.tokenizer import Tokenizer
+
+        return TokenSampler.for_tokenizer(Tokenizer.from_folder(ns.tokenizer))
+    try:
+        low, high = (int(x) for x in ns.token_id_range.split(":"))
+    except ValueError:
+        raise ValueError(f"--token-id-range must be LOW:HIGH, got {ns.token_id_range!r}") from None
+    return TokenSampler(low, high)
+
+
+def async_client(ns: argparse.Namespace, connections: int) -> httpx.AsyncClient:
+    """One client for a whole run: --timeout per request, --api-key, enough connections for every request in flight."""
+    import httpx  # here: every command imports the bench modules to build the CLI
+
+    headers = {"Authorization": f"Bearer {ns.api_key}"} if ns.api_key else {}
+    limits = httpx.Limits(max_connections=connections + 4, max_keepalive_connections=connections + 4)
+    return httpx.AsyncClient(timeout=httpx.Timeout(ns.timeout, connect=30.0), limits=limits, headers=headers)
+
+
+async def first_model(client: httpx.AsyncClient, root: str) -> str:
+    """The model a server serves first (GET /v1/models), for runs without --model."""
+    resp = await client.get(f"{root}/v1/models")
+    resp.raise_for_status()
+    return resp.json()["data"][0]["id"]
+
+
+@dataclass
+class RequestResult:
+    ok: bool = False
+    error: str = ""
+    ttft_s: float = 0.0
+    e2e_s: float = 0.0
+    itl_s: list[float] = field(default_factory=list)  # gaps between successive chunks with choices
+    output_tokens: int = 0
+    prompt_tokens: int | None = None
+    chunks: int = 0
+
+
+def completion_payload(model: str, prompt: str | list[int], max_tokens: int) -> dict:
+    """A streaming, greedy, fixed-length /v1/completions body, usage in the last chunk."""
+    return {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True,
+            "stream": True, "stream_options": {"include_usage": True}}
+
+
+async def stream_completion(client: httpx.AsyncClient, url: str, payload: dict) -> RequestResult:
+    """One streamed request, timed per chunk: TTFT is send -> first chunk with choices; output tokens are the usage
+    chunk's when the server sends one (a random-weight model's tokens often decode to no text), else one per chunk."""
+    import httpx
+
+    res = RequestResult()
+    t0 = time.perf_counter()
+    last = t0
+    try:
+        async with client.stream("POST", url, json=payload) as resp:
+            if resp.status_code != 200:
+                body = (await resp.aread()).decode(errors="replace")
+                res.error = f"HTTP {resp.status_code}: {body[:300]}"
+                return res
+            async for line in resp.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    break
+                chunk = json.loads(data)
+                if "error" in chunk:
+                    res.error = f"stream error: {str(chunk['error'])[:300]}"
+                    return res
+                now = time.perf_counter()
+                if chunk.get("choices"):
+                    if res.chunks == 0:
+                        res.ttft_s = now - t0
+                    else:
+                        res.itl_s.append(now - last)
+                    last = now
+                    res.chunks += 1
+                usage = chunk.get("usage")
+                if usage:
+                    res.output_tokens = usage.get("completion_tokens") or res.output_tokens
+                    res.prompt_tokens = usage.get("prompt_tokens", res.prompt_tokens)
+    except (httpx.HTTPError, json.JSONDecodeError) as e:
+        res.error = f"{type(e).__name__}: {e}"
+        return res
+    res.e2e_s = time.perf_counter() - t0
+    if res.chunks == 0:
+        res.error = "the stream ended without any token"
+        return res
+    res.output_tokens = res.output_tokens or res.chunks
+    res.ok = True
+    return res

@@ -105,6 +105,11 @@ class LaunchedServer:
             raise RuntimeError(f"{e}; its log ({self.log_path}) ends:\n{tail}") from None
         self.startup_s = time.perf_counter() - t0
 
+    def summary(self) -> dict:
+        """What a bench result records about the server it launched."""
+        return {"command": self.command, "startup_s": self.startup_s, "peak_rss_mb": self.peak_rss_bytes / 2**20,
+                "log": self.log_path}
+
     def _sample(self) -> None:
         while not self._stop.is_set():
             self.peak_rss_bytes = max(self.peak_rss_bytes, tree_rss_bytes(self.proc.pid))

@@ -11,17 +11,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
 import time
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import httpx
 
 from hearth.benchmarks.common import (
-    TokenSampler,
+    RequestResult,
+    add_client_args,
+    async_client,
+    completion_payload,
+    first_model,
     mean,
     parse_int_list,
     percentile,
@@ -29,102 +31,24 @@ from hearth.benchmarks.common import (
     print_table,
     random_prompts,
     random_text_prompts,
+    server_root,
+    stream_completion,
+    token_sampler,
     write_json,
 )
 from hearth.benchmarks.launch import launched
 
 
-@dataclass
-class RequestResult:
-    ok: bool = False
-    error: str = ""
-    ttft_s: float = 0.0
-    e2e_s: float = 0.0
-    itl_s: list[float] = field(default_factory=list)
-    output_tokens: int = 0
-    prompt_tokens: int | None = None
-    chunks: int = 0
-
-
 def add_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--base-url", default="http://127.0.0.1:8000", help="server root (a trailing /v1 is fine)")
-    p.add_argument("--model", default=None, help="model name to send (default: the first of GET /v1/models)")
+    add_client_args(p)
     p.add_argument("--num-prompts", type=int, default=32, help="requests per concurrency level")
     p.add_argument("--max-concurrency", default="8", help="requests in flight; a list like 1,4,8 runs each level")
     p.add_argument("--input-len", type=int, default=128, help="prompt tokens (words with --prompt-mode text)")
     p.add_argument("--output-len", type=int, default=64, help="max_tokens, with ignore_eos")
-    p.add_argument("--prompt-mode", choices=["token-ids", "text"], default="token-ids",
-                   help="send prompts as token-id lists (hearth, vLLM) or as random words (llama-server)")
-    p.add_argument("--tokenizer", default=None,
-                   help="tokenizer folder: draw prompt ids from its vocabulary, skipping special tokens")
-    p.add_argument("--token-id-range", default="100:10000",
-                   help="LOW:HIGH range of prompt token ids when no --tokenizer is given")
     p.add_argument("--seed", type=int, default=0, help="prompt seed")
     p.add_argument("--warmup", type=int, default=1, help="untimed requests first (short)")
-    p.add_argument("--timeout", type=float, default=600.0, help="seconds allowed per request")
-    p.add_argument("--api-key", default=None, help="sent as a Bearer token")
-    p.add_argument("--launch", default=None, metavar="COMMAND",
-                   help="start this server command first: reports seconds until /health is OK and its peak RSS "
-                        "(children included), and stops it afterwards")
-    p.add_argument("--launch-timeout", type=float, default=600.0, help="seconds to wait for /health")
     p.add_argument("--plot", default=None, metavar="FILE.png",
                    help="PNG of latency percentiles and throughput against concurrency (needs matplotlib)")
-
-
-def _root(base_url: str) -> str:
-    root = base_url.rstrip("/")
-    return root.removesuffix("/v1")
-
-
-async def _one_request(client: httpx.AsyncClient, url: str, payload: dict) -> RequestResult:
-    import httpx
-
-    res = RequestResult()
-    t0 = time.perf_counter()
-    last = t0
-    try:
-        async with client.stream("POST", url, json=payload) as resp:
-            if resp.status_code != 200:
-                body = (await resp.aread()).decode(errors="replace")
-                res.error = f"HTTP {resp.status_code}: {body[:300]}"
-                return res
-            async for line in resp.aiter_lines():
-                if not line.startswith("data:"):
-                    continue
-                data = line[5:].strip()
-                if data == "[DONE]":
-                    break
-                chunk = json.loads(data)
-                if "error" in chunk:
-                    res.error = f"stream error: {str(chunk['error'])[:300]}"
-                    return res
-                now = time.perf_counter()
-                if chunk.get("choices"):
-                    if res.chunks == 0:
-                        res.ttft_s = now - t0
-                    else:
-                        res.itl_s.append(now - last)
-                    last = now
-                    res.chunks += 1
-                usage = chunk.get("usage")
-                if usage:
-                    res.output_tokens = usage.get("completion_tokens") or res.output_tokens
-                    res.prompt_tokens = usage.get("prompt_tokens", res.prompt_tokens)
-    except (httpx.HTTPError, json.JSONDecodeError) as e:
-        res.error = f"{type(e).__name__}: {e}"
-        return res
-    res.e2e_s = time.perf_counter() - t0
-    if res.chunks == 0:
-        res.error = "the stream ended without any token"
-        return res
-    res.output_tokens = res.output_tokens or res.chunks
-    res.ok = True
-    return res
-
-
-def _payload(model: str, prompt, max_tokens: int) -> dict:
-    return {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True,
-            "stream": True, "stream_options": {"include_usage": True}}
 
 
 async def _run_level(client: httpx.AsyncClient, url: str, model: str, prompts: list, output_len: int,
@@ -133,7 +57,7 @@ async def _run_level(client: httpx.AsyncClient, url: str, model: str, prompts: l
 
     async def limited(prompt) -> RequestResult:
         async with sem:
-            return await _one_request(client, url, _payload(model, prompt, output_len))
+            return await stream_completion(client, url, completion_payload(model, prompt, output_len))
 
     t0 = time.perf_counter()
     results = await asyncio.gather(*(limited(p) for p in prompts))
@@ -166,31 +90,10 @@ def _make_prompts(ns: argparse.Namespace, num: int, seed: int) -> list:
     return random_prompts(ns._sampler, num, ns.input_len, seed)
 
 
-def _sampler(ns: argparse.Namespace) -> TokenSampler:
-    if ns.tokenizer:
-        from hearth.tokenizer import Tokenizer
-
-        return TokenSampler.for_tokenizer(Tokenizer.from_folder(ns.tokenizer))
-    try:
-        low, high = (int(x) for x in ns.token_id_range.split(":"))
-    except ValueError:
-        raise ValueError(f"--token-id-range must be LOW:HIGH, got {ns.token_id_range!r}") from None
-    return TokenSampler(low, high)
-
-
 async def _bench(ns: argparse.Namespace, levels: list[int]) -> tuple[str, list[dict]]:
-    import httpx  # here: `hearth serve` and every other command import this module to build the CLI
-
-    root = _root(ns.base_url)
-    headers = {"Authorization": f"Bearer {ns.api_key}"} if ns.api_key else {}
-    limits = httpx.Limits(max_connections=max(levels) + 4, max_keepalive_connections=max(levels) + 4)
-    async with httpx.AsyncClient(timeout=httpx.Timeout(ns.timeout, connect=30.0), limits=limits,
-                                 headers=headers) as client:
-        model = ns.model
-        if model is None:
-            resp = await client.get(f"{root}/v1/models")
-            resp.raise_for_status()
-            model = resp.json()["data"][0]["id"]
+    root = server_root(ns.base_url)
+    async with async_client(ns, max(levels)) as client:
+        model = ns.model or await first_model(client, root)
         url = f"{root}/v1/completions"
         if ns.warmup:
             warm = _make_prompts(ns, ns.warmup, seed=ns.seed * 1000 + 999)
@@ -215,15 +118,14 @@ def run(ns: argparse.Namespace) -> dict:
         from hearth.benchmarks.plot import require_matplotlib
 
         require_matplotlib()
-    ns._sampler = _sampler(ns) if ns.prompt_mode == "token-ids" else None
+    ns._sampler = token_sampler(ns)
     launch_info = None
     with launched(ns) as server:
         if server:
             print(f"server up in {server.startup_s:.1f} s (log: {server.log_path})")
         model, runs = asyncio.run(_bench(ns, levels))
     if server:
-        launch_info = {"command": ns.launch, "startup_s": server.startup_s,
-                       "peak_rss_mb": server.peak_rss_bytes / 2**20, "log": server.log_path}
+        launch_info = server.summary()
     data = {"mode": "serve", "base_url": ns.base_url, "model": model, "prompt_mode": ns.prompt_mode,
             "num_prompts": ns.num_prompts, "input_len": ns.input_len, "output_len": ns.output_len,
             "launch": launch_info, "runs": runs}
