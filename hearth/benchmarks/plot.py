@@ -1,4 +1,5 @@
-"""The PNG for `hearth bench serve --plot`: latency percentiles and throughput against concurrency."""
+"""The PNGs of `hearth bench serve --plot` (latency percentiles and throughput against concurrency) and `hearth bench
+lab --plot` (TTFT, decode speed and throughput against students, the SLO drawn in)."""
 from __future__ import annotations
 
 
@@ -36,6 +37,38 @@ def plot_serve(runs: list[dict], path: str, title: str) -> None:
         ax.grid(alpha=0.3)
         ax.legend()
     fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    print(f"wrote {path}")
+
+
+def plot_lab(data: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = data["runs"]
+    xs = [r["students"] for r in runs]
+    fig, (ax_ttft, ax_dec, ax_tp) = plt.subplots(1, 3, figsize=(15, 4.5))
+    ax_ttft.plot(xs, [r["ttft_s_p50"] for r in runs], "o-", label="TTFT p50")
+    ax_ttft.plot(xs, [r["ttft_s_p95"] for r in runs], "o--", label="TTFT p95")
+    ax_ttft.axhline(data["ttft_slo_s"], color="red", lw=1, label="SLO (p95)")
+    ax_ttft.set(xlabel="students", ylabel="s", title="time to first token")
+    ax_dec.plot(xs, [r["decode_tok_s_p10"] for r in runs], "o--", label="decode p10 (slowest tenth)")
+    ax_dec.plot(xs, [r["decode_tok_s_p50"] for r in runs], "o-", label="decode p50")
+    ax_dec.axhline(data["min_decode_tok_s"], color="red", lw=1, label="SLO (p10)")
+    ax_dec.set(xlabel="students", ylabel="tokens/s per answer", title="answer streaming speed")
+    ax_tp.plot(xs, [r["output_tok_s"] for r in runs], "o-", label="output tok/s, all students")
+    ax_tp.set(xlabel="students", ylabel="tokens/s", title="throughput")
+    for ax in (ax_ttft, ax_dec, ax_tp):
+        ax.set_xticks(xs)
+        ax.grid(alpha=0.3)
+        ax.legend()
+    largest = data["largest_holding"]
+    fig.suptitle(f"{data['model']}: {data['preamble_len']} + {data['question_len']} in / {data['output_len']} out; "
+                 + (f"holds {largest} students" if largest else "no level holds"))
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
