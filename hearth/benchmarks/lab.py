@@ -5,11 +5,13 @@ think time to read it, then the next question. Any OpenAI-compatible server (hea
     hearth bench lab --students 8,16,32 --duration 120 --tokenizer MODEL_DIR [--launch "hearth serve MODEL"]
 
 Students start staggered: student i of N first asks at i/N of --ramp-up, which defaults to the mean think time, so
-the first questions arrive at about the rate of the steady loop instead of all at t=0. Every request sent before
-ramp-up + duration counts (those in flight then are waited for). A level holds when no request failed, TTFT p95 <=
---ttft-slo and the slowest tenth of answers still stream at >= --min-decode-tps, an answer's decode speed being
-(output tokens - 1) / (last chunk - first chunk), tokens as the server's usage counts them. One untimed request
-first checks the server and puts the preamble in its prefix cache, so every level starts alike.
+the first questions spread over one mean reading time, as the students' reading spreads the later ones, instead of
+all N arriving at t=0. Every request sent before ramp-up + duration counts (those in flight then are waited for);
+aggregate output tok/s is all their tokens over the level's wall time, ramp-up included. A level holds when no
+request failed, TTFT p95 <= --ttft-slo and the slowest tenth of answers still stream at >= --min-decode-tps, an
+answer's decode speed being (output tokens - 1) / (last chunk - first chunk), tokens as the server's usage counts
+them. One untimed request first checks the server and puts the preamble in its prefix cache, so every level starts
+alike; the prefix-cache hit rate is read from /metrics (vLLM's counters, as hearth and vLLM expose them).
 """
 from __future__ import annotations
 
