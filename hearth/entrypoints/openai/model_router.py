@@ -15,7 +15,10 @@ import gc
 import logging
 import os
 import time
+from contextvars import ContextVar
 from dataclasses import dataclass, field
+
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from hearth.config import EngineArgs
 from hearth.engine.core_slots import CoreSlots
@@ -63,6 +66,8 @@ class _Entry:
     last_used: float = field(default_factory=time.monotonic)
     error: str | None = None
     unloads: int = 0
+    holds: int = 0  # HTTP requests in progress that asked for this model (HoldModels): busy before they submit
+
 
     @property
     def state(self) -> str:
@@ -74,7 +79,7 @@ class _Entry:
 
     @property
     def busy(self) -> bool:
-        return self.engine is not None and self.engine.in_flight > 0
+        return self.engine is not None and (self.holds > 0 or self.engine.in_flight > 0)
 
     def size_bytes(self) -> int:
         """Weights + KV cache: what the worker reported, else an estimate from the file and --kv-cache-space."""
@@ -84,6 +89,31 @@ class _Entry:
             return (info.weights_bytes + info.kv_bytes) * n
         kv = self.args.kv_cache_space or DEFAULT_KV_SPACE_GIB
         return (_path_bytes(self.spec.path) + int(kv * GiB)) * n
+
+
+# The models the HTTP request in progress asked the router for (set by HoldModels; a list, so that context() calls
+# in the request's own tasks add to the same one).
+_HELD: ContextVar[list[_Entry] | None] = ContextVar("hearth_held_models", default=None)
+
+
+class HoldModels:
+    """ASGI middleware: a model a request has asked for counts as busy until the request's response ends, so a load
+    cannot unload it between the request getting its serving context and submitting to its engine."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        held: list[_Entry] = []
+        token = _HELD.set(held)
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            _HELD.reset(token)
+            for entry in held:
+                entry.holds -= 1
 
 
 async def give_back_heap() -> None:
@@ -163,6 +193,10 @@ class ModelRouter:
         """The serving context of the named model, loading it first if it must (the request waits, bounded)."""
         entry = self.resolve(name)
         entry.last_used = time.monotonic()
+        held = _HELD.get()
+        if held is not None and entry not in held:  # from now on (while loading too) no load evicts it under us
+            entry.holds += 1
+            held.append(entry)
         if entry.state != "loaded":
             await self._ensure_loaded(entry)
         ctx = entry.ctx

@@ -29,7 +29,7 @@ from hearth.entrypoints.openai.gateway import Gateway
 from hearth.entrypoints.openai.guard import Guard
 from hearth.entrypoints.openai.lora_adapters import LoRAAdapters
 from hearth.entrypoints.openai.model_access import KeyScopedModels, may_see
-from hearth.entrypoints.openai.model_router import ModelRouter
+from hearth.entrypoints.openai.model_router import HoldModels, ModelRouter
 from hearth.entrypoints.openai.served_models import OneModel, ServedModels
 from hearth.entrypoints.openai.site_guard import SiteConfig, SiteGuard
 from hearth.entrypoints.openai.protocol import (
@@ -108,6 +108,8 @@ def build_app(engine: EngineClient | None, ctx: ServingContext | None, config: S
     install_handlers(app)
     keys = serving_keys.key_ring(config.api_key, config.api_key_file,
                                  engine.metrics if router is None else router.front)
+    if router is not None:  # (inside the key guard: a refused request holds nothing)
+        app.add_middleware(HoldModels)
     app.add_middleware(Guard, keys=keys, max_body_bytes=config.max_body_bytes)
     if config.allowed_origins:  # outside the key guard: preflight requests carry no key
         app.add_middleware(CORSMiddleware, allow_origins=config.allowed_origins, allow_methods=["*"],
