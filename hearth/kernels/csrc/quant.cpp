@@ -168,7 +168,7 @@ struct XQ {
   const int8_t* q2;   // two-term mode ("int8x2"): the residual's int8 [M][K], same layout as q; else nullptr
   const float* dn;    // int4: [M][nb] dx per block in natural order (the folded M = 1 loops); else nullptr
   const int16_t* x16; // int8 weights, q widened (int8x2: 254 q + q2): AVX-512, one-row chunks (not 16-weight groups),
-                      // natural order; AVX2, M > 1: [M][K], each block's even-indexed then odd-indexed values
+                      // natural order; AVX2: [M][K], each block's even-indexed then odd-indexed values
 };
 
 // Scale / min i of a Problem (the float dequantizing paths; the integer-dot kernels read them vectorized).
@@ -428,7 +428,7 @@ static int linear_dot(const void* x, int x_dtype, int64_t M, int64_t K, int64_t 
   const int64_t mb_max = std::min(MB, M);
   std::vector<int8_t> q(mb_max * K), q2(x2 ? mb_max * K : 0);
   std::vector<float> d(mb_max * ld_d), xs(std::max<int64_t>(1, mb_max * ld_xs)), dn(int4 ? mb_max * nb + 8 : 0);
-  const bool split16 = code == 0 && M > 1 && !use_vnni && !use_bw;  // AVX2's tile_i8_x16
+  const bool split16 = code == 0 && !use_vnni && !use_bw;  // AVX2's tile_i8_x16
   std::vector<int16_t> x16(code == 0 ? (split16 ? mb_max * K : K) : 0);
   for (int64_t m0 = 0; m0 < M; m0 += MB) {
     const int64_t mb = std::min(MB, M - m0);

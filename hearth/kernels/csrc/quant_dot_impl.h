@@ -125,7 +125,14 @@ static void run_dot_t(const Problem& a, const XQ& xq, int64_t n_begin, int64_t n
     return;
   }
 #if !HQ_ZMM
-  if (xq.x16 && !a.int4) return run_i8_x16(a, xq, n_begin, n_end);  // int8 weights, M > 1 (linear_dot)
+  if (xq.x16 && !a.int4) {  // int8 weights (linear_dot): M = 1 in kStreamsM1 streams as below, then 4 x 2 tiles
+    if (a.M == 1) {
+      const int64_t len = (n_end - n_begin) / kStreamsM1;
+      for (int64_t i = 0; i < len; ++i) tile_i8_x16_mr<1, kStreamsM1>(1, a, xq, 0, n_begin + i, len);
+      n_begin += kStreamsM1 * len;
+    }
+    return run_i8_x16(a, xq, n_begin, n_end);
+  }
 #endif
   if (a.M > 1 && u4_g32(a)) {  // as the tiles above, so that both layouts give the same results
     for (; n_begin + 4 <= n_end; n_begin += 4)
