@@ -186,22 +186,28 @@ def _ab_table(rows: dict[str, dict[str, list[float]]]) -> list[str]:
 AVX2_CASES = {"b1": ("batch-1 decode tok/s (16 in / 64 out)", "decode_tok_s"),
               "n8": ("8 in flight, decode tok/s (128 in / 64 out)", "decode_tok_s"),
               "n32": ("32 in flight, decode tok/s (128 in / 64 out)", "decode_tok_s"),
-              "p512": ("prefill 512, tok/s", "prefill_tok_s")}
+              "p512": ("prefill 512, tok/s", "prefill_tok_s"),
+              "tl_b1": ("TinyLlama shape Q8_0, batch-1 decode tok/s (16 in / 32 out)", "decode_tok_s"),
+              "tl_n8": ("TinyLlama shape Q8_0, 8 in flight, decode tok/s (128 in / 32 out)", "decode_tok_s")}
 
 
 def _llama_avx2(results: str, r: str) -> dict[str, float]:
     """llama.cpp's figures of round r: llama-bench's tg64 and pp512, llama-batched-bench's S_TG at 8 and 32."""
     out: dict[str, float] = {}
-    for x in _load(os.path.join(results, f"avx2_llama_r{r}_bench.json")):
-        if x.get("n_gen"):
-            out["b1"] = x["avg_ts"]
-        elif x.get("n_prompt") == 512:
-            out["p512"] = x["avg_ts"]
-    with open(os.path.join(results, f"avx2_llama_r{r}_batched.jsonl")) as f:
-        for line in f:
-            if line.strip():
-                row = json.loads(line)
-                out[f"n{row['pl']}"] = row["speed_tg"]
+    for model in ("", "tl_"):  # the Qwen2.5 Q4_0 files, then TinyLlama Q8_0's (absent in older result sets)
+        bench = os.path.join(results, f"avx2_llama_r{r}_{model}bench.json")
+        if not os.path.exists(bench):
+            continue
+        for x in _load(bench):
+            if x.get("n_gen"):
+                out[f"{model}b1"] = x["avg_ts"]
+            elif x.get("n_prompt") == 512:
+                out[f"{model}p512"] = x["avg_ts"]
+        with open(os.path.join(results, f"avx2_llama_r{r}_{model}batched.jsonl")) as f:
+            for line in f:
+                if line.strip():
+                    row = json.loads(line)
+                    out[f"{model}n{row['pl']}"] = row["speed_tg"]
     return out
 
 
@@ -213,6 +219,8 @@ def avx2(results: str) -> dict[str, dict[str, list[float]]]:
     for r in rounds:
         peer = _llama_avx2(results, r)
         for case, (label, key) in AVX2_CASES.items():
+            if case not in peer:
+                continue
             row = out.setdefault(label, {"hearth": [], "llama.cpp": []})
             row["hearth"].append(_load(os.path.join(results, f"avx2_hearth_r{r}_{case}.json"))[key])
             row["llama.cpp"].append(peer[case])
@@ -273,7 +281,8 @@ def render(results: str) -> list[str]:
                           "natively (llama.cpp's GGML_NATIVE build)")
         lines += [f"## AVX2: {title} (issue 55)", "",
                   f"`benchmarks/avx2.sh`, Qwen2.5-0.5B shape Q4_0 (its tied head Q8_0, as llama-quantize writes "
-                  f"it), the same GGUF, 2 threads. {_meta(results, 'avx2')} {how}; the two alternate, a round each. "
+                  f"it) and TinyLlama-1.1B shape Q8_0, the same GGUFs on both sides, 2 threads. "
+                  f"{_meta(results, 'avx2')} {how}; the two alternate, a round each. "
                   "Decode at N in flight: `hearth bench latency --batch-size N` against llama-batched-bench's S_TG.",
                   "", *_avx2_table(rows, _avx2_forced(results)), ""]
     if rows := ab(results):
