@@ -22,7 +22,7 @@ from hearth.config import LoRAConfig
 from hearth.engine.lora_binding import bind_adapter
 from hearth.errors import LoRAError
 from hearth.layers.lora import RowGroup, SlotWeights, wrap_lora_layers
-from hearth.lora.peft import read_peft_adapter
+from hearth.loader.lora_adapter import read_adapter
 from hearth.lora.request import LoRARequest
 from hearth.models.blocks import DecoderModel
 
@@ -48,8 +48,9 @@ class LoRAPool:
 
     # ---- adapters ----
     def read(self, lora: LoRARequest) -> AdapterWeights:
-        """Read and check an adapter folder and bind it to the model (no pool state changes). Raises LoRAError."""
-        adapter = read_peft_adapter(lora.lora_path, self.config.max_lora_rank)
+        """Read and check an adapter (a PEFT folder or a GGUF file) and bind it to the model (no pool state
+        changes). Raises LoRAError."""
+        adapter = read_adapter(lora.lora_path, self.config.max_lora_rank, self.model)
         return bind_adapter(adapter, self.model, self.layers, self.dtype)
 
     def add(self, lora: LoRARequest, weights: AdapterWeights | None = None) -> None:
