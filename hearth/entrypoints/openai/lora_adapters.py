@@ -39,6 +39,9 @@ class LoRAAdapters:
         self.contexts: dict[str, ServingContext] = {}
         self.loading: set[str] = set()  # names whose load is under way
         self.ids = itertools.count(1)
+        # llama-server's adapter ids: the position in --lora-modules, then in load order (an unloaded one's id is
+        # never given again)
+        self.order: list[LoRARequest] = []
 
     def context(self, name: str | None) -> ServingContext | None:
         return self.contexts.get(name) if name else None
@@ -56,6 +59,15 @@ class LoRAAdapters:
         """Serve an adapter the engine has added."""
         self.contexts[lora.lora_name] = dataclasses.replace(self.base, model_name=lora.lora_name, aliases=(),
                                                             lora=lora)
+        self.order.append(lora)
+
+    def name_of(self, index: int) -> str | None:
+        """The served adapter with llama-server's id `index` (None: no such id, or unloaded since)."""
+        if not 0 <= index < len(self.order):
+            return None
+        lora = self.order[index]
+        ctx = self.contexts.get(lora.lora_name)
+        return lora.lora_name if ctx is not None and ctx.lora is lora else None
 
     async def load(self, module: LoRAModule) -> None:
         lora = self.new_request(module)
@@ -80,6 +92,13 @@ class LoRAAdapters:
         return [{"id": name, "object": "model", "created": ctx.created, "owned_by": "hearth",
                  "root": ctx.lora.lora_path, "parent": ctx.lora.base_model_name or self.base.model_name,
                  "max_model_len": ctx.max_model_len} for name, ctx in self.contexts.items()]
+
+
+    def llama_listing(self) -> list[dict]:
+        """llama-server's GET /lora-adapters rows. scale is 0: an adapter applies only to the requests that name it
+        (as `model` or in `lora`), as llama-server's --lora-init-without-apply leaves them."""
+        return [{"id": i, "name": lora.lora_name, "path": lora.lora_path, "scale": 0.0}
+                for i, lora in enumerate(self.order) if self.name_of(i) is not None]
 
 
 def register(app: FastAPI, adapters: LoRAAdapters) -> None:
