@@ -102,8 +102,10 @@ def test_a_key_allowed_one_adapter(server, expected) -> None:
                  {"model": "a1", "lora": [{"id": 1, "scale": 1.0}, {"id": 0, "scale": 0.0}]}):
         r = complete(server, ONLY_A1, **body)
         assert 400 <= r.status_code < 500 and r.status_code != 404, (body, r.text)
-    r = complete(server, ONLY_A1, model="g2")
-    assert r.status_code == 403 and r.json()["error"]["code"] == "model_not_allowed"
+    for body in ({"model": "g2"}, {"lora": [{"id": 1, "scale": 1.0}]}):  # g2 by name, and by its llama-server id
+        r = complete(server, ONLY_A1, **body)
+        assert r.status_code == 403 and r.json()["error"]["code"] == "model_not_allowed", r.text
+    assert text(complete(server, ONLY_A1, lora=[{"id": 0, "scale": 1.0}])) == expected[("a1", 1.0)]
     headers = {"Authorization": f"Bearer {ONLY_A1}"}
     assert [m["id"] for m in httpx.get(server.url + "/v1/models", headers=headers, timeout=60).json()["data"]] == \
         ["a1"]
