@@ -1,8 +1,8 @@
 """LoRA through the real HTTP server, past vLLM's interface: a llama.cpp GGUF adapter in --lora-modules and loaded at
 run time; llama-server's per-request `lora: [{"id", "scale"}]` (id: the --lora-modules position; its text is the
 offline API's under that adapter and scale; an unknown id, two adapters, a conflicting `model` are 400s) and its
-GET /lora-adapters; and an API key whose `models` list names one adapter: it may use that adapter only, and
-/v1/models, /lora-adapters show it only that."""
+GET /lora-adapters; an API key whose `models` list names one adapter: it may use that adapter only, and
+/v1/models, /lora-adapters show it only that; and all of it with -dp 2 (adapters reach every worker engine)."""
 from __future__ import annotations
 
 import httpx
@@ -127,3 +127,36 @@ def test_runtime_load_of_a_gguf_adapter(server, files, expected) -> None:
     assert post(server, "/v1/unload_lora_adapter", {"lora_name": "g1"}, ADMIN).status_code == 200
     r = complete(server, lora=[{"id": 2, "scale": 1.0}])
     assert r.status_code == 400
+
+
+@pytest.mark.slow
+def test_adapters_reach_every_data_parallel_engine(files, expected, tmp_path) -> None:
+    """-dp 2 (nobind: one physical core may hold two engines): --lora-modules and runtime loads go to both worker
+    engines through the engine client; requests under adapters (by name and by llama-server id) spread over the
+    engines give each adapter's own text."""
+    import asyncio
+
+    srv = start_server([files["base"], *TINY_ARGS, "--served-model-name", "tiny", "--dtype", "float32",
+                        "--data-parallel-size", "2", "--omp-threads-bind", "nobind", "--enable-lora",
+                        "--max-loras", "2", "--lora-modules", f"a1={files['a1']}", f"g2={files['g2']}"],
+                       str(tmp_path / "dp.log"), env={"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1"})
+    try:
+        models = {m["id"]: m for m in httpx.get(srv.url + "/v1/models", timeout=60).json()["data"]}
+        assert set(models) == {"tiny", "a1", "g2"} and models["g2"]["parent"] == "tiny"
+        r = httpx.post(srv.url + "/v1/load_lora_adapter", json={"lora_name": "g1", "lora_path": files["g1"]},
+                       timeout=60)
+        assert r.status_code == 200, r.text
+        cases = [({"model": "a1"}, ("a1", 1.0)), ({"model": "g2"}, ("a2", 1.0)), ({"model": "tiny"}, (None, 1.0)),
+                 ({"model": "g1"}, ("a1", 1.0)), ({"lora": [{"id": 0, "scale": 0.5}]}, ("a1", 0.5))] * 2
+
+        async def run() -> list[httpx.Response]:
+            async with httpx.AsyncClient(base_url=srv.url, timeout=120) as client:
+                return await asyncio.gather(*(client.post("/v1/completions", json={
+                    "model": "tiny", "prompt": PROMPT, "max_tokens": STEPS, "temperature": 0.0, "ignore_eos": True,
+                    **body}) for body, _ in cases))
+
+        assert [text(r) for r in asyncio.run(run())] == [expected[want] for _, want in cases]
+        per_engine = [srv.metric("vllm:request_success_total", engine=e) for e in ("0", "1")]
+        assert all(n > 0 for n in per_engine), per_engine
+    finally:
+        srv.stop()

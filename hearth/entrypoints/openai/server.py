@@ -84,8 +84,11 @@ def build_app(engine: EngineClient | None, ctx: ServingContext | None, config: S
               gateway: Gateway | None = None, router: ModelRouter | None = None,
               adapters: LoRAAdapters | None = None) -> FastAPI:
     """One model (its client and context), or a ModelRouter (then engine and ctx are None: each model has its own,
-    and the router answers /health). adapters: the one model's LoRA adapters (--enable-lora)."""
+    and the router answers /health). adapters: the one model's LoRA adapters (--enable-lora; a router's are its
+    own)."""
     state = router if router is not None else engine  # what /health reports: dead, stats
+    if router is not None:
+        adapters = router.adapters
     @asynccontextmanager
     async def lifespan(_: FastAPI):
         if router is not None:  # worker processes: loaded (pinned) before serving, stopped after
