@@ -1,11 +1,13 @@
 """llama.cpp GGUF LoRA adapters against their PEFT source: each random PEFT adapter converted as convert_lora_to_gguf.py
 converts it (tests/gguf_lora_writer.py: llama.cpp's names, ggml's dimension order, the llama q/k permutation of B),
 then the same mixed batch (adapters and the bare base) run once under the PEFT folders and once under the GGUF
-files: greedy tokens identical, top-5 logprobs equal to float32 rounding. On a GGUF base of the same tiny model too.
+files: greedy tokens identical, top-5 logprobs equal to float32 rounding. On a GGUF base of the same tiny model too,
+and on a Q8_0 GGUF base against transformers with each adapter merged (the issue's quantized-base parity).
 """
 from __future__ import annotations
 
 import pytest
+import torch
 
 from hearth import LLM, SamplingParams
 from hearth.lora.request import LoRARequest
@@ -85,3 +87,34 @@ def test_f16_gguf_adapters_follow_their_source(tmp_path) -> None:
     engine = llm(base)
     want, got = run(engine, peft), run(engine, ggufs)
     assert [o.token_ids for o in got] == [o.token_ids for o in want]
+
+
+def test_adapters_on_a_q8_0_gguf_base_against_transformers(tmp_path, monkeypatch) -> None:
+    """A Q8_0 GGUF base kept in its blocks, PEFT folders and GGUF adapters in one batch, against transformers
+    running the weights as the file decodes them with each adapter merged by PEFT (float activations pinned, as
+    tests/models/test_parity_gguf.py does: then the quantization's only error is the weights', which the reference
+    shares)."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from hearth.weights import activations
+    from tests.tiny_models import hf_greedy_loop
+
+    monkeypatch.setattr(activations, "ACTIVATIONS", "float")
+    base = build_checkpoint(str(tmp_path / "base"), tiny_config("llama"))
+    decoded = write_gguf(base, tmp_path / "base.gguf", Q.Q8_0)
+    peft, ggufs = adapters(base, tmp_path)
+    engine = llm(str(tmp_path / "base.gguf"))
+    assert engine.engine.lora.layers["model.layers.0.self_attn.qkv_proj"].base.qweight is not None  # (in blocks)
+    for loras in (peft, ggufs):
+        got = run(engine, loras)
+        for k, ((prompt, i), out) in enumerate(zip(REQUESTS, got)):
+            model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32).eval()
+            model.load_state_dict(decoded, strict=False)
+            if i is not None:
+                model = PeftModel.from_pretrained(model, peft[i].lora_path).merge_and_unload().eval()
+            tokens, tops = hf_greedy_loop(model, prompt, STEPS)
+            assert out.token_ids == tokens, f"request {k} (adapter {i}, {loras[0].lora_name}): tokens differ"
+            for step, ((ids, vals), lp) in enumerate(zip(tops, out.logprobs)):
+                ours = dict(lp.top)
+                assert abs(ours[ids[0]] - vals[0]) < 2e-3, f"request {k} step {step}"
