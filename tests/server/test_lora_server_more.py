@@ -1,7 +1,7 @@
 """LoRA through the real HTTP server, past vLLM's interface: a llama.cpp GGUF adapter in --lora-modules and loaded at
 run time; llama-server's per-request `lora: [{"id", "scale"}]` (id: the --lora-modules position; its text is the
 offline API's under that adapter and scale; an unknown id, two adapters, a conflicting `model` are 400s) and its
-GET /lora-adapters; an API key whose `models` list names one adapter: it may use that adapter only, and
+GET /lora-adapters; runtime load / unload while other requests stream; an API key whose `models` list names one adapter: it may use that adapter only, and
 /v1/models, /lora-adapters show it only that; and all of it with -dp 2 (adapters reach every worker engine)."""
 from __future__ import annotations
 
@@ -160,3 +160,48 @@ def test_adapters_reach_every_data_parallel_engine(files, expected, tmp_path) ->
         assert all(n > 0 for n in per_engine), per_engine
     finally:
         srv.stop()
+
+
+def test_runtime_load_and_unload_while_others_stream(server, files, expected) -> None:
+    """Streams under a1 and the base keep going while g1 is loaded, used (sharing their steps) and unloaded: each
+    stream ends complete with the text the same request gives on the idle server."""
+    import asyncio
+    import json
+
+    tokens = 160
+
+    async def stream(client: httpx.AsyncClient, model: str, started: asyncio.Event) -> str:
+        body = {"model": model, "prompt": PROMPT, "max_tokens": tokens, "temperature": 0.0, "ignore_eos": True,
+                "stream": True}
+        parts = []
+        async with client.stream("POST", "/v1/completions", json=body) as r:
+            assert r.status_code == 200
+            async for line in r.aiter_lines():
+                if line.startswith("data: ") and line != "data: [DONE]":
+                    parts.append(json.loads(line[6:])["choices"][0]["text"])
+                    started.set()
+        return "".join(parts)
+
+    async def run() -> tuple[list[str], int]:
+        headers = {"Authorization": f"Bearer {USER}"}
+        admin = {"Authorization": f"Bearer {ADMIN}"}
+        async with httpx.AsyncClient(base_url=server.url, timeout=120, headers=headers) as client:
+            models = ["a1", "tiny"] * 3
+            events = [asyncio.Event() for _ in models]
+            jobs = [asyncio.create_task(stream(client, m, e)) for m, e in zip(models, events)]
+            await asyncio.wait_for(asyncio.gather(*(e.wait() for e in events)), 60)
+            r = await client.post("/v1/load_lora_adapter", json={"lora_name": "g1b", "lora_path": files["g1"]},
+                                  headers=admin)
+            assert r.status_code == 200, r.text
+            r = await client.post("/v1/completions", json={"model": "g1b", "prompt": PROMPT, "max_tokens": STEPS,
+                                                           "temperature": 0.0, "ignore_eos": True})
+            assert text(r) == expected[("a1", 1.0)]
+            r = await client.post("/v1/unload_lora_adapter", json={"lora_name": "g1b"}, headers=admin)
+            assert r.status_code == 200
+            in_flight = sum(not j.done() for j in jobs)
+            return list(await asyncio.gather(*jobs)), in_flight
+
+    texts, in_flight = asyncio.run(run())
+    assert in_flight > 0  # (the load, the request under it and the unload all happened while streams ran)
+    idle = {m: text(complete(server, model=m, max_tokens=tokens)) for m in ("a1", "tiny")}
+    assert texts == [idle[m] for m in ["a1", "tiny"] * 3]
