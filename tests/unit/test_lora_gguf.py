@@ -101,3 +101,17 @@ def test_files_hearth_cannot_serve_are_refused(model, base, peft_folder, tmp_pat
     assert "not a LoRA adapter" in refused(write(tmp_path / "t.gguf", {"blk.0.attn_q.weight.lora_a": a,
                                                                        "blk.0.attn_q.weight.lora_b": b},
                                                  adapter_type="control_vector"), model)
+
+
+def test_an_adapter_for_another_base_is_refused_when_bound(base, model, tmp_path) -> None:
+    """Same architecture, other shapes (a down_proj of 100 inputs, this model's has 128): the binding's one line."""
+    from hearth.engine.lora_binding import bind_adapter
+    from hearth.layers.lora import wrap_lora_layers
+
+    wrapped = load_model(EngineArgs(model=base, dtype="float32")).model
+    layers = wrap_lora_layers(wrapped, 1)[1]
+    a, b = pair(2, 100, 64)
+    path = write(tmp_path / "other.gguf", {"blk.0.ffn_down.weight.lora_a": a, "blk.0.ffn_down.weight.lora_b": b})
+    with pytest.raises(LoRAError, match="does not fit this model") as e:
+        bind_adapter(read_adapter(path, 16, wrapped), wrapped, layers, torch.float32)
+    assert path in str(e.value) and "\n" not in str(e.value)
