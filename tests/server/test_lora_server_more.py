@@ -92,6 +92,8 @@ def test_llama_server_lora_field(server, expected) -> None:
         r = complete(server, **body)
         assert r.status_code == 400 and words in r.json()["error"]["message"], r.text
         assert r.json()["error"]["param"].startswith("lora")
+    r = complete(server, model="nope", lora=[{"id": 0, "scale": 1.0}])
+    assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
     r = httpx.get(server.url + "/lora-adapters", headers={"Authorization": f"Bearer {USER}"}, timeout=60)
     assert [(a["id"], a["name"]) for a in r.json()] == [(0, "a1"), (1, "g2")]
 

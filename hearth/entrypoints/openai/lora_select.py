@@ -17,7 +17,7 @@ def lora_choice(entries: list[LoRAScale] | None, model: str | None,
                 adapters: LoRAAdapters | None) -> tuple[str | None, float]:
     """(the name to serve the request under, the adapter's scale). Without a `lora` list: the request's model at
     scale 1. Raises APIError 400 (param lora) for an unknown id, a scale that is not finite, two adapters, or a
-    `model` naming another adapter than the list."""
+    `model` naming another adapter than the list; 404 for a `model` that is neither the base nor an adapter."""
     if entries is None:
         return model, 1.0
     chosen: list[tuple[str, float]] = []
@@ -38,6 +38,11 @@ def lora_choice(entries: list[LoRAScale] | None, model: str | None,
     if named is not None and (not chosen or chosen[0][0] != named):
         raise APIError(400, f"model names the adapter {named!r} but lora does not apply it: name the base model, "
                             "or leave lora out", param="lora")
+    base = adapters.base if adapters is not None else None
+    if chosen and model is not None and named is None and base is not None and \
+            model not in (base.model_name, *base.aliases):  # (an unknown model stays a 404 with a lora list too)
+        raise APIError(404, f"the model {model!r} does not exist; this server serves {base.model_name!r}",
+                       param="model", code="model_not_found")
     return chosen[0] if chosen else (model, 1.0)
 
 
