@@ -71,12 +71,15 @@ class LoRAAdapters:
     async def attach(self, base: ServingContext, modules: Sequence[LoRAModule]) -> None:
         """Serve the adapters over a model (re)loaded in worker processes (the router's data-parallel model):
         the first time `modules` (--lora-modules), after a reload the adapters served before, each added to every
-        worker through the engine client. Raises LoRAError."""
+        worker through the engine client. Raises LoRAError, or ValueError for a --lora-modules name that is taken."""
         served = [ctx.lora for ctx in self.contexts.values()]
         first, self.base, self.contexts = not self.order, base, {}
         if first:
             for module in modules:
-                lora = self.new_request(module)
+                try:
+                    lora = self.new_request(module)
+                except APIError as e:  # (a start-up flag's mistake, as build_serving words it)
+                    raise ValueError(f"--lora-modules: {e.message}") from None
                 await base.engine.add_lora(lora)
                 self.add(lora)
             return
