@@ -13,7 +13,7 @@ from torch import nn
 
 from hearth.errors import LoRAError
 from hearth.layers.qkv_attention import QKVAttention
-from hearth.loader.gguf.arch import ARCHS, hf_name
+from hearth.loader.gguf.arch import ARCHS, Arch, hf_name
 from hearth.loader.gguf.checkpoint import unpermute_rows
 from hearth.loader.gguf.reader import GGUFError, read_parts, read_tensor
 from hearth.lora.peft import EMBEDDING_MODULES, LoRAModule, PEFTAdapter
@@ -73,7 +73,7 @@ def read_gguf_adapter(path: str, max_rank: int, model: nn.Module) -> PEFTAdapter
     return PEFTAdapter(path, modules, None)
 
 
-def _module_name(path: str, stem: str, arch) -> str:
+def _module_name(path: str, stem: str, arch: Arch) -> str:
     """'blk.0.attn_q.weight' -> 'model.layers.0.self_attn.q_proj' (the checkpoint module PEFT would name)."""
     hf = hf_name(stem, arch)
     if hf is None or not hf.endswith(".weight"):
