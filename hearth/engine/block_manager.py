@@ -36,10 +36,13 @@ def hash_block(parent_hash: int | None, token_ids: tuple[int, ...]) -> int:
     return hash((parent_hash, token_ids))
 
 
-def chain_root(lora_id: int) -> int | None:
+def chain_root(lora_id: int, scale: float = 1.0) -> int | None:
     """The parent hash of a request's first block: None under the base model, the adapter's own root under a LoRA
-    adapter, so the same tokens under two adapters (or one and none) never share a block: their KV differs."""
-    return None if not lora_id else hash(("lora", lora_id))
+    adapter (and scale), so the same tokens under two adapters (or one and none, or one at two scales) never share a
+    block: their KV differs."""
+    if not lora_id:
+        return None
+    return hash(("lora", lora_id)) if scale == 1.0 else hash(("lora", lora_id, scale))
 
 
 def freeable_window(layer_windows: list[int | None]) -> int | None:
@@ -118,7 +121,7 @@ class BlockManager:
         bs = self.block_size
         while (len(hashes) + 1) * bs <= num_tokens:
             i = len(hashes)
-            parent = hashes[-1] if hashes else chain_root(req.lora_id)
+            parent = hashes[-1] if hashes else chain_root(req.lora_id, req.lora_scale)
             hashes.append(hash_block(parent, tuple(req.all_token_ids[i * bs:(i + 1) * bs])))
         return hashes[: num_tokens // bs]
 

@@ -238,13 +238,13 @@ class LLMEngine:
         if grammar is None and params.structured_outputs:
             grammar = self.structured.compile(params.structured_outputs)
         children = []
+        lora_id, lora_scale = (lora_request.lora_int_id, lora_request.scale) if lora_request is not None else (0, 1.0)
         for i in range(params.n):
             child_params = params
             if params.n > 1:
                 child_params = _child_params(params, i)
             rid = f"{request_id}#{i}" if params.n > 1 else request_id
-            req = Request(rid, prompt_token_ids, child_params, mc.eos_token_ids, arrival_time,
-                          lora_request.lora_int_id if lora_request is not None else 0)
+            req = Request(rid, prompt_token_ids, child_params, mc.eos_token_ids, arrival_time, lora_id, lora_scale)
             req.group_id = request_id  # the scheduler caps the slots of one request's n sequences together
             if grammar is not None:
                 req.grammar = grammar.new_matcher()  # each of the n sequences walks the grammar on its own

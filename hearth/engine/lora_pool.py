@@ -8,7 +8,8 @@
   running requests, so a step's adapters always fit; a slot whose adapter this step does not use is taken by the
   least recently used.
 
-Each step the runner asks for its row groups: per slot, the rows of the requests under that slot's adapter.
+Each step the runner asks for its row groups: per slot (and scale), the rows of the requests under that slot's
+adapter.
 Engine-thread only, except read(), which touches no state (the server reads a new adapter off the engine thread).
 """
 from __future__ import annotations
@@ -22,7 +23,7 @@ from hearth.config import LoRAConfig
 from hearth.engine.lora_binding import bind_adapter
 from hearth.errors import LoRAError
 from hearth.layers.lora import RowGroup, SlotWeights, wrap_lora_layers
-from hearth.lora.peft import read_peft_adapter
+from hearth.loader.lora_adapter import read_adapter
 from hearth.lora.request import LoRARequest
 from hearth.models.blocks import DecoderModel
 
@@ -48,8 +49,9 @@ class LoRAPool:
 
     # ---- adapters ----
     def read(self, lora: LoRARequest) -> AdapterWeights:
-        """Read and check an adapter folder and bind it to the model (no pool state changes). Raises LoRAError."""
-        adapter = read_peft_adapter(lora.lora_path, self.config.max_lora_rank)
+        """Read and check an adapter (a PEFT folder or a GGUF file) and bind it to the model (no pool state
+        changes). Raises LoRAError."""
+        adapter = read_adapter(lora.lora_path, self.config.max_lora_rank, self.model)
         return bind_adapter(adapter, self.model, self.layers, self.dtype)
 
     def add(self, lora: LoRARequest, weights: AdapterWeights | None = None) -> None:
@@ -108,29 +110,30 @@ class LoRAPool:
             self._fill(slot, None)
 
     # ---- a step ----
-    def row_groups(self, spans: list[tuple[int, int]]) -> list[RowGroup]:
-        """spans: (adapter id, rows) of each request in the step's row order (0: the base model). Returns each
-        active slot's rows, after putting this step's adapters into slots."""
-        rows_of: dict[int, list[tuple[int, int]]] = {}
+    def row_groups(self, spans: list[tuple[int, float, int]]) -> list[RowGroup]:
+        """spans: (adapter id, its scale, rows) of each request in the step's row order (id 0: the base model).
+        Returns the rows of each (active slot, scale), after putting this step's adapters into slots."""
+        rows_of: dict[tuple[int, float], list[tuple[int, int]]] = {}
         start = 0
-        for lora_id, n in spans:
+        for lora_id, scale, n in spans:
             if lora_id:
-                ranges = rows_of.setdefault(lora_id, [])
+                ranges = rows_of.setdefault((lora_id, scale), [])
                 if ranges and ranges[-1][1] == start:
                     ranges[-1] = (ranges[-1][0], start + n)
                 else:
                     ranges.append((start, start + n))
             start += n
+        in_step = {lora_id for lora_id, _ in rows_of}
         groups = []
-        for lora_id, ranges in rows_of.items():
-            slot = self._activate(lora_id, rows_of)
+        for (lora_id, scale), ranges in rows_of.items():
+            slot = self._activate(lora_id, in_step)
             if len(ranges) == 1:
-                groups.append((slot, slice(*ranges[0])))
+                groups.append((slot, slice(*ranges[0]), scale))
             else:
-                groups.append((slot, torch.cat([torch.arange(a, b) for a, b in ranges])))
+                groups.append((slot, torch.cat([torch.arange(a, b) for a, b in ranges]), scale))
         return groups
 
-    def _activate(self, lora_id: int, step: dict[int, object]) -> int:
+    def _activate(self, lora_id: int, step: set[int]) -> int:
         slot = self.slot_of.get(lora_id)
         if slot is not None:
             self.slot_of.move_to_end(lora_id)

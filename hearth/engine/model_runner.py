@@ -81,7 +81,7 @@ class ModelRunner:
                 input_ids, positions, meta = self.decode_batch.prepare(reqs, block_manager.block_table,
                                                                        self._last_sampled)
                 # (forward, not __call__: no module hooks are used, and their dispatch is not free with cold caches)
-                with self._adapter_rows([(r.lora_id, 1) for r in reqs] if self.lora is not None else []):
+                with self._adapter_rows([(r.lora_id, r.lora_scale, 1) for r in reqs] if self.lora is not None else []):
                     hidden = self.model.forward(input_ids, positions, meta)  # [N, hidden]
                 out: SamplerOutput = self.sampler(self.model.compute_logits(hidden), reqs)
             except BaseException:
@@ -101,14 +101,14 @@ class ModelRunner:
         gen_rows = sum(s.num_new_tokens for s, g in zip(scheduled, generated) if g)
         # (quantized weights: a prompt's rows get the same numbers however many run)
         with (activations.prompt_rows(gen_rows, int(input_ids.shape[0])),
-              self._adapter_rows([(s.request.lora_id, s.num_new_tokens) for s in ordered])):
+              self._adapter_rows([(s.request.lora_id, s.request.lora_scale, s.num_new_tokens) for s in ordered])):
             hidden = self.model(input_ids, positions, meta)  # [T, hidden]
         return self._sample(hidden, ordered)
 
-    def _adapter_rows(self, spans: list[tuple[int, int]]):
+    def _adapter_rows(self, spans: list[tuple[int, float, int]]):
         """The step's rows per adapter for the model's LoRA layers, while the forward pass runs. spans: (adapter
-        id, rows) of each request in row order."""
-        if self.lora is None or not any(lora_id for lora_id, _ in spans):
+        id, its scale, rows) of each request in row order."""
+        if self.lora is None or not any(lora_id for lora_id, _, _ in spans):
             return nullcontext()
         return self.lora.rows.use(self.lora.row_groups(spans))
 

@@ -19,8 +19,9 @@ from hearth.layers.mlp import GatedMLP
 from hearth.layers.moe import SparseMoE
 from hearth.layers.qkv_attention import QKVAttention
 
-# (slot, its rows this step: a range when they are contiguous, else their indices)
-RowGroup = tuple[int, slice | torch.Tensor]
+# (slot, its rows this step: a range when they are contiguous, else their indices, the delta's scale for these rows:
+# 1, or a request's own, llama-server's per-request `lora: [{"id", "scale"}]`)
+RowGroup = tuple[int, slice | torch.Tensor, float]
 
 
 @dataclass
@@ -75,14 +76,16 @@ class LoRALinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.base(x)
-        for slot, rows in self.rows.groups:
+        for slot, rows, scale in self.rows.groups:
             w = self.slots[slot]
             if w is None:  # (this adapter does not train this layer)
                 continue
             if isinstance(rows, slice):
-                y[rows] += ((x[rows] @ w.a.T) @ w.b.T).to(y.dtype)
+                delta = (x[rows] @ w.a.T) @ w.b.T
+                y[rows] += (delta if scale == 1.0 else delta * scale).to(y.dtype)
             else:
-                y.index_add_(0, rows, ((x.index_select(0, rows) @ w.a.T) @ w.b.T).to(y.dtype))
+                delta = (x.index_select(0, rows) @ w.a.T) @ w.b.T
+                y.index_add_(0, rows, (delta if scale == 1.0 else delta * scale).to(y.dtype))
         return y
 
 

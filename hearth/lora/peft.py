@@ -48,6 +48,8 @@ class LoRAModule:
 
 @dataclass
 class PEFTAdapter:
+    """An adapter in PEFT's form, whatever file it came from (a llama.cpp GGUF adapter is read into it too:
+    hearth.loader.gguf.lora_adapter)."""
     path: str
     modules: dict[str, LoRAModule]  # the base model's module name (model.layers.0.self_attn.q_proj) -> its update
     base_model_name: str | None  # adapter_config's base_model_name_or_path

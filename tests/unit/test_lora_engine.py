@@ -37,7 +37,7 @@ def test_the_delta_is_added_after_a_quantized_kernel_to_its_rows_only() -> None:
     layer.slots = [w0, w1]
     x = torch.randn(6, 64)
     plain = base(x)
-    with rows.use([(0, slice(1, 3)), (1, torch.tensor([0, 5]))]):  # rows 3, 4: the base model
+    with rows.use([(0, slice(1, 3), 1.0), (1, torch.tensor([0, 5]), 1.0)]):  # rows 3, 4: the base model
         y = layer(x)
     expect = plain.clone()
     expect[1:3] += x[1:3] @ w0.a.T @ w0.b.T
@@ -69,15 +69,15 @@ def test_row_groups_slot_reuse_and_cache_eviction(base, adapters) -> None:
     for rid, lora in (("r1", a1), ("r2", a2), ("r2b", a2)):
         pool.acquire(rid, lora)
     # rows in step order: r1 (3 rows), a base request (1), r2 (1), r2b (2): a2's rows are contiguous, a1's too
-    groups = pool.row_groups([(1, 3), (0, 1), (2, 1), (2, 2)])
-    assert [(s, (r.start, r.stop)) for s, r in groups] == [(0, (0, 3)), (1, (4, 7))]
-    groups = pool.row_groups([(2, 1), (1, 1), (2, 1)])  # a2's rows are split: indices
-    assert groups[0][0] == 1 and groups[0][1].tolist() == [0, 2] and groups[1] == (0, slice(1, 2))
+    groups = pool.row_groups([(1, 1.0, 3), (0, 1.0, 1), (2, 1.0, 1), (2, 1.0, 2)])
+    assert [(s, (r.start, r.stop)) for s, r, _ in groups] == [(0, (0, 3)), (1, (4, 7))]
+    groups = pool.row_groups([(2, 1.0, 1), (1, 1.0, 1), (2, 1.0, 1)])  # a2's rows are split: indices
+    assert groups[0][0] == 1 and groups[0][1].tolist() == [0, 2] and groups[1] == (0, slice(1, 2), 1.0)
     q = "model.layers.0.self_attn.qkv_proj"
     assert pool.layers[q].slots[0] is pool.loaded[1][1][q]
     # a3 takes the slot of the least recently used adapter this step does not use (a1's, slot 0)
     pool.acquire("r3", a3)
-    groups = pool.row_groups([(2, 1), (3, 1)])
+    groups = pool.row_groups([(2, 1.0, 1), (3, 1.0, 1)])
     assert dict(pool.slot_of) == {2: 1, 3: 0} and pool.layers[q].slots[0] is pool.loaded[3][1][q]
     # the cache holds 3: a4 loads while a1, a2, a3 are in use (nothing idle to drop), then idle ones go LRU first
     pool.acquire("r4", a4)

@@ -1,6 +1,6 @@
 """`hearth serve`'s LoRA flags before anything serves: --lora-modules in both of vLLM's forms, its mistakes refused
-in one line naming the flag, LoRA refused by name in the modes that cannot serve adapters by name yet (the router,
-Ray), and a broken --lora-modules adapter failing the start-up (build_serving) instead of the first request."""
+in one line naming the flag, carried to the router of a data-parallel model, refused by name in the modes that cannot
+serve adapters by name yet (several models, Ray), and a broken --lora-modules adapter failing the start-up (build_serving) instead of the first request."""
 from __future__ import annotations
 
 import argparse
@@ -10,7 +10,7 @@ import pytest
 
 from hearth.entrypoints.openai.cli_serve import add_serve_args
 from hearth.entrypoints.openai.lora_modules import LoRAModule, parse_lora_modules
-from hearth.entrypoints.openai.serve_plan import InProcessPlan, plan_serve
+from hearth.entrypoints.openai.serve_plan import InProcessPlan, RouterPlan, plan_serve
 from hearth.errors import LoRAError
 
 
@@ -30,16 +30,23 @@ def test_lora_modules_in_both_forms() -> None:
         assert str(e.value).startswith("--lora-modules")
 
 
-def test_the_plan_carries_them_or_refuses_by_name(monkeypatch) -> None:
+def test_the_plan_carries_them_or_refuses_by_name(monkeypatch, tmp_path) -> None:
     monkeypatch.delenv("HEARTH_API_KEY", raising=False)
     got = plan("some/model", "--enable-lora", "--max-loras", "4", "--lora-modules", "a=/ad/a")
     assert isinstance(got, InProcessPlan) and got.lora_modules == [LoRAModule("a", "/ad/a")]
     assert got.engine.enable_lora and got.engine.max_loras == 4
     with pytest.raises(ValueError, match="--lora-modules needs --enable-lora"):
         plan("some/model", "--lora-modules", "a=/ad/a")
-    for mode in (["--data-parallel-size", "2"], ["--ray"]):
-        with pytest.raises(ValueError, match="--enable-lora is for one model in process"):
-            plan("some/model", "--enable-lora", *mode)
+    dp = plan("some/model", "--enable-lora", "--lora-modules", "a=/ad/a", "--data-parallel-size", "2")
+    assert isinstance(dp, RouterPlan) and dp.lora_modules == [LoRAModule("a", "/ad/a")] and dp.base.enable_lora
+    assert dp.build().adapters is not None
+    with pytest.raises(ValueError, match="--lora-modules needs --enable-lora"):
+        plan("some/model", "--lora-modules", "a=/ad/a", "--data-parallel-size", "2")
+    (tmp_path / "one.gguf").write_bytes(b"GGUF")
+    with pytest.raises(ValueError, match="--enable-lora is for one model for now"):
+        plan("--enable-lora", "--models-dir", str(tmp_path))
+    with pytest.raises(ValueError, match="--enable-lora is for one model in process"):
+        plan("some/model", "--enable-lora", "--ray")
     with pytest.raises(ValueError, match="--enable-lora cannot be combined with the gateway"):
         plan("some/model", "--enable-lora", "--answer-cache-size", "4")
 

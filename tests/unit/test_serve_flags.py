@@ -106,7 +106,8 @@ def _snapshot(plan: InProcessPlan | RouterPlan | RayPlan) -> str:
     if isinstance(plan, RouterPlan):
         router = plan.build()
         per_model = [(e.spec, e.args, router.worker_options(e), router.serve_options(e)) for e in router.entries]
-        return repr((type(plan), plan.front, dataclasses.replace(plan.config, serve=None), per_model))
+        return repr((type(plan), plan.front, dataclasses.replace(plan.config, serve=None), per_model,
+                     router.lora_modules))
     return repr((type(plan), plan))
 
 

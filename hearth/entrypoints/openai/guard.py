@@ -17,7 +17,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from hearth.entrypoints.openai.api_keys import KeyRing, KeySpec, LimitExceeded, Meter, current_key, current_meter
 from hearth.entrypoints.openai.errors import error_body, shaped_for
 
-_KEYED = ("/v1/", "/tokenize", "/detokenize", "/status", "/api/")  # /api/: Ollama's API
+_KEYED = ("/v1/", "/tokenize", "/detokenize", "/status", "/api/", "/lora-adapters")  # /api/: Ollama's API
 # POSTs here are what a key's limits count: each names a model, which it may load (under a router) and run
 _COUNTED = ("/v1/", "/api/chat", "/api/generate", "/api/embed", "/api/show", "/tokenize", "/detokenize")
 _ADMIN = ("/models", "/keys", "/v1/load_lora_adapter", "/v1/unload_lora_adapter")

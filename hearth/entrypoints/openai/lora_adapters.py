@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+from collections.abc import Sequence
 
 from fastapi import FastAPI, Request
 from fastapi.responses import PlainTextResponse
@@ -32,13 +33,17 @@ class UnloadLoRAAdapterRequest(BaseModel):
 
 class LoRAAdapters:
     """The adapters by name, each with the context its requests get; ids are given here, never reused, so an
-    adapter loaded again under its old name shares no cached KV with its earlier self."""
+    adapter loaded again under its old name shares no cached KV with its earlier self. base: the model's context
+    (None until the router's data-parallel model has loaded: attach() gives it)."""
 
-    def __init__(self, base: ServingContext) -> None:
+    def __init__(self, base: ServingContext | None) -> None:
         self.base = base
         self.contexts: dict[str, ServingContext] = {}
         self.loading: set[str] = set()  # names whose load is under way
         self.ids = itertools.count(1)
+        # llama-server's adapter ids: the position in --lora-modules, then in load order (an unloaded one's id is
+        # never given again)
+        self.order: list[LoRARequest] = []
 
     def context(self, name: str | None) -> ServingContext | None:
         return self.contexts.get(name) if name else None
@@ -46,7 +51,8 @@ class LoRAAdapters:
     def new_request(self, module: LoRAModule) -> LoRARequest:
         """The adapter's LoRARequest under a fresh id; a name already served is an APIError 400."""
         taken = module.name in self.contexts or module.name in self.loading
-        if taken or module.name == self.base.model_name or module.name in self.base.aliases:
+        base_names = (self.base.model_name, *self.base.aliases) if self.base is not None else ()
+        if taken or module.name in base_names:
             raise APIError(400, f"the LoRA adapter {module.name!r} has already been loaded" if taken else
                            f"{module.name!r} is the base model's name: give the adapter another",
                            param="lora_name")
@@ -54,8 +60,40 @@ class LoRAAdapters:
 
     def add(self, lora: LoRARequest) -> None:
         """Serve an adapter the engine has added."""
+        self._serve(lora)
+        self.order.append(lora)
+
+    def _serve(self, lora: LoRARequest) -> None:
+        assert self.base is not None
         self.contexts[lora.lora_name] = dataclasses.replace(self.base, model_name=lora.lora_name, aliases=(),
                                                             lora=lora)
+
+    async def attach(self, base: ServingContext, modules: Sequence[LoRAModule]) -> None:
+        """Serve the adapters over a model (re)loaded in worker processes (the router's data-parallel model):
+        the first time `modules` (--lora-modules), after a reload the adapters served before, each added to every
+        worker through the engine client. Raises LoRAError, or ValueError for a --lora-modules name that is taken."""
+        served = [ctx.lora for ctx in self.contexts.values()]
+        first, self.base, self.contexts = not self.order, base, {}
+        if first:
+            for module in modules:
+                try:
+                    lora = self.new_request(module)
+                except APIError as e:  # (a start-up flag's mistake, as build_serving words it)
+                    raise ValueError(f"--lora-modules: {e.message}") from None
+                await base.engine.add_lora(lora)
+                self.add(lora)
+            return
+        for lora in served:
+            await base.engine.add_lora(lora)
+            self._serve(lora)
+
+    def name_of(self, index: int) -> str | None:
+        """The served adapter with llama-server's id `index` (None: no such id, or unloaded since)."""
+        if not 0 <= index < len(self.order):
+            return None
+        lora = self.order[index]
+        ctx = self.contexts.get(lora.lora_name)
+        return lora.lora_name if ctx is not None and ctx.lora is lora else None
 
     async def load(self, module: LoRAModule) -> None:
         lora = self.new_request(module)
@@ -77,9 +115,18 @@ class LoRAAdapters:
 
     def cards(self) -> list[dict]:
         """The /v1/models rows (vLLM's: root is the adapter's folder, parent the model it adapts)."""
+        if self.base is None:
+            return []
         return [{"id": name, "object": "model", "created": ctx.created, "owned_by": "hearth",
                  "root": ctx.lora.lora_path, "parent": ctx.lora.base_model_name or self.base.model_name,
                  "max_model_len": ctx.max_model_len} for name, ctx in self.contexts.items()]
+
+
+    def llama_listing(self) -> list[dict]:
+        """llama-server's GET /lora-adapters rows. scale is 0: an adapter applies only to the requests that name it
+        (as `model` or in `lora`), as llama-server's --lora-init-without-apply leaves them."""
+        return [{"id": i, "name": lora.lora_name, "path": lora.lora_path, "scale": 0.0}
+                for i, lora in enumerate(self.order) if self.name_of(i) is not None]
 
 
 def register(app: FastAPI, adapters: LoRAAdapters) -> None:

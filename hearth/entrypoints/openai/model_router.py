@@ -28,6 +28,8 @@ from hearth.engine.engine_worker import WorkerOptions
 from hearth.engine.llm_engine import EngineStats
 from hearth.heap import give_back
 from hearth.entrypoints.openai.errors import APIError
+from hearth.entrypoints.openai.lora_adapters import LoRAAdapters
+from hearth.entrypoints.openai.lora_modules import LoRAModule
 from hearth.entrypoints.openai.model_specs import ModelSpec
 from hearth.entrypoints.openai.served_models import Listing
 from hearth.entrypoints.openai.serving_build import ServeOptions, serving_context
@@ -141,7 +143,10 @@ class _FrontMetrics:
 
 
 class ModelRouter:
-    def __init__(self, specs: list[ModelSpec], base: EngineArgs, config: RouterConfig) -> None:
+    def __init__(self, specs: list[ModelSpec], base: EngineArgs, config: RouterConfig,
+                 lora_modules: list[LoRAModule] | None = None) -> None:
+        """lora_modules: --lora-modules of the one data-parallel model (the serve plan allows --enable-lora only
+        with one model)."""
         self.config = config
         self.entries: list[_Entry] = []
         for spec in specs:
@@ -162,6 +167,9 @@ class ModelRouter:
         self.metrics = None
         self.front = _FrontMetrics()  # the front's own series (API keys), merged into /metrics
         self.created = int(time.time())
+        # The one model's LoRA adapters, served by name over its workers (attached at each load)
+        self.adapters = LoRAAdapters(None) if base.enable_lora else None
+        self.lora_modules = lora_modules or []
 
     # ---- lifecycle ----
     async def start(self) -> None:
@@ -190,7 +198,13 @@ class ModelRouter:
         return entry
 
     async def context(self, name: str | None) -> ServingContext:
-        """The serving context of the named model, loading it first if it must (the request waits, bounded)."""
+        """The serving context of the named model (or LoRA adapter), loading it first if it must (the request
+        waits, bounded)."""
+        if self.adapters is not None and name is not None and name not in self._names:
+            await self.context(self.entries[0].spec.name)  # (a reload attaches the adapters again)
+            adapter = self.adapters.context(name)
+            if adapter is not None:
+                return adapter
         entry = self.resolve(name)
         entry.last_used = time.monotonic()
         held = _HELD.get()
@@ -261,7 +275,9 @@ class ModelRouter:
             entry.load_task = None
         try:
             ctx = serving_context(engine, self.serve_options(entry), entry.spec.name, entry.spec.aliases)
-        except ValueError as e:
+            if self.adapters is not None:
+                await self.adapters.attach(ctx, self.lora_modules)
+        except ValueError as e:  # (a LoRAError of --lora-modules too)
             entry.engine, entry.error = None, f"model {entry.spec.name!r}: {e}"
             self.cores.release(entry.spec.name)
             logger.error("%s", entry.error)
@@ -382,7 +398,7 @@ class ModelRouter:
             data.append({"id": e.spec.name, "object": "model", "created": self.created, "owned_by": "hearth",
                          "root": e.spec.path, "parent": None, "max_model_len": d["max_model_len"],
                          "state": d["state"], "aliases": e.spec.aliases})
-        return {"object": "list", "data": data}
+        return {"object": "list", "data": data + (self.adapters.cards() if self.adapters is not None else [])}
 
     async def render_metrics(self) -> bytes:
         engines = [e.engine for e in self.entries if e.engine is not None and e.state == "loaded"]

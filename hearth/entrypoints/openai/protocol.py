@@ -48,6 +48,13 @@ class StructuredOutputsField(OpenAIModel):
     structural_tag: Any = None
 
 
+class LoRAScale(OpenAIModel):
+    """One entry of llama-server's per-request `lora` list: an adapter by its index in --lora-modules, and what its
+    delta is multiplied by (0: off)."""
+    id: StrictInt
+    scale: float
+
+
 class _SamplingFields(OpenAIModel):
     """Fields shared by completions and chat completions."""
 
@@ -73,6 +80,7 @@ class _SamplingFields(OpenAIModel):
     stream_options: StreamOptions | None = None
     user: str | None = None
     priority: StrictInt = Field(default=0, ge=-(2**31), le=2**31 - 1)  # vLLM's: with --scheduling-policy priority
+    lora: list[LoRAScale] | None = None  # llama-server's per-request adapters (lora_select.py)
     # Structured output: OpenAI's response_format, vLLM's guided_* fields and structured_outputs object.
     response_format: ResponseFormat | None = None
     guided_json: str | dict[str, Any] | None = None

@@ -70,9 +70,11 @@ class ServerArgs:
     header_timeout: float = arg(10.0, "close connections whose request headers are not complete after this many "
                                 "seconds", group=SERVER)
     body_timeout: float = arg(30.0, "answer 408 when a request body stalls for this many seconds", group=SERVER)
-    lora_modules: list[str] | None = arg(None, "LoRA adapters to serve (with --enable-lora), each name=path or JSON "
+    lora_modules: list[str] | None = arg(None, "LoRA adapters to serve (with --enable-lora), each name=path (a PEFT "
+                                         "folder or a llama.cpp GGUF adapter file) or JSON "
                                          '{"name": ..., "path": ..., "base_model_name": ...}; a request names one '
-                                         "as its model", group=SERVER, nargs="+", vllm=SAME)
+                                         "as its model (or by position in llama-server's lora field)", group=SERVER,
+                                         nargs="+", vllm=SAME)
     reasoning_parser: str | None = arg(None, "split <think>...</think> into the message's reasoning_content (qwen3: "
                                        "the model opens it; deepseek_r1: the prompt does)", group=SERVER,
                                        choices=tuple(REASONING_PARSERS), vllm=SAME)

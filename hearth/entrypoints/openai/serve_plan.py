@@ -29,7 +29,8 @@ ROUTER_FLAGS = ("models_dir", "models_config", "max_loaded_models", "models_memo
                 "model_load_timeout", "data_parallel_size")
 GATEWAY_FLAGS = ("upstream", "upstream_api_key", "upstream_model", "upstream_min_prompt_tokens", "upstream_timeout",
                  "blocklist", "answer_cache_size", "answer_cache_ttl")
-# LoRA adapters are served by name by one model in process (the router and Ray replicas have no adapter names yet).
+# LoRA adapters are served by name by one model, in process or data parallel (several models behind the router and
+# Ray replicas have no adapter names yet).
 LORA_FLAGS = ("enable_lora", "max_loras", "max_lora_rank", "max_cpu_loras", "lora_modules")
 # What the front's own HTTP server (uvicorn + the site guard) applies; under Ray, Ray Serve's proxy answers instead.
 FRONT_HTTP_FLAGS = ("allowed_hosts", "allowed_origins", "header_timeout", "body_timeout", "uvicorn_log_level")
@@ -59,11 +60,12 @@ class RouterPlan:
     base: EngineArgs  # each model's EngineArgs start from it (its --models-config entry overrides)
     config: RouterConfig  # holds the ServeOptions every model's context and worker processes get
     front: FrontPlan
+    lora_modules: list[LoRAModule] = field(default_factory=list)  # -dp with one model: --lora-modules
 
     def build(self) -> ModelRouter:
         from hearth.entrypoints.openai.model_router import ModelRouter
 
-        return ModelRouter(self.specs, self.base, self.config)
+        return ModelRouter(self.specs, self.base, self.config, self.lora_modules)
 
 
 @dataclass
@@ -91,9 +93,11 @@ def plan_serve(ns: argparse.Namespace) -> InProcessPlan | RouterPlan | RayPlan:
     if parts is not None:  # several models and/or data parallel: engines in worker processes
         if serve.gateway is not None:
             _refuse(ns, GATEWAY_FLAGS, "is for one model: drop it, or --models-dir / --data-parallel-size")
-        _refuse(ns, LORA_FLAGS, "is for one model in process for now: drop it, or --models-dir / --models-config / "
-                "--data-parallel-size")
-        return RouterPlan(*parts, front)
+        if ns.models_dir is not None or ns.models_config is not None:
+            _refuse(ns, LORA_FLAGS, "is for one model for now: drop it, or --models-dir / --models-config")
+        if ns.lora_modules and not parts[1].enable_lora:
+            raise ValueError("--lora-modules needs --enable-lora")
+        return RouterPlan(*parts, front, parse_lora_modules(ns.lora_modules))
     _refuse(ns, ("model_load_timeout",), "needs --models-dir, --models-config or --data-parallel-size")
     engine = engine_args_from(ns)
     if serve.gateway is not None:

@@ -28,6 +28,7 @@ from hearth.entrypoints.openai.errors import error_body, install_handlers
 from hearth.entrypoints.openai.gateway import Gateway
 from hearth.entrypoints.openai.guard import Guard
 from hearth.entrypoints.openai.lora_adapters import LoRAAdapters
+from hearth.entrypoints.openai.lora_select import lora_choice, with_lora_scale
 from hearth.entrypoints.openai.model_access import KeyScopedModels, may_see
 from hearth.entrypoints.openai.model_router import HoldModels, ModelRouter
 from hearth.entrypoints.openai.served_models import OneModel, ServedModels
@@ -83,8 +84,11 @@ def build_app(engine: EngineClient | None, ctx: ServingContext | None, config: S
               gateway: Gateway | None = None, router: ModelRouter | None = None,
               adapters: LoRAAdapters | None = None) -> FastAPI:
     """One model (its client and context), or a ModelRouter (then engine and ctx are None: each model has its own,
-    and the router answers /health). adapters: the one model's LoRA adapters (--enable-lora)."""
+    and the router answers /health). adapters: the one model's LoRA adapters (--enable-lora; a router's are its
+    own)."""
     state = router if router is not None else engine  # what /health reports: dead, stats
+    if router is not None:
+        adapters = router.adapters
     @asynccontextmanager
     async def lifespan(_: FastAPI):
         if router is not None:  # worker processes: loaded (pinned) before serving, stopped after
@@ -166,19 +170,33 @@ def build_app(engine: EngineClient | None, ctx: ServingContext | None, config: S
                                                  *(adapters.cards() if adapters is not None else []), *upstream]}
         return {**listed, "data": [m for m in listed["data"] if may_see(m["id"])]}
 
+    async def generating_context(body: CompletionRequest | ChatCompletionRequest) -> ServingContext:
+        """The request's model, or the adapter its llama-server `lora` list applies, at that list's scale."""
+        name, scale = lora_choice(body.lora, body.model, adapters)
+        body.model = name  # (the serving layer checks the body's model against the context's name)
+        return with_lora_scale(await context(name), scale)
+
     @app.post("/v1/completions", openapi_extra=openapi_body(CompletionRequest))
     async def completions(raw: Request):
         body = await parse_body(raw, CompletionRequest)
         if gateway is not None:
+            lora_choice(body.lora, body.model, None)  # (no adapters behind a gateway: a `lora` list is a 400)
             return await gateway.handle(raw, body, create_completion)
-        return await create_completion(await context(body.model), body, raw)
+        return await create_completion(await generating_context(body), body, raw)
 
     @app.post("/v1/chat/completions", openapi_extra=openapi_body(ChatCompletionRequest))
     async def chat_completions(raw: Request):
         body = await parse_body(raw, ChatCompletionRequest)
         if gateway is not None:
+            lora_choice(body.lora, body.model, None)
             return await gateway.handle(raw, body, create_chat_completion)
-        return await create_chat_completion(await context(body.model), body, raw)
+        return await create_chat_completion(await generating_context(body), body, raw)
+
+    if adapters is not None:
+        @app.get("/lora-adapters")
+        async def lora_adapter_list() -> list[dict]:
+            """llama-server's listing: each adapter's id (for a request's `lora` list), name, path and scale."""
+            return [row for row in adapters.llama_listing() if may_see(row["name"])]
 
     register_pooling_routes(app, served)
     if adapters is not None and envs.allow_runtime_lora_updating():  # (vLLM's opt-in: off, no route reads a path)

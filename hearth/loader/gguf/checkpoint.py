@@ -59,9 +59,9 @@ class GGUFCheckpoint:
                     t = reader.dequantize(buf[info.start:info.start + info.nbytes], info)
                     _release(buf, info)
                     if self._arch.permute_qk and ".self_attn.q_proj." in hf:
-                        t = _unpermute(t, cfg["num_attention_heads"])
+                        t = unpermute_rows(t, cfg["num_attention_heads"])
                     elif self._arch.permute_qk and ".self_attn.k_proj." in hf:
-                        t = _unpermute(t, cfg["num_key_value_heads"])
+                        t = unpermute_rows(t, cfg["num_key_value_heads"])
                     if self._arch.norm_offset and hf.endswith("norm.weight"):
                         t = t.float() - self._arch.norm_offset  # in fp32, before any downcast
                     yield hf, _storage(t, dtype, info, "embed_tokens" not in hf).contiguous()
@@ -107,7 +107,7 @@ class GGUFCheckpoint:
             heads = self.hf_config["num_attention_heads"]
         elif self._arch.permute_qk and ".self_attn.k_proj." in hf:
             heads = self.hf_config["num_key_value_heads"]
-        return blocks if heads is None else blocks.index_rows(_unpermute(torch.arange(rows), heads))
+        return blocks if heads is None else blocks.index_rows(unpermute_rows(torch.arange(rows), heads))
 
 
 def _as_blocks(info: TensorInfo, data: torch.Tensor) -> GGUFBlocks:
@@ -169,7 +169,7 @@ def _is_linear_weight(hf: str, info: TensorInfo) -> bool:
     return len(info.shape) == 2 and hf.endswith(".weight") and "embed_tokens" not in hf and not hf.startswith("lm_head")
 
 
-def _unpermute(w: torch.Tensor, n_head: int) -> torch.Tensor:
+def unpermute_rows(w: torch.Tensor, n_head: int) -> torch.Tensor:
     """Inverse of convert_hf_to_gguf.py's permute: per head, rows (2, d/2) were stored as (d/2, 2)."""
     rows = w.shape[0]
     return w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
