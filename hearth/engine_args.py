@@ -93,6 +93,10 @@ class EngineArgs:
         None, 'pooling of embeddings, as JSON: {"pooling_type": "MEAN"|"CLS"|"LAST", "normalize": true} (default: '
         "the checkpoint's sentence-transformers config, else CLS for encoders and LAST for decoders, normalized)",
         group=ENGINE, vllm=SAME)
+    # Images per prompt (hearth/multimodal/processing.py parse_limits): vLLM's JSON, {"image": N}
+    limit_mm_per_prompt: dict | str | None = arg(
+        None, 'most images one prompt may carry, as JSON: {"image": 4} (default: 8; models that take images only)',
+        group=ENGINE, vllm=SAME)
     # Sampling defaults for requests that leave fields unset: hearth/generation_defaults.py.
     generation_config: str = arg("auto", "auto: the checkpoint's generation_config.json (the bundled model: greedy, "
                                  "1024 tokens); vllm: none (temperature 1.0); or a folder holding "

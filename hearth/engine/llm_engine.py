@@ -26,6 +26,9 @@ from hearth.layers.attention import Attention
 from hearth.layers.pooler import PoolerConfig
 from hearth.loader.model_loader import DEFAULT_MODEL_FILE, load_model
 from hearth.lora.request import LoRARequest
+from hearth.multimodal.families import vision_spec
+from hearth.multimodal.inputs import ImageInput
+from hearth.multimodal.processing import check_image_count, image_limit, no_images, parse_limits
 from hearth.platform import cpu_info, keep_freed_memory, setup_threads
 from hearth.pooling_params import PoolingParams
 from hearth.sampling_params import SamplingParams
@@ -76,11 +79,13 @@ class LLMEngine:
         torch.manual_seed(args.seed)
         spec_config = SpeculativeConfig.parse(args.speculative_config)  # before loading: a bad config fails fast
         lora_config = _lora_config(args)  # (the same)
+        self.mm_limits = parse_limits(args.limit_mm_per_prompt)  # (the same)
         loaded = load_model(args, self.tp.shard if self.tp else None)
         self.model_config = loaded.model_config
         self.tokenizer = loaded.tokenizer
         self.model = loaded.model
         mc = self.model_config
+        self.vision = vision_spec(mc.hf_config)  # None: the model takes text only
         draft_model = None
         if spec_config is not None and spec_config.method == "draft_model":
             draft_model, draft_mc = load_draft_model(args, spec_config.model, mc)
@@ -183,10 +188,11 @@ class LLMEngine:
     # ---- requests ----
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams | PoolingParams,
                     arrival_time: float | None = None, grammar: CompiledGrammar | None = None,
-                    lora_request: LoRARequest | None = None) -> None:
+                    lora_request: LoRARequest | None = None, mm_inputs: list[ImageInput] | None = None) -> None:
         """Queue a request. Raises ParamError (a user error) for an empty or too-long prompt, bad token ids.
         grammar: params.structured_outputs compiled by the caller (off the engine thread); compiled here if None.
-        lora_request: the adapter it runs under (None: the base model); a LoRAError if it cannot be served."""
+        lora_request: the adapter it runs under (None: the base model); a LoRAError if it cannot be served.
+        mm_inputs: the images whose tokens the prompt holds (hearth.multimodal.processing expanded them)."""
         if request_id in self.parents:
             raise ParamError(None, f"request id {request_id!r} is already in use")
         mc = self.model_config
@@ -196,6 +202,8 @@ class LLMEngine:
         vocab = mc.vocab_size
         if any(not 0 <= t < vocab for t in prompt_token_ids):
             raise ParamError("prompt", f"prompt token ids must be in [0, {vocab})")
+        if mm_inputs:
+            self._check_images(prompt_token_ids, mm_inputs, isinstance(params, PoolingParams))
         if lora_request is not None and self.lora is None:
             raise ParamError("model", f"this server has no LoRA adapters (start it with --enable-lora): "
                              f"{lora_request.lora_name!r} cannot be used")
@@ -244,7 +252,7 @@ class LLMEngine:
                 child_params = _child_params(params, i)
             rid = f"{request_id}#{i}" if params.n > 1 else request_id
             req = Request(rid, prompt_token_ids, child_params, mc.eos_token_ids, arrival_time,
-                          lora_request.lora_int_id if lora_request is not None else 0)
+                          lora_request.lora_int_id if lora_request is not None else 0, mm_inputs)
             req.group_id = request_id  # the scheduler caps the slots of one request's n sequences together
             if grammar is not None:
                 req.grammar = grammar.new_matcher()  # each of the n sequences walks the grammar on its own
@@ -264,6 +272,22 @@ class LLMEngine:
         self.parents[request_id] = children
         for rid in children:
             self.scheduler.add_request(self.seqs[rid].request)
+
+    def _check_images(self, prompt_token_ids: list[int], images: list[ImageInput], pooling: bool) -> None:
+        """Images must belong to a model that takes them, stay within the limit, and each cover a run of the
+        family's image tokens inside the prompt, in prompt order, without overlapping."""
+        if self.vision is None:
+            raise no_images(self.model_config.served_model_name, "multi_modal_data")
+        if pooling:
+            raise ParamError("multi_modal_data", "images are for text generation, not embeddings or scores")
+        check_image_count(len(images), image_limit(self.mm_limits), "multi_modal_data")
+        token, prev_end = self.vision.image_token_id, 0
+        for img in images:
+            if (img.offset < prev_end or img.end > len(prompt_token_ids) or img.length < 1
+                    or any(t != token for t in prompt_token_ids[img.offset:img.end])):
+                raise ParamError("multi_modal_data", f"an image's {img.length} tokens at prompt position "
+                                 f"{img.offset} are not a run of image tokens ({token}) in the prompt")
+            prev_end = img.end
 
     def abort_request(self, request_id: str) -> None:
         """Abort a user request (all its n sequences); frees their KV blocks at once. Unknown ids are ignored."""
