@@ -97,6 +97,10 @@ class EngineArgs:
     limit_mm_per_prompt: dict | str | None = arg(
         None, 'most images one prompt may carry, as JSON: {"image": 4} (default: 8; models that take images only)',
         group=ENGINE, vllm=SAME)
+    # http(s) image URLs are fetched only from these hosts (hearth/entrypoints/openai/chat_images.py); vLLM's flag
+    allowed_media_domains: list[str] | None = arg(
+        None, "hosts whose http(s) image URLs the server fetches (default: none: images come as base64 data URLs)",
+        group=ENGINE, nargs="+", vllm=SAME)
     # Sampling defaults for requests that leave fields unset: hearth/generation_defaults.py.
     generation_config: str = arg("auto", "auto: the checkpoint's generation_config.json (the bundled model: greedy, "
                                  "1024 tokens); vllm: none (temperature 1.0); or a folder holding "

@@ -61,6 +61,7 @@ class EngineInfo:
     hf_config: Any = None  # hearth.config.HFConfig (a dict): what the serving layer looks up (FIM tokens)
     generation_defaults: dict = field(default_factory=dict)  # generation_config defaults for unset request fields
     mm_limits: dict = field(default_factory=dict)  # --limit-mm-per-prompt, parsed: {"image": N} ({} : the default)
+    media_domains: list = field(default_factory=list)  # --allowed-media-domains
 
     @classmethod
     def of(cls, llm: LLMEngine) -> EngineInfo:
@@ -68,7 +69,8 @@ class EngineInfo:
         return cls(os.getpid(), llm.tokenizer, mc.served_model_name, mc.model, mc.max_model_len, llm.threads,
                    list(llm.bound_cores), llm.block_manager.num_usable_blocks, _kv_bytes(llm),
                    _weights_bytes(mc.model), mc.hf_config, dict(getattr(llm, "generation_defaults", None) or {}),
-                   dict(getattr(llm, "mm_limits", None) or {}))
+                   dict(getattr(llm, "mm_limits", None) or {}),
+                   list(getattr(getattr(llm, "args", None), "allowed_media_domains", None) or []))
 
 
 @runtime_checkable

@@ -38,10 +38,13 @@ def load_image(data: bytes, param: str = "image"):
             img.load()  # (truncated or corrupt pixel data fails here)
     except ParamError:
         raise
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning):  # (Pillow's own check, at open)
+        raise ParamError(param, f"the image declares more than the {MAX_PIXELS} pixels accepted: scale it "
+                                "down") from None
     except UnidentifiedImageError:
         raise ParamError(param, "the image bytes are not an image in a known format (corrupt, or not an image): "
                                 f"send one of {', '.join(FORMATS)}") from None
-    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
+    except (OSError, SyntaxError, ValueError) as e:
         raise ParamError(param, f"the image could not be decoded (truncated or corrupt {fmt_name(data)}): "
                                 f"{e}") from None
     return img.convert("RGB") if img.mode != "RGB" else img

@@ -1,0 +1,123 @@
+"""Images through the real server: OpenAI chat image_url parts (base64 data URLs) on a tiny random LLaVA answer as
+the offline API does on the same prompt and image; every bad image is a 400 with an OpenAI-style body naming the
+problem, and the server goes on serving with no KV blocks held."""
+from __future__ import annotations
+
+import base64
+import io
+import struct
+
+import httpx
+import pytest
+
+from tests.server.conftest import ServerProcess, start_server
+from tests.tiny_vlm import build_llava, test_image
+
+QUESTION = "What is in the picture?"
+
+
+def data_url(data: bytes, mime: str = "image/png") -> str:
+    return f"data:{mime};base64,{base64.b64encode(data).decode()}"
+
+
+def png(img) -> bytes:
+    buf = io.BytesIO()
+    img.save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def chat_body(*urls: str, text: str = QUESTION) -> dict:
+    parts = [{"type": "image_url", "image_url": {"url": u}} for u in urls] + [{"type": "text", "text": text}]
+    return {"model": "tiny-llava", "messages": [{"role": "user", "content": parts}], "max_tokens": 8,
+            "temperature": 0}
+
+
+@pytest.fixture(scope="module")
+def llava_folder(tmp_path_factory) -> str:
+    return build_llava(str(tmp_path_factory.mktemp("llava-srv") / "tiny-llava"))
+
+
+@pytest.fixture(scope="module")
+def vlm_server(llava_folder: str, tmp_path_factory) -> ServerProcess:
+    srv = start_server([llava_folder, "--served-model-name", "tiny-llava", "--dtype", "float32", "--kv-cache-space",
+                        "0.05", "--threads", "1", "--limit-mm-per-prompt", '{"image": 2}'],
+                       str(tmp_path_factory.mktemp("logs") / "llava.log"))
+    yield srv
+    srv.stop()
+
+
+def _post(srv: ServerProcess, body: dict) -> httpx.Response:
+    return srv.http.post("/v1/chat/completions", json=body, timeout=120)
+
+
+def test_chat_image_url_answers_as_offline(vlm_server: ServerProcess, llava_folder: str) -> None:
+    from hearth import LLM, SamplingParams
+
+    img = test_image(48, 36, seed=11)
+    got = vlm_server.client().chat.completions.create(**chat_body(data_url(png(img))))
+    other = _post(vlm_server, chat_body(data_url(png(test_image(48, 36, seed=12))))).json()
+    llm = LLM(llava_folder, dtype="float32", kv_cache_space=0.05)
+    prompt = f"<|im_start|>user\n<image>\n{QUESTION}<|im_end|>\n<|im_start|>assistant\n"
+    # (the server read the PNG back: the same pixels as img)
+    want = llm.generate({"prompt": prompt, "multi_modal_data": {"image": img}},
+                        SamplingParams(temperature=0, max_tokens=8))[0]
+    assert got.choices[0].message.content == want.outputs[0].text
+    assert got.usage.prompt_tokens == len(want.prompt_token_ids)
+    assert other["choices"][0]["message"]["content"] != got.choices[0].message.content, "the image was not read"
+
+
+def _truncated_png() -> bytes:
+    data = png(test_image(64, 64, seed=13))
+    return data[: len(data) // 2]
+
+
+def _bmp_declaring(width: int, height: int) -> bytes:
+    """A BMP whose header declares width x height (its pixels absent): the size is refused from the header."""
+    buf = io.BytesIO()
+    test_image(4, 4, seed=14).save(buf, format="BMP")
+    data = bytearray(buf.getvalue())
+    data[18:26] = struct.pack("<ii", width, height)
+    return bytes(data)
+
+
+def _tiff() -> bytes:
+    buf = io.BytesIO()
+    test_image(8, 8, seed=15).save(buf, format="TIFF")
+    return buf.getvalue()
+
+
+BAD = {  # case -> (image urls, words the message must contain)
+    "corrupt": ([data_url(b"this is not an image at all")], "not an image"),
+    "truncated": ([data_url(_truncated_png())], "truncated or corrupt"),
+    "bad-base64": (["data:image/png;base64,@@@not-base64@@@"], "not valid base64"),
+    "unsupported-format": ([data_url(_tiff(), "image/tiff")], "unsupported image format TIFF"),
+    "oversized": ([data_url(_bmp_declaring(20000, 20000), "image/bmp")], "scale it down"),
+    "too-many": ([data_url(png(test_image(8, 8, seed=16)))] * 3, "more than the 2"),
+    "fifty": ([data_url(png(test_image(8, 8, seed=16)))] * 50, "50 images"),
+    "http-not-allowed": (["http://images.example/cat.png"], "--allowed-media-domains"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_bad_image_is_a_400_naming_it(vlm_server: ServerProcess, case: str) -> None:
+    urls, words = BAD[case]
+    r = _post(vlm_server, chat_body(*urls))
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert words in err["message"] and err["type"] == "invalid_request_error" and err["param"] == "messages"
+    health = vlm_server.health()
+    assert health["kv_used_blocks"] == 0 and health["num_requests_running"] == 0
+    ok = _post(vlm_server, chat_body(data_url(png(test_image(20, 20, seed=17)))))
+    assert ok.status_code == 200 and ok.json()["choices"][0]["message"]["content"] is not None
+
+
+def test_image_to_a_text_only_model_is_a_400(server: ServerProcess) -> None:
+    r = server.http.post("/v1/chat/completions", json={**chat_body(data_url(png(test_image(8, 8, seed=18)))),
+                                                       "model": None}, timeout=60)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert "takes text only" in err["message"] and err["param"] == "messages"
+    assert server.health()["kv_used_blocks"] == 0
+    ok = server.http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}],
+                                                        "max_tokens": 2}, timeout=60)
+    assert ok.status_code == 200
