@@ -40,7 +40,8 @@ def llava_folder(tmp_path_factory) -> str:
 @pytest.fixture(scope="module")
 def vlm_server(llava_folder: str, tmp_path_factory) -> ServerProcess:
     srv = start_server([llava_folder, "--served-model-name", "tiny-llava", "--dtype", "float32", "--kv-cache-space",
-                        "0.05", "--threads", "1", "--limit-mm-per-prompt", '{"image": 2}'],
+                        "0.05", "--threads", "1", "--limit-mm-per-prompt", '{"image": 2}',
+                        "--allowed-media-domains", "127.0.0.1"],
                        str(tmp_path_factory.mktemp("logs") / "llava.log"))
     yield srv
     srv.stop()
@@ -64,6 +65,40 @@ def test_chat_image_url_answers_as_offline(vlm_server: ServerProcess, llava_fold
     assert got.choices[0].message.content == want.outputs[0].text
     assert got.usage.prompt_tokens == len(want.prompt_token_ids)
     assert other["choices"][0]["message"]["content"] != got.choices[0].message.content, "the image was not read"
+
+
+def test_http_image_from_an_allowed_host(vlm_server: ServerProcess) -> None:
+    """--allowed-media-domains 127.0.0.1: an http URL there is fetched and answered as the same image sent inline;
+    a missing one is a 400 naming the HTTP status."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    image = png(test_image(30, 30, seed=19))
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            found = self.path == "/cat.png"
+            self.send_response(200 if found else 404)
+            self.send_header("Content-Length", str(len(image) if found else 0))
+            self.end_headers()
+            if found:
+                self.wfile.write(image)
+
+        def log_message(self, *args) -> None:
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        base = f"http://127.0.0.1:{httpd.server_address[1]}"
+        fetched = _post(vlm_server, chat_body(f"{base}/cat.png"))
+        inline = _post(vlm_server, chat_body(data_url(image)))
+        assert fetched.status_code == 200, fetched.text
+        assert fetched.json()["choices"][0]["message"] == inline.json()["choices"][0]["message"]
+        missing = _post(vlm_server, chat_body(f"{base}/dog.png"))
+        assert missing.status_code == 400 and "HTTP 404" in missing.json()["error"]["message"]
+    finally:
+        httpd.shutdown()
 
 
 def _truncated_png() -> bytes:
