@@ -55,7 +55,9 @@ class ImageProcessing:
     otherwise); thread-safe for process() calls from a worker pool (the processor keeps no per-call state)."""
 
     def __init__(self, model_path: str, spec: VisionSpec, limit: int) -> None:
-        from transformers import AutoImageProcessor
+        # (the module itself, not transformers' lazy top-level name: that lookup can fail while another thread is
+        # importing transformers)
+        from transformers.models.auto.image_processing_auto import AutoImageProcessor
 
         self.spec = spec
         self.limit = limit

@@ -156,3 +156,19 @@ def test_image_to_a_text_only_model_is_a_400(server: ServerProcess) -> None:
     ok = server.http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}],
                                                         "max_tokens": 2}, timeout=60)
     assert ok.status_code == 200
+
+
+def test_images_cross_to_worker_processes(llava_folder: str, vlm_server: ServerProcess, tmp_path) -> None:
+    """Data parallel: the engines run in worker processes; the image inputs cross the pipe with the request and
+    the answer is the in-process server's."""
+    body = chat_body(data_url(png(test_image(48, 36, seed=21))))
+    want = _post(vlm_server, body).json()["choices"][0]["message"]
+    srv = start_server([llava_folder, "--served-model-name", "tiny-llava", "--dtype", "float32", "--kv-cache-space",
+                        "0.05", "--threads", "1", "--data-parallel-size", "2"], str(tmp_path / "dp.log"))
+    try:
+        for _ in range(2):  # (both workers, least-busy routing)
+            r = _post(srv, body)
+            assert r.status_code == 200, r.text
+            assert r.json()["choices"][0]["message"] == want
+    finally:
+        srv.stop()

@@ -5,6 +5,7 @@ with an image is a 400 naming it."""
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
@@ -35,6 +36,7 @@ class ChatImages:
         self.limits, self.limit, self.domains = limits, image_limit(limits), domains
         self.pool = ThreadPoolExecutor(POOL_THREADS, thread_name_prefix="hearth-images")
         self.processing: ImageProcessing | None = None
+        self.lock = threading.Lock()  # (the pool's threads build the processor once)
 
     @property
     def placeholder_id(self) -> int | None:
@@ -68,8 +70,9 @@ class ChatImages:
             raise APIError(400, str(e), param="messages", code="invalid_image") from None
 
     def _expand(self, ids: list[int], images: list) -> tuple[list[int], list[ImageInput]]:
-        if self.processing is None:  # (pool threads only; a double build on a race is harmless)
-            self.processing = ImageProcessing(self.model_path, self.spec, self.limit)
+        with self.lock:
+            if self.processing is None:
+                self.processing = ImageProcessing(self.model_path, self.spec, self.limit)
         return self.processing.expand(ids, images, "messages")
 
     async def _run(self, fn: Callable[..., T], *args) -> T:
