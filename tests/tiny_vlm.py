@@ -55,11 +55,12 @@ def build_llava(folder: str, seed: int = 0, std: float = 0.08, **overrides) -> s
 
 
 def hf_processor(folder: str):
-    from transformers import AutoTokenizer, CLIPImageProcessor, LlavaProcessor
+    from transformers import AutoConfig, AutoTokenizer, CLIPImageProcessor, LlavaProcessor
 
+    strategy = AutoConfig.from_pretrained(folder).vision_feature_select_strategy
     return LlavaProcessor(image_processor=CLIPImageProcessor.from_pretrained(folder),
                           tokenizer=AutoTokenizer.from_pretrained(folder), patch_size=PATCH,
-                          vision_feature_select_strategy="default", num_additional_image_tokens=1,
+                          vision_feature_select_strategy=strategy, num_additional_image_tokens=1,
                           image_token=IMAGE_TOKEN)
 
 

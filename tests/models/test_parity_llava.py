@@ -2,6 +2,7 @@
 multi_modal_data, greedy tokens identical for 32 steps, top-5 logprobs close; two images of different sizes in one
 batch beside a text-only request, prefilled in chunks that split the images; the prefix cache keyed by pixels."""
 import pytest
+import torch
 
 from hearth import LLM, SamplingParams
 from hearth.errors import ParamError
@@ -54,6 +55,39 @@ def test_two_images_in_one_prompt(folder: str) -> None:
     expected = hf_llava_greedy(folder, prompts, STEPS)
     llm = LLM(folder, dtype="float32", kv_cache_space=0.05, max_num_batched_tokens=64)
     _assert_same(expected, _generate(llm, prompts))
+
+
+def test_cls_kept_and_two_feature_layers(tmp_path) -> None:
+    """vision_feature_select_strategy "full" (the CLS position is an image token too) and vision_feature_layer as
+    a list (the layers' states concatenated before the projector)."""
+    folder = build_llava(str(tmp_path / "llava-full"), seed=1, vision_feature_select_strategy="full",
+                         vision_feature_layer=[-3, -1], projector_hidden_act="gelu_pytorch_tanh")
+    prompts = [("Paris is<image> the capital of", [test_image(64, 48, seed=8)])]
+    expected = hf_llava_greedy(folder, prompts, STEPS)
+    llm = LLM(folder, dtype="float32", kv_cache_space=0.05, max_num_batched_tokens=64)
+    _assert_same(expected, _generate(llm, prompts))
+
+
+def test_engine_checks_image_inputs(folder: str, tmp_path) -> None:
+    """add_request refuses images whose positions are not image tokens of the prompt, and a text-only model
+    refuses images by name; nothing is queued."""
+    from hearth.multimodal.inputs import image_input
+    from tests.tiny_models import build_checkpoint, tiny_config
+
+    llm = LLM(folder, dtype="float32", kv_cache_space=0.05)
+    token = llm.engine.vision.image_token_id
+    pixels = torch.zeros(3, 32, 32)
+    params = SamplingParams(max_tokens=2)
+    with pytest.raises(ParamError, match="not a run of image tokens"):
+        llm.engine.add_request("r1", [7, 8] + [token] * 16, params, mm_inputs=[image_input(pixels, 0, 16)])
+    with pytest.raises(ParamError, match="not a run of image tokens"):
+        llm.engine.add_request("r2", [7, 8] + [token] * 15, params, mm_inputs=[image_input(pixels, 2, 16)])
+    assert not llm.engine.has_unfinished_requests()
+    text_only = LLM(build_checkpoint(str(tmp_path / "text"), tiny_config("llama")), dtype="float32",
+                    kv_cache_space=0.05)
+    with pytest.raises(ParamError, match="takes text only"):
+        _generate(text_only, [("a picture: <s>", [test_image(8, 8, seed=9)])])
+    assert not text_only.engine.has_unfinished_requests()
 
 
 def test_prefix_cache_keys_image_positions_by_pixels(folder: str) -> None:
