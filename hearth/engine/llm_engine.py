@@ -280,6 +280,9 @@ class LLMEngine:
             raise no_images(self.model_config.served_model_name, "multi_modal_data")
         if pooling:
             raise ParamError("multi_modal_data", "images are for text generation, not embeddings or scores")
+        if self.tp is not None:  # (the ranks' mirrored forward carries token ids only, not image rows)
+            raise ParamError("multi_modal_data", "this server runs with --tensor-parallel-size > 1, which cannot "
+                             "take images yet: serve the model without it for images")
         check_image_count(len(images), image_limit(self.mm_limits), "multi_modal_data")
         token, prev_end = self.vision.image_token_id, 0
         for img in images:

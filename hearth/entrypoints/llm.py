@@ -14,6 +14,7 @@ from hearth.engine.outputs import CompletionOutput, RequestOutput
 from hearth.entrypoints import llm_pooling
 from hearth.entrypoints.llm_pooling import PoolingRequestOutput
 from hearth.lora.request import LoRARequest
+from hearth.multimodal.chat_parts import split_images
 from hearth.multimodal.inputs import ImageInput
 from hearth.multimodal.processing import ImageProcessing, no_images
 from hearth.pooling_params import PoolingParams
@@ -84,12 +85,20 @@ class LLM:
     def chat(self, messages: list[dict] | list[list[dict]], sampling_params: SamplingParams | None = None,
              add_generation_prompt: bool = True, chat_template: str | None = None,
              use_tqdm: bool = False, lora_request: LoRARequest | None = None) -> list[RequestOutput]:
+        """messages: one conversation or a list of them; content parts may carry images (image_url with a base64
+        data URL, or image_pil with a PIL image), each put where its part is."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        vision = self.engine.vision
+        placeholder = self.tokenizer.decode([vision.image_token_id], skip_special_tokens=False) if vision else None
         prompts = []
         for conv in conversations:
+            conv, images = split_images(conv, placeholder)
             text = self.tokenizer.apply_chat_template(conv, add_generation_prompt=add_generation_prompt,
                                                       chat_template=chat_template)
-            prompts.append({"prompt": text, "prompt_token_ids": self.tokenizer.encode(text, add_special_tokens=False)})
+            prompt = {"prompt": text, "prompt_token_ids": self.tokenizer.encode(text, add_special_tokens=False)}
+            if images:
+                prompt["multi_modal_data"] = {"image": images}
+            prompts.append(prompt)
         return self.generate(prompts, sampling_params, use_tqdm, lora_request)
 
     def embed(self, prompts: str | list[int] | Sequence[str | list[int]], pooling_params: PoolingParams | None = None,

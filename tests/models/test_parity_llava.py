@@ -120,3 +120,24 @@ def test_images_must_match_placeholders_and_limit(folder: str) -> None:
         _generate(llm, [("<image><image>", [img, img])])
     bm = llm.engine.block_manager
     assert bm.num_used_blocks == 0 and not llm.engine.has_unfinished_requests()
+
+
+def test_offline_chat_with_images(folder: str) -> None:
+    """LLM.chat: an image_pil part and an image_url data-URL part answer as generate does on the rendered prompt
+    with the same images."""
+    import base64
+    import io
+
+    a, b = test_image(40, 30, seed=1), test_image(30, 40, seed=2)
+    buf = io.BytesIO()
+    b.save(buf, format="PNG")
+    url = "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+    llm = LLM(folder, dtype="float32", kv_cache_space=0.05)
+    params = SamplingParams(temperature=0.0, max_tokens=8)
+    chat = llm.chat([{"role": "user", "content": [{"type": "image_pil", "image_pil": a},
+                                                   {"type": "text", "text": "and"},
+                                                   {"type": "image_url", "image_url": {"url": url}}]}], params)
+    prompt = "<|im_start|>user\n<image>\nand\n<image><|im_end|>\n<|im_start|>assistant\n"
+    want = llm.generate({"prompt": prompt, "multi_modal_data": {"image": [a, b]}}, params)
+    assert chat[0].prompt_token_ids == want[0].prompt_token_ids
+    assert chat[0].outputs[0].token_ids == want[0].outputs[0].token_ids
