@@ -4,6 +4,7 @@ and after that for as long as the byte budget allows, so the same image in anoth
 A miss, even mid-image after an eviction, only re-encodes: it never changes the tokens."""
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 
@@ -22,15 +23,20 @@ class EncoderCache:
         self.entries: OrderedDict[str, torch.Tensor] = OrderedDict()  # mm_hash -> encoder output, LRU first
         self.nbytes = 0
         self.num_encoded = 0  # images run through the encoder
-        self.num_hits = 0  # image chunks served from a kept output
+        self.encoder_seconds = 0.0  # spent in the encoder
+        self.num_hits = 0  # images whose first prefilled token found their output kept (not encoded again)
 
-    def get(self, image: ImageInput) -> torch.Tensor:
+    def get(self, image: ImageInput, first: bool) -> torch.Tensor:
+        """The image's encoder output [length, hidden]. first: the image's first token is among the rows asking
+        (a kept output then counts as a hit; later chunks of an image being prefilled do not)."""
         out = self.entries.get(image.mm_hash)
         if out is not None:
             self.entries.move_to_end(image.mm_hash)
-            self.num_hits += 1
+            self.num_hits += first
             return out
+        t0 = time.perf_counter()
         out = self.encode(image.pixel_values)
+        self.encoder_seconds += time.perf_counter() - t0
         if out.shape[0] != image.length:
             raise ValueError(f"the image encoder gave {out.shape[0]} embeddings for an image of {image.length} "
                              "prompt tokens")
@@ -62,7 +68,7 @@ def image_rows(scheduled: list[tuple[list[ImageInput], int, int]], cache: Encode
             if not img.overlaps(start, start + n):
                 continue
             lo, hi = max(start, img.offset), min(start + n, img.end)
-            out = cache.get(img)
+            out = cache.get(img, lo == img.offset)
             rows.append(torch.arange(base + lo - start, base + hi - start))
             embeds.append(out[lo - img.offset: hi - img.offset])
             if hi < img.end:

@@ -66,6 +66,10 @@ class EngineStats:
     spec_num_draft_tokens: int = 0
     spec_num_accepted_tokens: int = 0
     spec_accepted_per_pos: tuple[int, ...] = ()
+    # Images (cumulative; zero for text-only models): hearth.engine.encoder_cache.EncoderCache.
+    mm_images_encoded: int = 0
+    mm_encoder_seconds: float = 0.0
+    mm_encoder_cache_hits: int = 0
 
 
 class LLMEngine:
@@ -342,6 +346,10 @@ class LLMEngine:
         stats = EngineStats(len(self.scheduler.running), len(self.scheduler.waiting),
                             bm.usage, bm.num_used_blocks,
                             self.scheduler.num_preemptions, bm.prefix_queries, bm.prefix_hits)
+        cache = self.runner.encoder_cache
+        if cache is not None:
+            stats.mm_images_encoded, stats.mm_encoder_seconds = cache.num_encoded, cache.encoder_seconds
+            stats.mm_encoder_cache_hits = cache.num_hits
         if self.speculator is not None:
             sp = self.speculator.stats
             stats.spec_num_drafts, stats.spec_num_draft_tokens = sp.num_drafts, sp.num_draft_tokens

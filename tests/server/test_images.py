@@ -172,3 +172,21 @@ def test_images_cross_to_worker_processes(llava_folder: str, vlm_server: ServerP
             assert r.json()["choices"][0]["message"] == want
     finally:
         srv.stop()
+
+
+def test_image_metrics(vlm_server: ServerProcess) -> None:
+    """/metrics counts encodes and encoder-cache hits: the same image after other text is not encoded again."""
+    from tests.server.conftest import wait_until
+
+    url = data_url(png(test_image(26, 26, seed=22)))
+    encoded = vlm_server.metric("hearth:mm_images_encoded_total")
+    hits = vlm_server.metric("hearth:mm_encoder_cache_hits_total")
+    assert _post(vlm_server, chat_body(url)).status_code == 200
+    assert wait_until(lambda: vlm_server.metric("hearth:mm_images_encoded_total") == encoded + 1)
+    # (other text before the image: the prefix cache cannot serve its tokens, the encoder cache does)
+    body = chat_body(url)
+    body["messages"][0]["content"].insert(0, {"type": "text", "text": "Something else comes first"})
+    assert _post(vlm_server, body).status_code == 200
+    assert wait_until(lambda: vlm_server.metric("hearth:mm_encoder_cache_hits_total") == hits + 1)
+    assert vlm_server.metric("hearth:mm_images_encoded_total") == encoded + 1
+    assert vlm_server.metric("hearth:mm_encoder_seconds_total") > 0
