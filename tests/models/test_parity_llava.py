@@ -50,6 +50,24 @@ def test_two_images_of_different_sizes_beside_text_chunked(folder: str) -> None:
     assert bm.num_used_blocks == 0 and bm.req_blocks == {}, "KV blocks leaked"
 
 
+def test_preemption_and_an_encoder_cache_that_keeps_nothing(folder: str) -> None:
+    """A KV cache too small for every request preempts (recompute re-encodes the image), and an encoder cache of
+    zero bytes still keeps an image's output until its last token is prefilled: the tokens stay transformers'."""
+    prompts = [("<image>\nThe quick brown fox", [test_image(40, 30, seed=1)]),
+               ("Paris is<image> the capital of", [test_image(64, 80, seed=2)]),
+               ("<image> hearth", [test_image(50, 50, seed=3)])]
+    expected = hf_llava_greedy(folder, prompts, STEPS)
+    # (8 blocks of 16 tokens of the tiny model's 2 x 2 x 16 x 4-byte KV; the three requests need 12)
+    llm = LLM(folder, dtype="float32", kv_cache_space=8 * 8192 / 2**30, max_model_len=96,
+              max_num_batched_tokens=12)
+    llm.engine.runner.encoder_cache.max_bytes = 0
+    _assert_same(expected, _generate(llm, prompts))
+    assert llm.engine.scheduler.num_preemptions > 0
+    assert llm.engine.runner.encoder_cache.entries == {}
+    bm = llm.engine.block_manager
+    assert bm.num_used_blocks == 0 and bm.req_blocks == {}, "KV blocks leaked"
+
+
 def test_two_images_in_one_prompt(folder: str) -> None:
     prompts = [("<image> and <image>: which is brighter?", [test_image(50, 50, seed=3), test_image(33, 70, seed=4)])]
     expected = hf_llava_greedy(folder, prompts, STEPS)
