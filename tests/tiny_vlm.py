@@ -55,10 +55,13 @@ def build_llava(folder: str, seed: int = 0, std: float = 0.08, **overrides) -> s
 
 
 def hf_processor(folder: str):
-    from transformers import AutoConfig, AutoTokenizer, CLIPImageProcessor, LlavaProcessor
+    import transformers
+    from transformers import AutoConfig, AutoImageProcessor, AutoTokenizer, LlavaProcessor
 
     strategy = AutoConfig.from_pretrained(folder).vision_feature_select_strategy
-    return LlavaProcessor(image_processor=CLIPImageProcessor.from_pretrained(folder),
+    # (the Pillow backend, as hearth's: with torchvision installed transformers 5 would pick that one)
+    pil = {"backend": "pil"} if int(transformers.__version__.split(".")[0]) >= 5 else {"use_fast": False}
+    return LlavaProcessor(image_processor=AutoImageProcessor.from_pretrained(folder, **pil),
                           tokenizer=AutoTokenizer.from_pretrained(folder), patch_size=PATCH,
                           vision_feature_select_strategy=strategy, num_additional_image_tokens=1,
                           image_token=IMAGE_TOKEN)

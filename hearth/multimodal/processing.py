@@ -61,8 +61,11 @@ class ImageProcessing:
 
         self.spec = spec
         self.limit = limit
-        # use_fast=False: the Pillow path, transformers' reference resize and normalize semantics
-        self.processor = AutoImageProcessor.from_pretrained(model_path, use_fast=False)
+        import transformers
+
+        # The Pillow path: transformers' reference resize and normalize semantics (transformers 5 names it backend)
+        pil = {"backend": "pil"} if int(transformers.__version__.split(".")[0]) >= 5 else {"use_fast": False}
+        self.processor = AutoImageProcessor.from_pretrained(model_path, **pil)
 
     @classmethod
     def for_model(cls, model_path: str, hf_config: HFConfig, limits: dict[str, int] | None
