@@ -46,7 +46,7 @@ def read_hf_config(folder: str) -> HFConfig:
     if cfg.get("auto_map") and not _is_known(archs[0]):
         raise LoadError(f"{folder} needs trust_remote_code (its config.json has auto_map for {archs[0]}); "
                         f"{_REMOTE_CODE_HINT}")
-    if isinstance(cfg.get("text_config"), dict) and cfg.get("vision_config") is not None:
+    if isinstance(cfg.get("text_config"), dict) and cfg.get("vision_config") is not None and _is_known(archs[0]):
         return _flatten_vision_language(folder, cfg)
     return cfg
 
