@@ -190,3 +190,23 @@ def test_image_metrics(vlm_server: ServerProcess) -> None:
     assert wait_until(lambda: vlm_server.metric("hearth:mm_encoder_cache_hits_total") == hits + 1)
     assert vlm_server.metric("hearth:mm_images_encoded_total") == encoded + 1
     assert vlm_server.metric("hearth:mm_encoder_seconds_total") > 0
+
+
+def test_ollama_images(vlm_server: ServerProcess) -> None:
+    """Ollama's chat and generate take base64 `images` (its client encodes the bytes) and answer as the OpenAI
+    route does for the same image and text; a corrupt one is a 400 in Ollama's error shape."""
+    import ollama
+
+    image = png(test_image(36, 44, seed=23))
+    want = _post(vlm_server, chat_body(data_url(image)))
+    assert want.status_code == 200, want.text
+    oc = ollama.Client(host=vlm_server.url, timeout=120)
+    options = {"temperature": 0, "num_predict": 8}
+    chat = oc.chat(model="tiny-llava", messages=[{"role": "user", "content": QUESTION, "images": [image]}],
+                   options=options)
+    assert chat.message.content == want.json()["choices"][0]["message"]["content"]
+    gen = oc.generate(model="tiny-llava", prompt=QUESTION, images=[image], options=options)
+    assert gen.response == chat.message.content
+    bad = vlm_server.http.post("/api/chat", json={"model": "tiny-llava", "stream": False, "messages": [
+        {"role": "user", "content": "hi", "images": [base64.b64encode(b"not an image").decode()]}]})
+    assert bad.status_code == 400 and "not an image" in bad.json()["error"]
