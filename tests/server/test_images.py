@@ -210,3 +210,30 @@ def test_ollama_images(vlm_server: ServerProcess) -> None:
     bad = vlm_server.http.post("/api/chat", json={"model": "tiny-llava", "stream": False, "messages": [
         {"role": "user", "content": "hi", "images": [base64.b64encode(b"not an image").decode()]}]})
     assert bad.status_code == 400 and "not an image" in bad.json()["error"]
+
+
+def test_anthropic_and_responses_images(vlm_server: ServerProcess) -> None:
+    """Anthropic image blocks (base64) and Responses input_image parts answer as OpenAI chat does for the same
+    image and text; a corrupt image is a 400 on each."""
+    import anthropic
+    import openai
+
+    image = png(test_image(40, 28, seed=24))
+    want = _post(vlm_server, chat_body(data_url(image))).json()["choices"][0]["message"]["content"]
+    ac = anthropic.Anthropic(base_url=vlm_server.url, api_key="none", max_retries=0)
+    source = {"type": "base64", "media_type": "image/png", "data": base64.b64encode(image).decode()}
+    content = [{"type": "image", "source": source}, {"type": "text", "text": QUESTION}]
+    msg = ac.messages.create(model="tiny-llava", max_tokens=8, extra_body={"temperature": 0},
+                             messages=[{"role": "user", "content": content}])
+    assert msg.content[0].text == want
+    r = vlm_server.client().responses.create(model="tiny-llava", max_output_tokens=8, temperature=0, input=[
+        {"role": "user", "content": [{"type": "input_image", "image_url": data_url(image)},
+                                     {"type": "input_text", "text": QUESTION}]}])
+    assert r.output_text == want
+    with pytest.raises(anthropic.BadRequestError, match="not an image"):
+        ac.messages.create(model="tiny-llava", max_tokens=8, messages=[{"role": "user", "content": [
+            {"type": "image", "source": {**source, "data": base64.b64encode(b"junk").decode()}}]}])
+    with pytest.raises(openai.BadRequestError, match="not an image"):
+        vlm_server.client().responses.create(model="tiny-llava", max_output_tokens=8, input=[
+            {"role": "user", "content": [{"type": "input_image", "image_url": data_url(b"junk")}]}])
+    assert vlm_server.health()["kv_used_blocks"] == 0
