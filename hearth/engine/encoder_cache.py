@@ -12,7 +12,8 @@ import torch
 
 from hearth.multimodal.inputs import ImageInput
 
-# Encoder outputs kept beyond the step that needs them (LLaVA-1.5's 576 tokens x 4096 in float32 are 9 MiB).
+# Encoder outputs kept beyond the step that needs them, without --mm-cache-gb (LLaVA-1.5's 576 tokens x 4096 in
+# float32 are 9 MiB).
 DEFAULT_CACHE_BYTES = 256 * 2**20
 
 

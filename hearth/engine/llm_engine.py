@@ -128,8 +128,10 @@ class LLMEngine:
                                           window)
         self.scheduler = Scheduler(self.scheduler_config, self.block_manager,
                                    pooling_needs_kv=not getattr(self.model, "is_encoder", False))
+        if args.mm_cache_gb < 0:
+            raise ValueError(f"--mm-cache-gb must be >= 0, got {args.mm_cache_gb}")
         self.runner = ModelRunner(self.model, self.cache_config.num_blocks, args.block_size, kv_dtype,
-                                  mc.vocab_size, args.seed, self.lora)
+                                  mc.vocab_size, args.seed, self.lora, int(args.mm_cache_gb * 2**30))
         if self.tp is not None:
             self.tp.attach(self.model, self.cache_config.num_blocks, args.block_size, kv_dtype)
         self.speculator: Speculator | None = None

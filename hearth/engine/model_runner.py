@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from hearth.engine.block_manager import BlockManager
-from hearth.engine.encoder_cache import EncoderCache, image_rows
+from hearth.engine.encoder_cache import DEFAULT_CACHE_BYTES, EncoderCache, image_rows
 from hearth.engine.input_batch import DecodeBatch, SeqInput, prepare_inputs
 from hearth.engine.lora_pool import LoRAPool
 from hearth.engine.request import Request
@@ -41,7 +41,8 @@ def _new_tokens(s: ScheduledRequest) -> list[int]:
 
 class ModelRunner:
     def __init__(self, model: nn.Module, num_blocks: int, block_size: int, kv_dtype: torch.dtype,
-                 vocab_size: int, seed: int = 0, lora: LoRAPool | None = None) -> None:
+                 vocab_size: int, seed: int = 0, lora: LoRAPool | None = None,
+                 encoder_cache_bytes: int = DEFAULT_CACHE_BYTES) -> None:
         self.model = model
         self.lora = lora  # --enable-lora: the adapters, and each step's rows per adapter
         self.block_size = block_size
@@ -51,7 +52,8 @@ class ModelRunner:
         self._last_sampled: torch.Tensor | None = None  # the decode batch's tokens from its last step
         self.attn_layers = [m for m in model.modules() if isinstance(m, Attention)]
         # A model that takes images: their encoder outputs while their prompt rows are prefilled, and after
-        self.encoder_cache = EncoderCache(model.encode_image) if getattr(model, "takes_images", False) else None
+        self.encoder_cache = (EncoderCache(model.encode_image, encoder_cache_bytes)
+                              if getattr(model, "takes_images", False) else None)
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         for layer in self.attn_layers:
             shape = (num_blocks, block_size, layer.num_kv_heads, layer.head_dim)

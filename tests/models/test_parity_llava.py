@@ -59,8 +59,7 @@ def test_preemption_and_an_encoder_cache_that_keeps_nothing(folder: str) -> None
     expected = hf_llava_greedy(folder, prompts, STEPS)
     # (8 blocks of 16 tokens of the tiny model's 2 x 2 x 16 x 4-byte KV; the three requests need 12)
     llm = LLM(folder, dtype="float32", kv_cache_space=8 * 8192 / 2**30, max_model_len=96,
-              max_num_batched_tokens=12)
-    llm.engine.runner.encoder_cache.max_bytes = 0
+              max_num_batched_tokens=12, mm_cache_gb=0)
     _assert_same(expected, _generate(llm, prompts))
     assert llm.engine.scheduler.num_preemptions > 0
     assert llm.engine.runner.encoder_cache.entries == {}
