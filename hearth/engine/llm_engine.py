@@ -210,6 +210,12 @@ class LLMEngine:
             raise ParamError("prompt", f"prompt token ids must be in [0, {vocab})")
         if mm_inputs:
             self._check_images(prompt_token_ids, mm_inputs, isinstance(params, PoolingParams))
+        if self.vision is not None:  # (an image token no image fills would run on the placeholder's embedding)
+            placeholders = prompt_token_ids.count(self.vision.image_token_id)
+            if placeholders != sum(img.length for img in mm_inputs or ()):
+                raise ParamError("prompt", f"the prompt holds {placeholders} image tokens (id "
+                                 f"{self.vision.image_token_id}) that its {len(mm_inputs or ())} images do not "
+                                 "fill: send an image for each image placeholder")
         if lora_request is not None and self.lora is None:
             raise ParamError("model", f"this server has no LoRA adapters (start it with --enable-lora): "
                              f"{lora_request.lora_name!r} cannot be used")

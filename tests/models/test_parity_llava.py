@@ -99,6 +99,10 @@ def test_engine_checks_image_inputs(folder: str, tmp_path) -> None:
         llm.engine.add_request("r1", [7, 8] + [token] * 16, params, mm_inputs=[image_input(pixels, 0, 16)])
     with pytest.raises(ParamError, match="not a run of image tokens"):
         llm.engine.add_request("r2", [7, 8] + [token] * 15, params, mm_inputs=[image_input(pixels, 2, 16)])
+    with pytest.raises(ParamError, match="that its 0 images do not fill"):  # a placeholder without an image
+        llm.engine.add_request("r3", [7, 8, token, 9], params)
+    with pytest.raises(ParamError, match="that its 1 images do not fill"):  # one more than the image fills
+        llm.engine.add_request("r4", [token] * 17, params, mm_inputs=[image_input(pixels, 0, 16)])
     assert not llm.engine.has_unfinished_requests()
     text_only = LLM(build_checkpoint(str(tmp_path / "text"), tiny_config("llama")), dtype="float32",
                     kv_cache_space=0.05)

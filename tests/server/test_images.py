@@ -237,3 +237,10 @@ def test_anthropic_and_responses_images(vlm_server: ServerProcess) -> None:
         vlm_server.client().responses.create(model="tiny-llava", max_output_tokens=8, input=[
             {"role": "user", "content": [{"type": "input_image", "image_url": data_url(b"junk")}]}])
     assert vlm_server.health()["kv_used_blocks"] == 0
+
+
+def test_placeholder_without_an_image_is_a_400(vlm_server: ServerProcess) -> None:
+    r = _post(vlm_server, chat_body(text="<image> is typed here, but no image is sent"))
+    assert r.status_code == 400 and r.json()["error"]["param"] == "messages"
+    assert "image tokens" in r.json()["error"]["message"]
+    assert vlm_server.health()["kv_used_blocks"] == 0
