@@ -226,6 +226,8 @@ def test_anthropic_and_responses_images(vlm_server: ServerProcess) -> None:
     msg = ac.messages.create(model="tiny-llava", max_tokens=8, extra_body={"temperature": 0},
                              messages=[{"role": "user", "content": content}])
     assert msg.content[0].text == want
+    counted = ac.messages.count_tokens(model="tiny-llava", messages=[{"role": "user", "content": content}])
+    assert counted.input_tokens == msg.usage.input_tokens + (msg.usage.cache_read_input_tokens or 0)
     r = vlm_server.client().responses.create(model="tiny-llava", max_output_tokens=8, temperature=0, input=[
         {"role": "user", "content": [{"type": "input_image", "image_url": data_url(image)},
                                      {"type": "input_text", "text": QUESTION}]}])
