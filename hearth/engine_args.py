@@ -93,6 +93,18 @@ class EngineArgs:
         None, 'pooling of embeddings, as JSON: {"pooling_type": "MEAN"|"CLS"|"LAST", "normalize": true} (default: '
         "the checkpoint's sentence-transformers config, else CLS for encoders and LAST for decoders, normalized)",
         group=ENGINE, vllm=SAME)
+    # Images per prompt (hearth/multimodal/processing.py parse_limits): vLLM's JSON, {"image": N}
+    limit_mm_per_prompt: dict | str | None = arg(
+        None, 'most images one prompt may carry, as JSON: {"image": 4} (default: 8; models that take images only)',
+        group=ENGINE, vllm=SAME)
+    # The encoder-output cache's budget (hearth/engine/encoder_cache.py): images kept for a later prompt
+    mm_cache_gb: float = arg(0.25, "GiB of image-encoder outputs kept, least recently used evicted first, so the same "
+                             "image in a new prompt is not encoded again; 0 keeps an image's output only while its "
+                             "prompt is prefilled (default: %(default)s)", group=ENGINE)
+    # http(s) image URLs are fetched only from these hosts (hearth/entrypoints/openai/chat_images.py); vLLM's flag
+    allowed_media_domains: list[str] | None = arg(
+        None, "hosts whose http(s) image URLs the server fetches (default: none: images come as base64 data URLs)",
+        group=ENGINE, nargs="+", vllm=SAME)
     # Sampling defaults for requests that leave fields unset: hearth/generation_defaults.py.
     generation_config: str = arg("auto", "auto: the checkpoint's generation_config.json (the bundled model: greedy, "
                                  "1024 tokens); vllm: none (temperature 1.0); or a folder holding "

@@ -92,6 +92,11 @@ class ServerMetrics:
         self.queue_time = histogram("vllm:request_queue_time_seconds",
                                     "Histogram of time spent in WAITING phase for request.", _LATENCY_BUCKETS)
         self._add_vllm_request_series(histogram, gauge, max_model_len)
+        # Images (zero for text-only models)
+        self.mm_encoded = counter("hearth:mm_images_encoded", "Images run through the image encoder.")
+        self.mm_encoder_seconds = counter("hearth:mm_encoder_seconds", "Seconds spent in the image encoder.")
+        self.mm_cache_hits = counter("hearth:mm_encoder_cache_hits",
+                                     "Images whose encoder output was kept from an earlier prompt (not encoded again).")
         # Speculative decoding (zero unless --speculative-config is set).
         self.spec_drafts = counter("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.")
         self.spec_draft_tokens = counter("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.")
@@ -197,6 +202,9 @@ class ServerMetrics:
         self.prefix_queries.inc(max(0, stats.prefix_queries - (last.prefix_queries if last else 0)))
         self.prefix_hits.inc(max(0, stats.prefix_hits - (last.prefix_hits if last else 0)))
         self.spec_drafts.inc(max(0, stats.spec_num_drafts - (last.spec_num_drafts if last else 0)))
+        self.mm_encoded.inc(max(0, stats.mm_images_encoded - (last.mm_images_encoded if last else 0)))
+        self.mm_encoder_seconds.inc(max(0.0, stats.mm_encoder_seconds - (last.mm_encoder_seconds if last else 0.0)))
+        self.mm_cache_hits.inc(max(0, stats.mm_encoder_cache_hits - (last.mm_encoder_cache_hits if last else 0)))
         self.spec_draft_tokens.inc(max(0, stats.spec_num_draft_tokens - (last.spec_num_draft_tokens if last else 0)))
         self.spec_accepted_tokens.inc(max(0, stats.spec_num_accepted_tokens
                                           - (last.spec_num_accepted_tokens if last else 0)))

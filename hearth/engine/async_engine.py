@@ -389,7 +389,7 @@ class AsyncEngine:
             rid, params = r.request_id, r.params
             try:
                 self.engine.add_request(rid, r.prompt_token_ids, params, arrival_time=cmd.arrival, grammar=grammar,
-                                        lora_request=r.lora_request)
+                                        lora_request=r.lora_request, mm_inputs=r.mm_inputs)
             except ValueError as e:
                 for done in added:
                     self.engine.abort_request(done)

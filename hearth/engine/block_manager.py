@@ -18,6 +18,7 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
 from hearth.engine.request import Request
+from hearth.multimodal.inputs import block_extra_keys
 
 
 class NoFreeBlocksError(RuntimeError):
@@ -30,10 +31,11 @@ class Block:
     ref_cnt: int = 0
     block_hash: int | None = None
     token_ids: tuple[int, ...] = field(default=())
+    extra_keys: tuple[str, ...] = ()  # the hashes of the images whose tokens the block holds
 
 
-def hash_block(parent_hash: int | None, token_ids: tuple[int, ...]) -> int:
-    return hash((parent_hash, token_ids))
+def hash_block(parent_hash: int | None, token_ids: tuple[int, ...], extra_keys: tuple[str, ...] = ()) -> int:
+    return hash((parent_hash, token_ids, extra_keys)) if extra_keys else hash((parent_hash, token_ids))
 
 
 def chain_root(lora_id: int, scale: float = 1.0) -> int | None:
@@ -122,8 +124,15 @@ class BlockManager:
         while (len(hashes) + 1) * bs <= num_tokens:
             i = len(hashes)
             parent = hashes[-1] if hashes else chain_root(req.lora_id, req.lora_scale)
-            hashes.append(hash_block(parent, tuple(req.all_token_ids[i * bs:(i + 1) * bs])))
+            hashes.append(hash_block(parent, *self._block_content(req, i)))
         return hashes[: num_tokens // bs]
+
+    def _block_content(self, req: Request, i: int) -> tuple[tuple[int, ...], tuple[str, ...]]:
+        """Block i's token ids, and the hashes of the images among them: an image's placeholder tokens are the
+        same for every image, its pixels are not (vLLM's mm_hash as a block's extra key)."""
+        bs = self.block_size
+        extra = block_extra_keys(req.mm_inputs, i * bs, (i + 1) * bs) if req.mm_inputs else ()
+        return tuple(req.all_token_ids[i * bs:(i + 1) * bs]), extra
 
     # ---- allocation ----
     def get_computed_blocks(self, req: Request) -> tuple[list[int], int]:
@@ -142,7 +151,7 @@ class BlockManager:
             if block_id is None:
                 break
             block = self.blocks[block_id]
-            if block.token_ids != tuple(req.all_token_ids[i * bs:(i + 1) * bs]):
+            if (block.token_ids, block.extra_keys) != self._block_content(req, i):
                 break  # hash collision: treat as a miss
             hits.append(block_id)
         return hits, len(hits) * bs
@@ -164,7 +173,7 @@ class BlockManager:
             if self.cached.get(block.block_hash) == block_id:
                 del self.cached[block.block_hash]
             block.block_hash = None
-            block.token_ids = ()
+            block.token_ids, block.extra_keys = (), ()
         block.ref_cnt = 1
         return block_id
 
@@ -247,7 +256,6 @@ class BlockManager:
         same step still reads finished values.
         """
         hashes = self._full_block_hashes(req, num_tokens)
-        bs = self.block_size
         start = self.req_registered.get(req.request_id, 0)
         self.req_registered[req.request_id] = len(hashes)
         for i in range(start, len(hashes)):
@@ -258,7 +266,7 @@ class BlockManager:
             if block.block_hash is not None:
                 continue
             block.block_hash = h
-            block.token_ids = tuple(req.all_token_ids[i * bs:(i + 1) * bs])
+            block.token_ids, block.extra_keys = self._block_content(req, i)
             self.cached.setdefault(h, block.block_id)
 
     def free(self, request_id: str) -> None:
@@ -277,5 +285,5 @@ class BlockManager:
         for block in self.blocks:
             if block.ref_cnt == 0 and block.block_hash is not None:
                 block.block_hash = None
-                block.token_ids = ()
+                block.token_ids, block.extra_keys = (), ()
         self.cached.clear()

@@ -118,6 +118,9 @@ class DataParallelEngine:
             total.num_preemptions += s.num_preemptions
             total.prefix_queries += s.prefix_queries
             total.prefix_hits += s.prefix_hits
+            total.mm_images_encoded += s.mm_images_encoded
+            total.mm_encoder_seconds += s.mm_encoder_seconds
+            total.mm_encoder_cache_hits += s.mm_encoder_cache_hits
         total.kv_usage = sum(s.kv_usage for s in stats) / max(1, len(stats))
         return total
 

@@ -26,6 +26,9 @@ from hearth.layers.attention import Attention
 from hearth.layers.pooler import PoolerConfig
 from hearth.loader.model_loader import DEFAULT_MODEL_FILE, load_model
 from hearth.lora.request import LoRARequest
+from hearth.multimodal.families import vision_spec
+from hearth.multimodal.inputs import ImageInput
+from hearth.multimodal.processing import check_image_count, image_limit, no_images, parse_limits
 from hearth.platform import cpu_info, keep_freed_memory, setup_threads
 from hearth.pooling_params import PoolingParams
 from hearth.sampling_params import SamplingParams
@@ -63,6 +66,10 @@ class EngineStats:
     spec_num_draft_tokens: int = 0
     spec_num_accepted_tokens: int = 0
     spec_accepted_per_pos: tuple[int, ...] = ()
+    # Images (cumulative; zero for text-only models): hearth.engine.encoder_cache.EncoderCache.
+    mm_images_encoded: int = 0
+    mm_encoder_seconds: float = 0.0
+    mm_encoder_cache_hits: int = 0
 
 
 class LLMEngine:
@@ -76,11 +83,13 @@ class LLMEngine:
         torch.manual_seed(args.seed)
         spec_config = SpeculativeConfig.parse(args.speculative_config)  # before loading: a bad config fails fast
         lora_config = _lora_config(args)  # (the same)
+        self.mm_limits = parse_limits(args.limit_mm_per_prompt)  # (the same)
         loaded = load_model(args, self.tp.shard if self.tp else None)
         self.model_config = loaded.model_config
         self.tokenizer = loaded.tokenizer
         self.model = loaded.model
         mc = self.model_config
+        self.vision = vision_spec(mc.hf_config)  # None: the model takes text only
         draft_model = None
         if spec_config is not None and spec_config.method == "draft_model":
             draft_model, draft_mc = load_draft_model(args, spec_config.model, mc)
@@ -119,8 +128,10 @@ class LLMEngine:
                                           window)
         self.scheduler = Scheduler(self.scheduler_config, self.block_manager,
                                    pooling_needs_kv=not getattr(self.model, "is_encoder", False))
+        if args.mm_cache_gb < 0:
+            raise ValueError(f"--mm-cache-gb must be >= 0, got {args.mm_cache_gb}")
         self.runner = ModelRunner(self.model, self.cache_config.num_blocks, args.block_size, kv_dtype,
-                                  mc.vocab_size, args.seed, self.lora)
+                                  mc.vocab_size, args.seed, self.lora, int(args.mm_cache_gb * 2**30))
         if self.tp is not None:
             self.tp.attach(self.model, self.cache_config.num_blocks, args.block_size, kv_dtype)
         self.speculator: Speculator | None = None
@@ -183,10 +194,11 @@ class LLMEngine:
     # ---- requests ----
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams | PoolingParams,
                     arrival_time: float | None = None, grammar: CompiledGrammar | None = None,
-                    lora_request: LoRARequest | None = None) -> None:
+                    lora_request: LoRARequest | None = None, mm_inputs: list[ImageInput] | None = None) -> None:
         """Queue a request. Raises ParamError (a user error) for an empty or too-long prompt, bad token ids.
         grammar: params.structured_outputs compiled by the caller (off the engine thread); compiled here if None.
-        lora_request: the adapter it runs under (None: the base model); a LoRAError if it cannot be served."""
+        lora_request: the adapter it runs under (None: the base model); a LoRAError if it cannot be served.
+        mm_inputs: the images whose tokens the prompt holds (hearth.multimodal.processing expanded them)."""
         if request_id in self.parents:
             raise ParamError(None, f"request id {request_id!r} is already in use")
         mc = self.model_config
@@ -196,6 +208,14 @@ class LLMEngine:
         vocab = mc.vocab_size
         if any(not 0 <= t < vocab for t in prompt_token_ids):
             raise ParamError("prompt", f"prompt token ids must be in [0, {vocab})")
+        if mm_inputs:
+            self._check_images(prompt_token_ids, mm_inputs, isinstance(params, PoolingParams))
+        if self.vision is not None:  # (an image token no image fills would run on the placeholder's embedding)
+            placeholders = prompt_token_ids.count(self.vision.image_token_id)
+            if placeholders != sum(img.length for img in mm_inputs or ()):
+                raise ParamError("prompt", f"the prompt holds {placeholders} image tokens (id "
+                                 f"{self.vision.image_token_id}) that its {len(mm_inputs or ())} images do not "
+                                 "fill: send an image for each image placeholder")
         if lora_request is not None and self.lora is None:
             raise ParamError("model", f"this server has no LoRA adapters (start it with --enable-lora): "
                              f"{lora_request.lora_name!r} cannot be used")
@@ -244,7 +264,8 @@ class LLMEngine:
             if params.n > 1:
                 child_params = _child_params(params, i)
             rid = f"{request_id}#{i}" if params.n > 1 else request_id
-            req = Request(rid, prompt_token_ids, child_params, mc.eos_token_ids, arrival_time, lora_id, lora_scale)
+            req = Request(rid, prompt_token_ids, child_params, mc.eos_token_ids, arrival_time, lora_id, lora_scale,
+                          mm_inputs)
             req.group_id = request_id  # the scheduler caps the slots of one request's n sequences together
             if grammar is not None:
                 req.grammar = grammar.new_matcher()  # each of the n sequences walks the grammar on its own
@@ -264,6 +285,25 @@ class LLMEngine:
         self.parents[request_id] = children
         for rid in children:
             self.scheduler.add_request(self.seqs[rid].request)
+
+    def _check_images(self, prompt_token_ids: list[int], images: list[ImageInput], pooling: bool) -> None:
+        """Images must belong to a model that takes them, stay within the limit, and each cover a run of the
+        family's image tokens inside the prompt, in prompt order, without overlapping."""
+        if self.vision is None:
+            raise no_images(self.model_config.served_model_name, "multi_modal_data")
+        if pooling:
+            raise ParamError("multi_modal_data", "images are for text generation, not embeddings or scores")
+        if self.tp is not None:  # (the ranks' mirrored forward carries token ids only, not image rows)
+            raise ParamError("multi_modal_data", "this server runs with --tensor-parallel-size > 1, which cannot "
+                             "take images yet: serve the model without it for images")
+        check_image_count(len(images), image_limit(self.mm_limits), "multi_modal_data")
+        token, prev_end = self.vision.image_token_id, 0
+        for img in images:
+            if (img.offset < prev_end or img.end > len(prompt_token_ids) or img.length < 1
+                    or any(t != token for t in prompt_token_ids[img.offset:img.end])):
+                raise ParamError("multi_modal_data", f"an image's {img.length} tokens at prompt position "
+                                 f"{img.offset} are not a run of image tokens ({token}) in the prompt")
+            prev_end = img.end
 
     def abort_request(self, request_id: str) -> None:
         """Abort a user request (all its n sequences); frees their KV blocks at once. Unknown ids are ignored."""
@@ -315,6 +355,10 @@ class LLMEngine:
         stats = EngineStats(len(self.scheduler.running), len(self.scheduler.waiting),
                             bm.usage, bm.num_used_blocks,
                             self.scheduler.num_preemptions, bm.prefix_queries, bm.prefix_hits)
+        cache = self.runner.encoder_cache
+        if cache is not None:
+            stats.mm_images_encoded, stats.mm_encoder_seconds = cache.num_encoded, cache.encoder_seconds
+            stats.mm_encoder_cache_hits = cache.num_hits
         if self.speculator is not None:
             sp = self.speculator.stats
             stats.spec_num_drafts, stats.spec_num_draft_tokens = sp.num_drafts, sp.num_draft_tokens

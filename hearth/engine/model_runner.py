@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from hearth.engine.block_manager import BlockManager
+from hearth.engine.encoder_cache import DEFAULT_CACHE_BYTES, EncoderCache, image_rows
 from hearth.engine.input_batch import DecodeBatch, SeqInput, prepare_inputs
 from hearth.engine.lora_pool import LoRAPool
 from hearth.engine.request import Request
@@ -40,7 +41,8 @@ def _new_tokens(s: ScheduledRequest) -> list[int]:
 
 class ModelRunner:
     def __init__(self, model: nn.Module, num_blocks: int, block_size: int, kv_dtype: torch.dtype,
-                 vocab_size: int, seed: int = 0, lora: LoRAPool | None = None) -> None:
+                 vocab_size: int, seed: int = 0, lora: LoRAPool | None = None,
+                 encoder_cache_bytes: int = DEFAULT_CACHE_BYTES) -> None:
         self.model = model
         self.lora = lora  # --enable-lora: the adapters, and each step's rows per adapter
         self.block_size = block_size
@@ -49,6 +51,9 @@ class ModelRunner:
         self.decode_batch = DecodeBatch(block_size)
         self._last_sampled: torch.Tensor | None = None  # the decode batch's tokens from its last step
         self.attn_layers = [m for m in model.modules() if isinstance(m, Attention)]
+        # A model that takes images: their encoder outputs while their prompt rows are prefilled, and after
+        self.encoder_cache = (EncoderCache(model.encode_image, encoder_cache_bytes)
+                              if getattr(model, "takes_images", False) else None)
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         for layer in self.attn_layers:
             shape = (num_blocks, block_size, layer.num_kv_heads, layer.head_dim)
@@ -100,10 +105,21 @@ class ModelRunner:
         input_ids, positions, meta = prepare_inputs([seqs[i] for i in order], self.block_size)
         gen_rows = sum(s.num_new_tokens for s, g in zip(scheduled, generated) if g)
         # (quantized weights: a prompt's rows get the same numbers however many run)
+        images = self._image_rows(ordered)
         with (activations.prompt_rows(gen_rows, int(input_ids.shape[0])),
               self._adapter_rows([(s.request.lora_id, s.request.lora_scale, s.num_new_tokens) for s in ordered])):
-            hidden = self.model(input_ids, positions, meta)  # [T, hidden]
+            if images is None:
+                hidden = self.model(input_ids, positions, meta)  # [T, hidden]
+            else:  # (an image's rows take its encoder output in place of the placeholder's embedding)
+                hidden = self.model(input_ids, positions, meta, image_rows=images[0], image_embeds=images[1])
         return self._sample(hidden, ordered)
+
+    def _image_rows(self, ordered: list[ScheduledRequest]) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(rows, embeddings) of the step's image tokens, in the flat batch's row order; None if there are none."""
+        if self.encoder_cache is None or not any(s.request.mm_inputs for s in ordered):
+            return None
+        return image_rows([(s.request.mm_inputs, s.request.num_computed_tokens, s.num_new_tokens) for s in ordered],
+                          self.encoder_cache)
 
     def _adapter_rows(self, spans: list[tuple[int, float, int]]):
         """The step's rows per adapter for the model's LoRA layers, while the forward pass runs. spans: (adapter

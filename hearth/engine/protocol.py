@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from hearth.engine.output_processor import StopRequest
     from hearth.lora.request import LoRARequest
     from hearth.metrics import ServerMetrics
+    from hearth.multimodal.inputs import ImageInput
     from hearth.pooling_params import PoolingParams
     from hearth.sampling_params import SamplingParams
     from hearth.structured.params import StructuredOutputsParams
@@ -32,6 +33,7 @@ class EngineRequest:
     prompt_token_ids: list[int]
     params: SamplingParams | PoolingParams
     lora_request: LoRARequest | None = None
+    mm_inputs: list[ImageInput] | None = None  # the images whose tokens the prompt holds (hearth.multimodal)
 
     @classmethod
     def of(cls, item: EngineRequest | tuple) -> EngineRequest:
@@ -58,13 +60,17 @@ class EngineInfo:
     weights_bytes: int
     hf_config: Any = None  # hearth.config.HFConfig (a dict): what the serving layer looks up (FIM tokens)
     generation_defaults: dict = field(default_factory=dict)  # generation_config defaults for unset request fields
+    mm_limits: dict = field(default_factory=dict)  # --limit-mm-per-prompt, parsed: {"image": N} ({} : the default)
+    media_domains: list = field(default_factory=list)  # --allowed-media-domains
 
     @classmethod
     def of(cls, llm: LLMEngine) -> EngineInfo:
         mc = llm.model_config
         return cls(os.getpid(), llm.tokenizer, mc.served_model_name, mc.model, mc.max_model_len, llm.threads,
                    list(llm.bound_cores), llm.block_manager.num_usable_blocks, _kv_bytes(llm),
-                   _weights_bytes(mc.model), mc.hf_config, dict(getattr(llm, "generation_defaults", None) or {}))
+                   _weights_bytes(mc.model), mc.hf_config, dict(getattr(llm, "generation_defaults", None) or {}),
+                   dict(getattr(llm, "mm_limits", None) or {}),
+                   list(getattr(getattr(llm, "args", None), "allowed_media_domains", None) or []))
 
 
 @runtime_checkable

@@ -4,6 +4,7 @@ from __future__ import annotations
 import time
 from enum import IntEnum
 
+from hearth.multimodal.inputs import ImageInput
 from hearth.pooling_params import PoolingParams
 from hearth.sampling_params import SamplingParams
 
@@ -30,7 +31,7 @@ class RequestStatus(IntEnum):
 class Request:
     def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams | PoolingParams,
                  eos_token_ids: list[int], arrival_time: float | None = None, lora_id: int = 0,
-                 lora_scale: float = 1.0) -> None:
+                 lora_scale: float = 1.0, mm_inputs: list[ImageInput] | None = None) -> None:
         self.request_id = request_id
         self.group_id = request_id  # the user request this sequence is one of (its n siblings share it)
         # A pooling request (an embedding, a score) runs its whole prompt in one pass and finishes in that step.
@@ -46,6 +47,8 @@ class Request:
         self.params = params
         self.lora_id = lora_id  # the LoRA adapter it runs under (its LoRARequest's lora_int_id); 0: the base model
         self.lora_scale = lora_scale  # what that adapter's delta is multiplied by (its LoRARequest's scale)
+        # Images whose embeddings fill prompt positions (hearth.multimodal), in prompt order; [] for text only.
+        self.mm_inputs: list[ImageInput] = list(mm_inputs or [])
         self.eos_token_ids = eos_token_ids
         self.status = RequestStatus.WAITING
         self.stop_reason: int | str | None = None

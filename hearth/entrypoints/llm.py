@@ -14,6 +14,9 @@ from hearth.engine.outputs import CompletionOutput, RequestOutput
 from hearth.entrypoints import llm_pooling
 from hearth.entrypoints.llm_pooling import PoolingRequestOutput
 from hearth.lora.request import LoRARequest
+from hearth.multimodal.chat_parts import split_images
+from hearth.multimodal.inputs import ImageInput
+from hearth.multimodal.processing import ImageProcessing, no_images
 from hearth.pooling_params import PoolingParams
 from hearth.sampling_params import SamplingParams
 
@@ -28,6 +31,7 @@ class LLM:
         self.engine = LLMEngine(args)
         self.tokenizer = self.engine.tokenizer
         self._ids = itertools.count()
+        self._image_processing: ImageProcessing | None = None  # built at the first image
 
     @classmethod
     def from_engine_args(cls, engine_args: EngineArgs) -> LLM:
@@ -43,7 +47,9 @@ class LLM:
     def generate(self, prompts: Prompt | Sequence[Prompt], sampling_params: SamplingParams | list | None = None,
                  use_tqdm: bool = False,
                  lora_request: LoRARequest | list[LoRARequest | None] | None = None) -> list[RequestOutput]:
-        """prompts: a string, a list of token ids, {"prompt_token_ids": [...]}, or a list of those. lora_request:
+        """prompts: a string, a list of token ids, {"prompt_token_ids": [...]}, or a list of those; a dict may carry
+        images as vLLM's {"prompt": ..., "multi_modal_data": {"image": PIL image or list}}, one image placeholder
+        in the prompt per image. lora_request:
         the adapter every prompt runs under, or one per prompt (None: the base model; needs enable_lora=True)."""
         if isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
@@ -58,6 +64,7 @@ class LLM:
         processor = OutputProcessor(self.tokenizer)
         for prompt, params, lora in zip(prompts, params_list, loras):
             text, ids = self._tokenize(prompt)
+            ids, images = self._images(prompt, ids)
             if params is None:  # the checkpoint's defaults; their max_tokens no longer than the context leaves
                 params = self.engine.default_sampling_params()
                 room = self.engine.model_config.max_model_len - len(ids)
@@ -65,7 +72,7 @@ class LLM:
                     params = dataclasses.replace(params, max_tokens=room)
             rid = str(next(self._ids))
             try:
-                self.engine.add_request(rid, ids, params, lora_request=lora)
+                self.engine.add_request(rid, ids, params, lora_request=lora, mm_inputs=images)
             except BaseException:  # (all or nothing: the prompts already queued are dropped)
                 for queued in order:
                     self.engine.abort_request(queued)
@@ -78,12 +85,20 @@ class LLM:
     def chat(self, messages: list[dict] | list[list[dict]], sampling_params: SamplingParams | None = None,
              add_generation_prompt: bool = True, chat_template: str | None = None,
              use_tqdm: bool = False, lora_request: LoRARequest | None = None) -> list[RequestOutput]:
+        """messages: one conversation or a list of them; content parts may carry images (image_url with a base64
+        data URL, or image_pil with a PIL image), each put where its part is."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        vision = self.engine.vision
+        placeholder = self.tokenizer.decode([vision.image_token_id], skip_special_tokens=False) if vision else None
         prompts = []
         for conv in conversations:
+            conv, images = split_images(conv, placeholder)
             text = self.tokenizer.apply_chat_template(conv, add_generation_prompt=add_generation_prompt,
                                                       chat_template=chat_template)
-            prompts.append({"prompt": text, "prompt_token_ids": self.tokenizer.encode(text, add_special_tokens=False)})
+            prompt = {"prompt": text, "prompt_token_ids": self.tokenizer.encode(text, add_special_tokens=False)}
+            if images:
+                prompt["multi_modal_data"] = {"image": images}
+            prompts.append(prompt)
         return self.generate(prompts, sampling_params, use_tqdm, lora_request)
 
     def embed(self, prompts: str | list[int] | Sequence[str | list[int]], pooling_params: PoolingParams | None = None,
@@ -104,6 +119,19 @@ class LLM:
                 return prompt.get("prompt"), list(prompt["prompt_token_ids"])
             return prompt["prompt"], self.tokenizer.encode(prompt["prompt"])
         return None, list(prompt)
+
+    def _images(self, prompt: Prompt, ids: list[int]) -> tuple[list[int], list[ImageInput] | None]:
+        """A prompt's images processed and its placeholders expanded (vLLM's multi_modal_data form)."""
+        data = prompt.get("multi_modal_data") if isinstance(prompt, dict) else None
+        images = (data or {}).get("image")
+        if not images:
+            return ids, None
+        if self._image_processing is None:
+            mc = self.engine.model_config
+            self._image_processing = ImageProcessing.for_model(mc.model, mc.hf_config, self.engine.mm_limits)
+            if self._image_processing is None:
+                raise no_images(mc.served_model_name, "multi_modal_data")
+        return self._image_processing.expand(ids, images if isinstance(images, list) else [images])
 
     def _run(self, results: dict[str, RequestOutput], order: list[str], processor: OutputProcessor,
              use_tqdm: bool) -> list[RequestOutput]:

@@ -46,7 +46,21 @@ def read_hf_config(folder: str) -> HFConfig:
     if cfg.get("auto_map") and not _is_known(archs[0]):
         raise LoadError(f"{folder} needs trust_remote_code (its config.json has auto_map for {archs[0]}); "
                         f"{_REMOTE_CODE_HINT}")
+    if isinstance(cfg.get("text_config"), dict) and cfg.get("vision_config") is not None and _is_known(archs[0]):
+        return _flatten_vision_language(folder, cfg)
     return cfg
+
+
+def _flatten_vision_language(folder: str, cfg: HFConfig) -> HFConfig:
+    """A vision-language config with its text model's keys at the top (the engine, the KV sizing and the text
+    stack read them there), and both sub-configs completed with transformers' defaults: save_pretrained writes
+    only the keys that differ from them."""
+    from transformers import AutoConfig
+
+    full = AutoConfig.from_pretrained(folder).to_dict()
+    text = {k: v for k, v in full["text_config"].items()
+            if v is not None and k not in ("architectures", "model_type", "_name_or_path")}
+    return HFConfig({**full, **text, "architectures": cfg["architectures"], "model_type": cfg.get("model_type")})
 
 
 def _is_known(arch: str) -> bool:

@@ -89,11 +89,18 @@ class DecoderModel(nn.Module):
         self.norm = norm
         self.embed_scale = embed_scale
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The tokens' input embeddings, scaled as the family scales them."""
         x = self.embed_tokens(input_ids)
         if self.embed_scale is not None:
             # NOTE: Gemma rounds the scale to the compute dtype before multiplying, as HF does.
             x = x * torch.tensor(self.embed_scale, dtype=x.dtype)
+        return x
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
+                inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
+        """inputs_embeds: this step's input rows already embedded (an image's rows replaced), owned by this call."""
+        x = self.embed(input_ids) if inputs_embeds is None else inputs_embeds
         program = self._decode_program()
         if (program is not None and not (self.lora_rows is not None and self.lora_rows.groups)
                 and program.takes(x, meta, sdpa_min_prompt() is None)):  # every layer in one C call

@@ -22,6 +22,8 @@ _MODELS: dict[str, tuple[str, str]] = {
     "Olmo2ForCausalLM": ("olmo2", "Olmo2ForCausalLM"),
     "BaichuanForCausalLM": ("baichuan", "BaichuanForCausalLM"),
     "BaiChuanForCausalLM": ("baichuan", "BaichuanForCausalLM"),  # Baichuan-7B (v1) spells it so
+    # Images in, text out (hearth.multimodal)
+    "LlavaForConditionalGeneration": ("llava", "LlavaForConditionalGeneration"),
     # Encoders, served for pooling only (embeddings, scores)
     "BertModel": ("bert", "BertModel"),
     "BertForSequenceClassification": ("bert", "BertForSequenceClassification"),

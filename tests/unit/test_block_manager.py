@@ -139,7 +139,7 @@ def test_hashes_chain_so_same_block_after_a_different_prefix_misses() -> None:
 
 
 def test_hash_collision_is_caught_by_token_compare(monkeypatch) -> None:
-    monkeypatch.setattr(bm_mod, "hash_block", lambda parent, tokens: 12345)  # every block collides
+    monkeypatch.setattr(bm_mod, "hash_block", lambda parent, tokens, extra=(): 12345)  # every block collides
     bm = BlockManager(16, BS)
     a = req("a", [1, 2, 3, 4, 5, 6, 7, 8, 9])
     prefill(bm, a)
@@ -154,6 +154,29 @@ def test_hash_collision_is_caught_by_token_compare(monkeypatch) -> None:
     bm.free("a")
     bm.free("o")
     assert_all_free(bm)
+
+
+def test_image_blocks_are_keyed_by_the_image_hash(monkeypatch) -> None:
+    """Blocks holding an image's placeholder tokens match only the same image's: the same tokens with another
+    image (another pixel hash) miss from the first such block on, even when the hashes collide."""
+    import torch
+
+    from hearth.multimodal.inputs import ImageInput
+
+    def with_image(rid: str, mm_hash: str) -> Request:
+        r = req(rid, [7, 8, 9, 5, 5, 5, 5, 5, 5, 3, 4])  # the image fills positions 3..8
+        r.mm_inputs = [ImageInput(torch.zeros(1), 3, 6, mm_hash)]
+        return r
+
+    bm = BlockManager(16, BS)
+    prefill(bm, with_image("a", "cat"))
+    bm.free("a")
+    assert bm.get_computed_blocks(with_image("same", "cat")) == ([0, 1], 8)
+    assert bm.get_computed_blocks(with_image("other", "dog")) == ([], 0)  # block 0 holds position 3
+    monkeypatch.setattr(bm_mod, "hash_block", lambda parent, tokens, extra=(): 12345)
+    bm2 = BlockManager(16, BS)
+    prefill(bm2, with_image("a", "cat"))
+    assert bm2.get_computed_blocks(with_image("other", "dog")) == ([], 0)  # the extra keys are compared too
 
 
 def test_free_is_tail_first_and_eviction_is_lru() -> None:

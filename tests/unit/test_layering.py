@@ -142,7 +142,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("hearth.weights",),
     ("hearth.tokenizer", "hearth.structured", "hearth.sampling_params", "hearth.pooling_params", "hearth.detokenizer",
      "hearth.generation_defaults", "hearth.vllm_compat", "hearth.arg_fields", "hearth.engine_args", "hearth.config",
-     "hearth.kv_sizing", "hearth.metrics", "hearth.metrics_merge", "hearth.lora"),
+     "hearth.kv_sizing", "hearth.metrics", "hearth.metrics_merge", "hearth.lora", "hearth.multimodal"),
     ("hearth.layers",),
     ("hearth.models",),
     ("hearth.loader",),

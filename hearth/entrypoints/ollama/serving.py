@@ -78,12 +78,21 @@ def _tool_calls(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def _with_images(content: str | None, images: list[str] | None) -> str | list[dict[str, Any]] | None:
+    """Ollama's base64 `images` as OpenAI image_url parts before the text (the chat route decodes and checks
+    them: a bad one, or any for a text-only model, is a 400 naming it)."""
+    if not images:
+        return content
+    # (the format is read from the bytes; the media type here is only the data URL's form)
+    parts: list[dict[str, Any]] = [{"type": "image_url", "image_url": {"url": f"data:image/*;base64,{b64}"}}
+                                   for b64 in images]
+    return parts + [{"type": "text", "text": content or ""}]
+
+
 def _chat_messages(messages: list[Any]) -> list[dict[str, Any]]:
     out = []
     for m in messages:
-        if m.images:
-            raise APIError(400, "images are not supported: hearth serves text models")
-        msg: dict[str, Any] = {"role": m.role, "content": m.content}
+        msg: dict[str, Any] = {"role": m.role, "content": _with_images(m.content, m.images)}
         if m.tool_calls:
             msg["tool_calls"] = [{"id": f"call_{i}", "type": "function",
                                   "function": {"name": (c.get("function") or {}).get("name"),
@@ -156,14 +165,14 @@ class OllamaAPI:
         if not req.prompt and req.suffix is None:
             return {"model": req.model, "created_at": _now(), "response": "", "done_reason": "load", "done": True}
         t0 = time.monotonic()
-        if req.images:
-            raise APIError(400, "images are not supported: hearth serves text models")
+        if req.images and (req.raw or req.suffix is not None):
+            raise APIError(400, "images need the chat template: drop raw (and suffix) to send images")
         if req.template:
             raise APIError(400, "template is not supported: hearth renders the model's chat template (pass raw "
                                 "true with a prompt you formatted yourself)")
         if not req.raw and req.suffix is None:  # the chat template formats the prompt
             messages = ([{"role": "system", "content": req.system}] if req.system else []) + [
-                {"role": "user", "content": req.prompt}]
+                {"role": "user", "content": _with_images(req.prompt, req.images)}]
             run = await start_chat(ctx, self._chat_request(messages, req), "ollama")
             stream, ids, cs = run.stream, run.prompt_ids, run.choice_stream()
             final = lambda text, reason: run.final_message(text, reason)  # noqa: E731

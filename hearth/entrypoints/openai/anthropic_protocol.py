@@ -70,11 +70,15 @@ def chat_messages(req: CountTokensRequest) -> list[dict[str, Any]]:
             out.append({"role": m.role, "content": m.content})
             continue
         texts: list[str] = []
+        parts: list[dict[str, Any]] = []  # text and image parts in order, used when there is an image
         calls: list[dict[str, Any]] = []
         for b in m.content:
             kind = b.get("type")
             if kind == "text":
                 texts.append(b.get("text") or "")
+                parts.append({"type": "text", "text": texts[-1]})
+            elif kind == "image" and m.role == "user":
+                parts.append(_image_part(b))
             elif kind == "tool_use" and m.role == "assistant":
                 calls.append({"id": b.get("id"), "type": "function",
                               "function": {"name": b.get("name"), "arguments": json.dumps(b.get("input") or {})}})
@@ -87,12 +91,27 @@ def chat_messages(req: CountTokensRequest) -> list[dict[str, Any]]:
             else:
                 raise APIError(400, f"{m.role} content blocks of type {kind!r} are not supported",
                                param="messages")
-        if texts or calls:
+        if len(parts) > len(texts):  # images: OpenAI-style parts, which the chat route decodes and checks
+            out.append({"role": m.role, "content": parts})
+        elif texts or calls:
             msg: dict[str, Any] = {"role": m.role, "content": "\n".join(texts) if texts else None}
             if calls:
                 msg["tool_calls"] = calls
             out.append(msg)
     return out
+
+
+def _image_part(block: dict[str, Any]) -> dict[str, Any]:
+    """An Anthropic image block (base64 or url source) as an OpenAI image_url part."""
+    source = block.get("source") or {}
+    if source.get("type") == "base64" and isinstance(source.get("data"), str):
+        url = f"data:{source.get('media_type') or 'image/*'};base64,{source['data']}"
+    elif source.get("type") == "url" and isinstance(source.get("url"), str):
+        url = source["url"]
+    else:
+        raise APIError(400, f"image blocks take a base64 or url source, not {source.get('type')!r}",
+                       param="messages")
+    return {"type": "image_url", "image_url": {"url": url}}
 
 
 def chat_request(req: CountTokensRequest) -> ChatCompletionRequest:

@@ -175,9 +175,20 @@ class CompletionRequest(_SamplingFields):
     add_special_tokens: StrictBool = True
 
 
+class ImageURL(OpenAIModel):
+    url: str
+    detail: str | None = None
+
+
 class TextPart(OpenAIModel):
+    """A content part: {"type": "text", "text"} or {"type": "image_url", "image_url": {"url"}}."""
     type: str
     text: str | None = None
+    image_url: ImageURL | str | None = None
+
+    @property
+    def image_url_str(self) -> str | None:
+        return self.image_url.url if isinstance(self.image_url, ImageURL) else self.image_url
 
 
 class FunctionCall(OpenAIModel):
@@ -198,12 +209,19 @@ class ChatMessage(OpenAIModel):
     tool_calls: list[ToolCallMessage] | None = None
     tool_call_id: str | None = None
 
-    def as_dict(self) -> dict[str, Any]:
-        """The message as the chat template sees it: text parts joined, other part types refused."""
+    def image_parts(self) -> list[TextPart]:
+        return [p for p in self.content if p.type == "image_url"] if isinstance(self.content, list) else []
+
+    def as_dict(self, image_text: str | None = None) -> dict[str, Any]:
+        """The message as the chat template sees it: text parts joined, each image part as image_text (the model's
+        image placeholder, where the image goes; None: images refused), other part types refused."""
         content = self.content
         if isinstance(content, list):
             texts = []
             for part in content:
+                if part.type == "image_url" and image_text is not None:
+                    texts.append(image_text)
+                    continue
                 if part.type != "text" or part.text is None:
                     raise ValueError(f"message content parts of type {part.type!r} are not supported (text only)")
                 texts.append(part.text)

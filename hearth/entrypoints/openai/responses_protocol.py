@@ -33,16 +33,25 @@ class ResponsesRequest(OpenAIModel):
     user: str | None = None
 
 
-def _text_of(content: str | list[dict[str, Any]] | None) -> str:
+def _text_of(content: str | list[dict[str, Any]] | None) -> str | list[dict[str, Any]]:
+    """A message's content as text; with input_image parts, as OpenAI chat parts (the chat route decodes and
+    checks the images)."""
     if content is None or isinstance(content, str):
         return content or ""
-    texts = []
+    texts, parts = [], []
     for part in content:
+        if part.get("type") == "input_image":
+            url = part.get("image_url")
+            if not isinstance(url, str):
+                raise APIError(400, "input_image parts take an image_url (a data URL); file_id is not supported",
+                               param="input")
+            parts.append({"type": "image_url", "image_url": {"url": url}})
+            continue
         if part.get("type") not in ("input_text", "output_text", "text") or not isinstance(part.get("text"), str):
-            raise APIError(400, f"input content parts of type {part.get('type')!r} are not supported (text only)",
-                           param="input")
+            raise APIError(400, f"input content parts of type {part.get('type')!r} are not supported", param="input")
         texts.append(part["text"])
-    return "\n".join(texts)
+        parts.append({"type": "text", "text": part["text"]})
+    return parts if len(parts) > len(texts) else "\n".join(texts)
 
 
 def input_messages(items: str | list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -156,8 +156,14 @@ class MessagesAPI:
         ctx = await self.models.context(req.model)
         chat = chat_request(req)
         plan = plan_tools(chat)
-        text = await render_chat(ctx, chat.messages, True, kwargs=chat.chat_template_kwargs, tools=plan)
-        return {"input_tokens": len(ctx.tokenizer.encode(text, add_special_tokens=False))}
+        images = await ctx.images.load(chat.messages)  # (an image's tokens count: it is processed as for a message)
+        image_text = ctx.token_text(ctx.images.placeholder_id) if images else None
+        text = await render_chat(ctx, chat.messages, True, kwargs=chat.chat_template_kwargs, tools=plan,
+                                 image_text=image_text)
+        ids = ctx.tokenizer.encode(text, add_special_tokens=False)
+        if images:
+            ids, _ = await ctx.images.expand(ids, images)
+        return {"input_tokens": len(ids)}
 
 
 def register(app: FastAPI, models: ServedModels, parse_body: Callable[[Request, type], Awaitable[Any]]) -> None:

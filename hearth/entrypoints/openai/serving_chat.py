@@ -35,13 +35,14 @@ from hearth.sampling_params import SamplingParams
 async def render_chat(ctx: ServingContext, messages: list[ChatMessage], add_generation_prompt: bool,
                       continue_final_message: bool = False, chat_template: str | None = None,
                       kwargs: dict | None = None, tools: ToolPlan | None = None,
-                      raw: Request | None = None) -> str:
+                      raw: Request | None = None, image_text: str | None = None) -> str:
     """Apply the chat template off the event loop (a request's own template in the sandbox worker, see
-    template_sandbox); a bad message list or template, or one over a limit, is the user's error (400)."""
+    template_sandbox); a bad message list or template, or one over a limit, is the user's error (400). image_text:
+    the model's image placeholder, put where each image part is (None: image parts are refused)."""
     from jinja2 import TemplateError
 
     try:
-        dicts = [m.as_dict() for m in messages]
+        dicts = [m.as_dict(image_text) for m in messages]
         template = chat_template  # (None: the tokenizer's own, which --chat-template set at load)
         if tools is not None and tools.tools:
             dicts = tools.add_to_messages(dicts, template or ctx.tokenizer.chat_template)
@@ -155,9 +156,14 @@ async def start_chat(ctx: ServingContext, req: ChatCompletionRequest, id_prefix:
             raise APIError(400, f"tool_choice {plan.mode!r} cannot be combined with {spec_param}",
                            param="tool_choice")
         spec, spec_param = plan.constraint, "tools"  # NOTE: the grammar comes from the functions' schemas
+    images = await ctx.images.load(req.messages)  # (a 400 for a bad image, before any template or token work)
+    image_text = ctx.token_text(ctx.images.placeholder_id) if images else None
     text = await render_chat(ctx, req.messages, req.add_generation_prompt, req.continue_final_message,
-                             req.chat_template, req.chat_template_kwargs, plan, raw)
+                             req.chat_template, req.chat_template_kwargs, plan, raw, image_text)
     ids = await asyncio.to_thread(ctx.tokenizer.encode, text, req.add_special_tokens)
+    mm_inputs = None
+    if images:
+        ids, mm_inputs = await ctx.images.expand(ids, images)
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     try:
@@ -176,7 +182,7 @@ async def start_chat(ctx: ServingContext, req: ChatCompletionRequest, id_prefix:
             # NOTE: only the generation prompt tells whether this turn's thinking is open: earlier assistant turns
             # in the history may hold closed <think> blocks of their own.
             head = await render_chat(ctx, req.messages, False, False, req.chat_template, req.chat_template_kwargs,
-                                     plan, raw)
+                                     plan, raw, image_text)
             opened = text[len(head):] if text.startswith(head) else text
         state = reasoning.initial_state(opened)
     starts = state == "think"
@@ -184,7 +190,8 @@ async def start_chat(ctx: ServingContext, req: ChatCompletionRequest, id_prefix:
         params = ctx.reasoning_params(params, state, reasoning_budget)
     await ctx.compile_structured(spec, spec_param)
     request_id = new_id(id_prefix)
-    stream = await ctx.generate([EngineRequest(request_id, ids, params)], prompt_param="messages")
+    stream = await ctx.generate([EngineRequest(request_id, ids, params, mm_inputs=mm_inputs)],
+                                prompt_param="messages")
     return ChatRun(request_id, ids, params, plan, stream, reasoning, starts)
 
 

@@ -16,6 +16,7 @@ from hearth.engine.async_engine import EngineDeadError, QueueFullError, RequestS
 from hearth.engine.outputs import StepOutput
 from hearth.engine.protocol import EngineClient, EngineRequest, engine_requests
 from hearth.entrypoints.openai.token_quota import meter, reserve, tokens_needed
+from hearth.entrypoints.openai.chat_images import ChatImages
 from hearth.entrypoints.openai.errors import APIError, bad_request, error_body
 from hearth.entrypoints.openai.template_sandbox import SandboxRenderer
 from hearth.entrypoints.openai.fim import FIMTokens, find_fim_tokens
@@ -66,6 +67,13 @@ class ServingContext:
     def hf_config(self):
         """The model's HF config (hearth.config.HFConfig, a dict)."""
         return self.engine.info.hf_config
+
+    @functools.cached_property
+    def images(self) -> ChatImages:
+        """The model's image handling (chat image_url parts), built on first use."""
+        info = self.engine.info
+        return ChatImages(self.model_name, self.model_path, self.hf_config, info.mm_limits or {},
+                          info.media_domains or [])
 
     @functools.cached_property
     def fim(self) -> FIMTokens | None:
