@@ -34,7 +34,7 @@ class GGUFCheckpoint:
         """(HF name, tensor in HF layout, dtype), one at a time; only one tensor's bytes are resident.
 
         Linear weights and the embedding table of a ggml type named in `keep_quantized` (a subset of
-        weights.gguf.KEPT_NAMES: Q8_0, Q4_0, Q4_1, Q4_K, Q6_K) come as GGUFBlocks (raw rows, HF row order) instead.
+        weights.gguf.KEPT_NAMES: Q8_0, Q4_0, Q4_1, Q4_K, Q6_K, IQ4_NL, IQ4_XS) come as GGUFBlocks (raw rows, HF row order) instead.
         HF names in `placeholders` (values the caller replaces, e.g. a head kept in its blocks) come as zeros of
         their shape without reading or dequantizing the file's bytes (a stride-0 view: no memory of its own).
         """
