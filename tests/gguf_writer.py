@@ -28,7 +28,7 @@ _GEMMAS = (gguf.MODEL_ARCH.GEMMA, gguf.MODEL_ARCH.GEMMA2, gguf.MODEL_ARCH.GEMMA3
 _FILE_TYPE = {Q.F32: gguf.LlamaFileType.ALL_F32, Q.F16: gguf.LlamaFileType.MOSTLY_F16,
               Q.Q8_0: gguf.LlamaFileType.MOSTLY_Q8_0, Q.Q4_0: gguf.LlamaFileType.MOSTLY_Q4_0,
               Q.Q4_1: gguf.LlamaFileType.MOSTLY_Q4_1, Q.IQ4_NL: gguf.LlamaFileType.MOSTLY_IQ4_NL,
-              Q.IQ4_XS: gguf.LlamaFileType.MOSTLY_IQ4_XS}
+              Q.IQ4_XS: gguf.LlamaFileType.MOSTLY_IQ4_XS, Q.Q5_0: gguf.LlamaFileType.MOSTLY_Q5_0}
 # llama.cpp's kvalues_iq4nl (gguf.quants dequantizes IQ4 but cannot quantize it: iq4_blocks does, simply)
 _IQ4 = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.float32)
 

@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -24,6 +25,9 @@ from hearth.models.registry import get_model_class, supported_architectures
 from hearth.platform import release_calling_thread
 from hearth.tokenizer import Tokenizer, resolve_chat_template
 from hearth.weights import prepare
+
+if TYPE_CHECKING:
+    from hearth.loader.gguf import GGUFCheckpoint
 
 logger = logging.getLogger("hearth")
 
@@ -156,7 +160,7 @@ def _load_hf_folder(folder: str, args: EngineArgs,
     arch = _arch_of(hf_cfg, folder)
     files = safetensors_files(folder)
     gen_cfg = read_generation_config(folder)
-    dtype = _resolve_model_dtype(args.dtype, hf_cfg)
+    dtype = resolve_model_dtype(args.dtype, hf_cfg)
     max_len = _max_len(hf_cfg, args.max_model_len)
     st_len = sentence_transformers_max_len(folder)  # sentence-transformers never encodes more than this
     if args.max_model_len is None and st_len is not None:
@@ -220,7 +224,7 @@ def approx_params(hf_cfg: HFConfig) -> int:
     return layers * (attn + mlp) + int(cfg.get("vocab_size") or 0) * h
 
 
-def _resolve_model_dtype(requested: str, hf_cfg: HFConfig) -> torch.dtype:
+def resolve_model_dtype(requested: str, hf_cfg: HFConfig) -> torch.dtype:
     dtype = resolve_dtype(requested)
     if requested == "auto" and dtype == torch.bfloat16 and 0 < approx_params(hf_cfg) < SMALL_MODEL_PARAMS:
         # Why: bf16 rounding of a small model's hidden states moves its greedy answers off its fp32 reference
@@ -233,6 +237,18 @@ def _resolve_model_dtype(requested: str, hf_cfg: HFConfig) -> torch.dtype:
     if requested == "auto" and dtype == torch.bfloat16 and declared == "float32":
         return torch.float32  # never lose precision the checkpoint has, unless asked
     return dtype
+
+
+def _log_widened(ckpt: GGUFCheckpoint, keep: frozenset[str], dtype: torch.dtype) -> None:
+    """One line naming the GGUF block types dequantized at load and what they cost: a warning where no kernel keeps
+    them quantized (a Q5_K_M takes about three times its file size), information where --quantization none asked."""
+    from hearth.loader.gguf.widened import describe, widened_types
+
+    rows = widened_types(ckpt, keep, dtype)
+    if rows and keep:
+        logger.warning("GGUF types with no kernel that keeps them quantized, widened at load: %s", describe(rows))
+    elif rows:
+        logger.info("GGUF block types widened at load (--quantization none): %s", describe(rows))
 
 
 def _load_gguf(path: str, args: EngineArgs, before_load: Callable[[nn.Module], None] | None = None) -> LoadedModel:
@@ -250,10 +266,11 @@ def _load_gguf(path: str, args: EngineArgs, before_load: Callable[[nn.Module], N
     else:
         tokenizer = ckpt.tokenizer
         tokenizer.templates = resolve_chat_template(args.chat_template) or tokenizer.templates
-    dtype = _resolve_model_dtype(args.dtype, hf_cfg)
+    dtype = resolve_model_dtype(args.dtype, hf_cfg)
     max_len = _max_len(hf_cfg, args.max_model_len)
     scheme = _quantization(args.quantization, True)
     keep = KEPT_NAMES if scheme == "gguf" else frozenset()
+    _log_widened(ckpt, keep, dtype)
     # An untied head kept in its blocks (below) is never read densely: not dequantized at all (numpy's dequantization
     # of a big head is a visible part of start-up, for a copy freed right after).
     head_kept = bool(keep) and ckpt.has_output_weight and ckpt.head_shape(keep) == (hf_cfg["vocab_size"],

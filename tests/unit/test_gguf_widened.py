@@ -1,0 +1,68 @@
+"""GGUF block types with no kernel that keeps them quantized: named with their tensor count and memory cost in the
+load's log line and in `hearth doctor MODEL`, from the tensor headers."""
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+from gguf import GGMLQuantizationType as Q
+
+from hearth.entrypoints.doctor_model import gguf_type_rows, model_rows
+from hearth.loader.gguf import load_gguf
+from hearth.loader.gguf.widened import widened_types
+from hearth.weights.gguf import KEPT_NAMES
+from tests.gguf_writer import write_gguf
+from tests.tiny_models import build_checkpoint, tiny_config
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("widened")
+    folder = build_checkpoint(str(root / "m"), tiny_config("llama"))
+    out = {}
+    for qtype in (Q.Q5_0, Q.Q4_0):
+        out[qtype.name] = root / f"m-{qtype.name}.gguf"
+        write_gguf(folder, out[qtype.name], qtype)
+    return out
+
+
+def test_widened_types_count_tensors_and_bytes(files: dict[str, Path]) -> None:
+    ck = load_gguf(str(files["Q5_0"]))
+    mats = [(hf, info) for hf, info in ck.tensor_infos() if len(info.shape) == 2]
+    # a float32 model: projections and the head widen to float16 (2 bytes a weight), the embedding to float32
+    want_mem = sum(info.shape[0] * info.shape[1] * (4 if "embed_tokens" in hf else 2) for hf, info in mats)
+    (row,) = widened_types(ck, KEPT_NAMES, torch.float32)
+    assert (row.name, row.tensors, row.dtype) == ("Q5_0", len(mats), torch.float16)
+    assert row.file_bytes == sum(info.nbytes for _, info in mats)
+    assert row.memory_bytes == want_mem and row.extra_bytes == want_mem - row.file_bytes > 0
+    (bf,) = widened_types(ck, KEPT_NAMES, torch.bfloat16)
+    assert bf.memory_bytes == sum(info.shape[0] * info.shape[1] * 2 for _, info in mats)
+    # a kept type widens nothing; --quantization none (no kept types) widens every block type
+    q4 = load_gguf(str(files["Q4_0"]))
+    assert widened_types(q4, KEPT_NAMES, torch.float32) == []
+    assert [r.name for r in widened_types(q4, frozenset(), torch.float32)] == ["Q4_0"]
+
+
+def test_load_logs_the_widened_types(files: dict[str, Path], caplog) -> None:
+    from hearth import LLM
+
+    with caplog.at_level(logging.INFO, logger="hearth"):
+        LLM(str(files["Q5_0"]), kv_cache_space=0.05)
+    lines = [r for r in caplog.records if "widened at load" in r.getMessage()]
+    assert len(lines) == 1 and lines[0].levelno == logging.WARNING
+    row = widened_types(load_gguf(str(files["Q5_0"])), KEPT_NAMES, torch.float32)[0]
+    msg = lines[0].getMessage()
+    assert f"Q5_0 ({row.tensors} tensors" in msg and f"+{row.extra_bytes / 2**20:.1f} MiB" in msg
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="hearth"):
+        LLM(str(files["Q4_0"]), kv_cache_space=0.05)
+    assert not [r for r in caplog.records if "widened at load" in r.getMessage()]
+
+
+def test_doctor_names_each_type_kept_or_widened(files: dict[str, Path]) -> None:
+    text = "\n".join(model_rows(str(files["Q5_0"])))
+    (q5,) = [line for line in text.splitlines() if line.startswith("Q5_0")]
+    assert "WIDENED to float16" in q5 and "no kernel keeps it quantized" in q5 and "(+" in q5
+    assert any(line.startswith("F32") and "float, as stored" in line for line in text.splitlines())
+    (q4,) = [line for line in gguf_type_rows(load_gguf(str(files["Q4_0"]))) if line.startswith("Q4_0")]
+    assert "kept quantized: int4 layout" in q4 and "WIDENED" not in q4
