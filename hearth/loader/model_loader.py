@@ -23,7 +23,7 @@ from hearth.layers.pooler import PoolerConfig, read_sentence_transformers_config
 from hearth.loader.hf_folder import iter_safetensors, read_generation_config, read_hf_config, safetensors_files
 from hearth.models.registry import get_model_class, supported_architectures
 from hearth.platform import release_calling_thread
-from hearth.tokenizer import Tokenizer, resolve_chat_template
+from hearth.tokenizer import Tokenizer, builtin_templates, resolve_chat_template
 from hearth.weights import prepare
 
 if TYPE_CHECKING:
@@ -239,6 +239,18 @@ def resolve_model_dtype(requested: str, hf_cfg: HFConfig) -> torch.dtype:
     return dtype
 
 
+def _builtin_template(architecture: str, tokenizer: Tokenizer, path: str) -> builtin_templates.BuiltinTemplate | None:
+    """A GGUF without a chat template (and no --chat-template): its family's built-in one, set on the tokenizer and
+    logged (None: no family matches; chat requests then answer 400)."""
+    found = builtin_templates.pick(architecture, lambda t: tokenizer.token_id(t) is not None)
+    if found is not None:
+        tokenizer.templates = found.text
+        logger.info("%s has no chat template: using the built-in %r template for GGUF architecture %r (--chat-template "
+                    "overrides); a GGUF without one is often a base model, whose chat answers may be poor",
+                    os.path.basename(path), found.name, architecture)
+    return found
+
+
 def _log_widened(ckpt: GGUFCheckpoint, keep: frozenset[str], dtype: torch.dtype) -> None:
     """One line naming the GGUF block types dequantized at load and what they cost: a warning where no kernel keeps
     them quantized (a Q5_K_M takes about three times its file size), information where --quantization none asked."""
@@ -266,6 +278,7 @@ def _load_gguf(path: str, args: EngineArgs, before_load: Callable[[nn.Module], N
     else:
         tokenizer = ckpt.tokenizer
         tokenizer.templates = resolve_chat_template(args.chat_template) or tokenizer.templates
+    builtin = None if tokenizer.templates else _builtin_template(ckpt.architecture, tokenizer, path)
     dtype = resolve_model_dtype(args.dtype, hf_cfg)
     max_len = _max_len(hf_cfg, args.max_model_len)
     scheme = _quantization(args.quantization, True)
@@ -289,6 +302,8 @@ def _load_gguf(path: str, args: EngineArgs, before_load: Callable[[nn.Module], N
             # compute_logits reads only the blocks now: free the dense copy (TinyLlama Q4_0: 131 MB of fp16)
             model.lm_head.weight = nn.Parameter(torch.empty(0, dtype=model.lm_head.weight.dtype), requires_grad=False)
     eos = list(ckpt.eos_token_ids) or _eos_ids({}, hf_cfg, tokenizer)
+    if builtin is not None:  # (llama.cpp ends generation on a vocabulary's end-of-turn tokens too)
+        eos = list(dict.fromkeys([*eos, tokenizer.token_id(builtin.end_of_turn)]))
     name = args.served_model_name or os.path.basename(path).removesuffix(".gguf")
     mc = ModelConfig(path, hf_cfg, arch, dtype, max_len, eos, ckpt.bos_token_id, True, name)
     return LoadedModel(model, mc, tokenizer)

@@ -68,6 +68,11 @@ class GGUFCheckpoint:
             finally:
                 buf.close()
 
+    @property
+    def architecture(self) -> str:
+        """The file's general.architecture (a key of arch.ARCHS)."""
+        return self._parts[0].metadata["general.architecture"]
+
     def tensor_infos(self) -> Iterator[tuple[str, TensorInfo]]:
         """(HF name, header) of every tensor the model reads, without reading any bytes."""
         assert self._arch is not None
