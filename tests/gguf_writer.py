@@ -182,10 +182,12 @@ def _encode(t: torch.Tensor, qtype: Q) -> tuple[np.ndarray, Q]:
     return gguf.quants.quantize(a, qtype), qtype
 
 
-def write_gguf(folder: str | os.PathLike, path: str | os.PathLike, qtype: Q = Q.F32) -> dict[str, torch.Tensor]:
+def write_gguf(folder: str | os.PathLike, path: str | os.PathLike, qtype: Q = Q.F32,
+               types: dict[str, Q] | None = None) -> dict[str, torch.Tensor]:
     """Write `path` from the HF checkpoint in `folder`. Returns the HF-named fp32 weights exactly as the file
     holds them once decoded (qtype round trip applied, permutation and norm shift undone): the checkpoint a
-    reference model should run to see the same numbers as a correct GGUF loader."""
+    reference model should run to see the same numbers as a correct GGUF loader. types: another type for the
+    tensors whose HF name contains a key (a llama-quantize mix, e.g. {"v_proj": Q.Q8_0})."""
     from transformers import AutoConfig
 
     folder, path = os.fspath(folder), os.fspath(path)
@@ -213,7 +215,7 @@ def write_gguf(folder: str | os.PathLike, path: str | os.PathLike, qtype: Q = Q.
         gguf_name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
         if gguf_name is None:
             raise KeyError(f"{hf_name}: no GGUF name for {gguf.MODEL_ARCH_NAMES[arch]}")
-        data, dtype = _encode(t, qtype)
+        data, dtype = _encode(t, next((q for key, q in (types or {}).items() if key in hf_name), qtype))
         w.add_tensor(gguf_name, data, raw_dtype=None if dtype in (Q.F32, Q.F16) else dtype)
         back = torch.from_numpy(np.ascontiguousarray(
             gguf.quants.dequantize(data, dtype) if dtype not in (Q.F32, Q.F16) else data.astype(np.float32)))

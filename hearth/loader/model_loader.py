@@ -252,13 +252,14 @@ def _builtin_template(architecture: str, tokenizer: Tokenizer, path: str) -> bui
 
 
 def _log_widened(ckpt: GGUFCheckpoint, keep: frozenset[str], dtype: torch.dtype) -> None:
-    """One line naming the GGUF block types dequantized at load and what they cost: a warning where no kernel keeps
-    them quantized (a Q5_K_M takes about three times its file size), information where --quantization none asked."""
+    """One line naming the GGUF block types dequantized at load and what they cost: a warning where the kernels do
+    not keep them (a Q5_K_M takes about three times its file size), information where --quantization none asked."""
     from hearth.loader.gguf.widened import describe, widened_types
 
     rows = widened_types(ckpt, keep, dtype)
     if rows and keep:
-        logger.warning("GGUF types with no kernel that keeps them quantized, widened at load: %s", describe(rows))
+        logger.warning("GGUF weights widened at load (no kernel keeps their type quantized, or their merged layer "
+                       "mixes types): %s", describe(rows))
     elif rows:
         logger.info("GGUF block types widened at load (--quantization none): %s", describe(rows))
 

@@ -32,6 +32,11 @@ CODEBOOK_TYPES = frozenset({"IQ4_NL", "IQ4_XS"})  # repacked into the codebook l
 IQ4_VALUES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
 
 
+def kind(type_name: str) -> tuple[int, int, bool]:
+    """(bits, group, codebook) of a kept type once repacked: shards of one layer concatenate only within one kind."""
+    return (8 if type_name in ("Q8_0", "Q6_K") else 4, 16 if type_name == "Q6_K" else 32, type_name in CODEBOOK_TYPES)
+
+
 @dataclass
 class GGUFBlocks:
     """A GGUF weight kept in its blocks: data uint8 [N, K / block * block_bytes], rows in HF order."""
@@ -46,17 +51,16 @@ class GGUFBlocks:
 
     @property
     def bits(self) -> int:
-        return 8 if self.type_name in ("Q8_0", "Q6_K") else 4
+        return kind(self.type_name)[0]
 
     @property
     def group(self) -> int:
         """Weights per scale once repacked."""
-        return 16 if self.type_name == "Q6_K" else 32
+        return kind(self.type_name)[1]
 
     @property
     def kind(self) -> tuple[int, int, bool]:
-        """(bits, group, codebook) once repacked: shards of one layer concatenate only within one kind."""
-        return self.bits, self.group, self.type_name in CODEBOOK_TYPES
+        return kind(self.type_name)
 
     def index_rows(self, index: torch.Tensor) -> GGUFBlocks:
         return GGUFBlocks(self.ggml_type, self.shape, self.data[index].contiguous())

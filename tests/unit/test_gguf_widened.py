@@ -43,6 +43,26 @@ def test_widened_types_count_tensors_and_bytes(files: dict[str, Path]) -> None:
     assert [r.name for r in widened_types(q4, frozenset(), torch.float32)] == ["Q4_0"]
 
 
+def test_a_kept_type_merged_with_another_counts_as_widened(tmp_path: Path) -> None:
+    """q/k in Q4_0 and v in Q8_0 (a llama-quantize mix) cannot join in one qkv layer, which then loads dense in
+    float32: all three are widened, and the count is the bytes the loaded model's dense layers hold."""
+    from hearth import LLM
+    from hearth.layers.quant_linear import QuantLinear
+
+    folder = build_checkpoint(str(tmp_path / "m"), tiny_config("llama"))
+    write_gguf(folder, tmp_path / "mix.gguf", Q.Q4_0, {"v_proj": Q.Q8_0})
+    rows = {r.name: r for r in widened_types(load_gguf(str(tmp_path / "mix.gguf")), KEPT_NAMES, torch.float32)}
+    layers = tiny_config("llama").num_hidden_layers
+    assert (rows["Q4_0"].tensors, rows["Q8_0"].tensors) == (2 * layers, layers)
+    assert rows["Q4_0"].dtype == rows["Q8_0"].dtype == torch.float32
+    model = LLM(str(tmp_path / "mix.gguf"), dtype="float32", kv_cache_space=0.05).engine.model
+    dense = [m for m in model.modules() if isinstance(m, QuantLinear) and m.qweight is None]
+    assert len(dense) == layers  # the qkv layers; o_proj and the MLP stay Q4_0
+    assert sum(m.weight.numel() * m.weight.element_size() for m in dense) == sum(r.memory_bytes for r in rows.values())
+    (q4,) = [line for line in gguf_type_rows(load_gguf(str(tmp_path / "mix.gguf"))) if line.startswith("Q4_0")]
+    assert "kept quantized: int4 layout" in q4 and f"{2 * layers} WIDENED to float32" in q4
+
+
 def test_load_logs_the_widened_types(files: dict[str, Path], caplog) -> None:
     from hearth import LLM
 
