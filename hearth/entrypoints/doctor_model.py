@@ -30,6 +30,9 @@ def model_rows(path: str) -> list[str]:
     head8 = False
     if fp.prequantized:
         options = [("as stored", fp.weight_bytes("stored"))]
+        extra = 0 if ckpt is None else gguf_widened_bytes(ckpt)
+        if extra > 0:  # (a GGUF's block types widened at load: the table below)
+            options.append(("as loaded", fp.weight_bytes("stored") + extra))
     else:
         from hearth.loader.model_loader import int8_head
 
@@ -61,6 +64,16 @@ def model_rows(path: str) -> list[str]:
     if ckpt is not None:
         lines += [""] + gguf_type_rows(ckpt)
     return lines
+
+
+def gguf_widened_bytes(ckpt: GGUFCheckpoint) -> int:
+    """The bytes a GGUF's widened tensors take beyond their file bytes under --dtype auto."""
+    from hearth.loader.gguf.widened import widened_types
+    from hearth.loader.model_loader import resolve_model_dtype
+    from hearth.weights.gguf import KEPT_NAMES
+
+    rows = widened_types(ckpt, KEPT_NAMES, resolve_model_dtype("auto", ckpt.hf_config))
+    return sum(r.extra_bytes for r in rows)
 
 
 def gguf_type_rows(ckpt: GGUFCheckpoint) -> list[str]:

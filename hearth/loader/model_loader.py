@@ -1,6 +1,7 @@
 """Find the model the user named, read its config and tokenizer, build the model and fill its weights."""
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import logging
 import os
@@ -251,9 +252,10 @@ def _builtin_template(architecture: str, tokenizer: Tokenizer, path: str) -> bui
     return found
 
 
-def _log_widened(ckpt: GGUFCheckpoint, keep: frozenset[str], dtype: torch.dtype) -> None:
+def _log_widened(ckpt: GGUFCheckpoint, keep: frozenset[str], dtype: torch.dtype) -> int:
     """One line naming the GGUF block types dequantized at load and what they cost: a warning where the kernels do
-    not keep them (a Q5_K_M takes about three times its file size), information where --quantization none asked."""
+    not keep them (a Q5_K_M takes about three times its file size), information where --quantization none asked.
+    Returns the bytes they take beyond their file bytes."""
     from hearth.loader.gguf.widened import describe, widened_types
 
     rows = widened_types(ckpt, keep, dtype)
@@ -262,6 +264,7 @@ def _log_widened(ckpt: GGUFCheckpoint, keep: frozenset[str], dtype: torch.dtype)
                        "mixes types): %s", describe(rows))
     elif rows:
         logger.info("GGUF block types widened at load (--quantization none): %s", describe(rows))
+    return sum(r.extra_bytes for r in rows)
 
 
 def _load_gguf(path: str, args: EngineArgs, before_load: Callable[[nn.Module], None] | None = None) -> LoadedModel:
@@ -272,7 +275,13 @@ def _load_gguf(path: str, args: EngineArgs, before_load: Callable[[nn.Module], N
         raise LoadError(f"{path} is a file but not a .gguf: pass a .gguf file or an HF model folder")
     ckpt = load_gguf(path)  # (maps the file: nothing is read into memory yet)
     hf_cfg = ckpt.hf_config
-    memory_fit.check_fits(path, memory_fit.footprint(path, hf_cfg), "stored", 2)
+    dtype = resolve_model_dtype(args.dtype, hf_cfg)
+    scheme = _quantization(args.quantization, True)
+    keep = KEPT_NAMES if scheme == "gguf" else frozenset()
+    fp = memory_fit.footprint(path, hf_cfg)
+    # (the weights widened at load take their widened bytes, not their file bytes)
+    fp = dataclasses.replace(fp, stored_bytes=fp.stored_bytes + _log_widened(ckpt, keep, dtype))
+    memory_fit.check_fits(path, fp, "stored", 2)
     arch = _arch_of(hf_cfg, path)
     if args.tokenizer:
         tokenizer = Tokenizer.from_folder(args.tokenizer, resolve_chat_template(args.chat_template))
@@ -280,11 +289,7 @@ def _load_gguf(path: str, args: EngineArgs, before_load: Callable[[nn.Module], N
         tokenizer = ckpt.tokenizer
         tokenizer.templates = resolve_chat_template(args.chat_template) or tokenizer.templates
     builtin = None if tokenizer.templates else _builtin_template(ckpt.architecture, tokenizer, path)
-    dtype = resolve_model_dtype(args.dtype, hf_cfg)
     max_len = _max_len(hf_cfg, args.max_model_len)
-    scheme = _quantization(args.quantization, True)
-    keep = KEPT_NAMES if scheme == "gguf" else frozenset()
-    _log_widened(ckpt, keep, dtype)
     # An untied head kept in its blocks (below) is never read densely: not dequantized at all (numpy's dequantization
     # of a big head is a visible part of start-up, for a copy freed right after).
     head_kept = bool(keep) and ckpt.has_output_weight and ckpt.head_shape(keep) == (hf_cfg["vocab_size"],

@@ -79,8 +79,25 @@ def test_load_logs_the_widened_types(files: dict[str, Path], caplog) -> None:
     assert not [r for r in caplog.records if "widened at load" in r.getMessage()]
 
 
+def test_widened_bytes_count_in_the_fit_check(files: dict[str, Path], monkeypatch) -> None:
+    """Memory for the file's bytes but not for the widened weights: refused at load, in one line."""
+    from hearth import EngineArgs
+    from hearth.errors import LoadError
+    from hearth.kv_sizing import HEADROOM_BYTES
+    from hearth.loader import memory_fit
+    from hearth.loader.model_loader import load_model
+
+    path = str(files["Q5_0"])
+    (row,) = widened_types(load_gguf(path), KEPT_NAMES, torch.float32)
+    stored = memory_fit.footprint(path, load_gguf(path).hf_config).stored_bytes
+    monkeypatch.setattr(memory_fit, "available_bytes", lambda: HEADROOM_BYTES + stored + row.extra_bytes // 2)
+    with pytest.raises(LoadError, match="does not fit in memory"):
+        load_model(EngineArgs(model=path, dtype="float32"))
+
+
 def test_doctor_names_each_type_kept_or_widened(files: dict[str, Path]) -> None:
     text = "\n".join(model_rows(str(files["Q5_0"])))
+    assert "as loaded" in text and "as loaded" not in "\n".join(model_rows(str(files["Q4_0"])))
     (q5,) = [line for line in text.splitlines() if line.startswith("Q5_0")]
     assert "WIDENED to float16" in q5 and "no kernel keeps it quantized" in q5 and "(+" in q5
     assert any(line.startswith("F32") and "float, as stored" in line for line in text.splitlines())
