@@ -64,7 +64,7 @@ class EngineArgs:
     # compressed-tensors | bitsandbytes (loader/hf_quant.py)
     quantization: str | None = arg(
         None, "weight-only quantization: int8 (per channel) / int4[-gN] (group-wise, default group 128) computed at "
-        "load; auto (default) keeps GGUF Q8_0/Q4_0/Q4_1/Q4_K weights and a checkpoint's own GPTQ / AWQ / "
+        "load; auto (default) keeps GGUF Q8_0/Q4_0/Q4_1/Q4_K/Q6_K/IQ4_NL/IQ4_XS weights and a checkpoint's own GPTQ / AWQ / "
         "compressed-tensors / bitsandbytes quantization; bitsandbytes on a float checkpoint: NF4 at load (blocks of "
         "64, as bitsandbytes); none dequantizes GGUF weights", group=ENGINE, choices=QUANTIZATION_CHOICES, vllm=SAME)
     # Ranks of tensor parallelism (processes on this host, gloo all-reduce): hearth/distributed/. 1: off.

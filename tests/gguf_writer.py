@@ -27,7 +27,10 @@ _GEMMAS = (gguf.MODEL_ARCH.GEMMA, gguf.MODEL_ARCH.GEMMA2, gguf.MODEL_ARCH.GEMMA3
 # Every 2-D weight of these tiny models has rows of a multiple of 32 elements (the Q8_0 / Q4_0 block).
 _FILE_TYPE = {Q.F32: gguf.LlamaFileType.ALL_F32, Q.F16: gguf.LlamaFileType.MOSTLY_F16,
               Q.Q8_0: gguf.LlamaFileType.MOSTLY_Q8_0, Q.Q4_0: gguf.LlamaFileType.MOSTLY_Q4_0,
-              Q.Q4_1: gguf.LlamaFileType.MOSTLY_Q4_1}
+              Q.Q4_1: gguf.LlamaFileType.MOSTLY_Q4_1, Q.IQ4_NL: gguf.LlamaFileType.MOSTLY_IQ4_NL,
+              Q.IQ4_XS: gguf.LlamaFileType.MOSTLY_IQ4_XS, Q.Q5_0: gguf.LlamaFileType.MOSTLY_Q5_0}
+# llama.cpp's kvalues_iq4nl (gguf.quants dequantizes IQ4 but cannot quantize it: iq4_blocks does, simply)
+_IQ4 = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.float32)
 
 
 def llama_permute(w: torch.Tensor, n_head: int) -> torch.Tensor:
@@ -136,6 +139,35 @@ def _hf_tensors(folder: str) -> dict[str, torch.Tensor]:
     return out
 
 
+def _iq4_nearest(w: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """Indices of the kvalues nearest to w / scale ([..., 32] and [..., 1]), nibble-packed as ggml stores a block
+    (byte l: element l low, element l + 16 high)."""
+    idx = np.abs(w[..., None] - scale[..., None] * _IQ4).argmin(-1).astype(np.uint8)
+    return idx[..., :16] | (idx[..., 16:] << 4)
+
+
+def iq4_blocks(a: np.ndarray, qtype: Q) -> np.ndarray:
+    """fp32 [N, K] -> IQ4_NL (K % 32) or IQ4_XS (K % 256) rows, uint8 [N, row bytes]: the block scale puts the
+    value of largest magnitude on kvalue -127 (llama.cpp's starting point, without its scale search)."""
+    n, k = a.shape
+    sub = a.reshape(n, -1, 32)
+    peak = np.take_along_axis(sub, np.abs(sub).argmax(-1)[..., None], -1)  # [N, blocks, 1] signed
+    if qtype == Q.IQ4_NL:
+        d = (peak / -127.0).astype(np.float16)
+        out = np.concatenate([d.view(np.uint8), _iq4_nearest(sub, d.astype(np.float32))], -1)
+        return out.reshape(n, -1)
+    s = (peak / -127.0).reshape(n, -1, 8)  # wanted per-32 scales [N, super-blocks, 8]
+    d = (np.abs(s).max(-1, keepdims=True) / 31.0).astype(np.float16)
+    df = d.astype(np.float32)
+    ls = (np.round(np.divide(s, df, out=np.zeros_like(s), where=df != 0)) + 32).clip(0, 63).astype(np.uint16)
+    high = ((ls >> 4) << (2 * np.arange(8, dtype=np.uint16))).sum(-1, dtype=np.uint16)[..., None]
+    low = (ls & 15).astype(np.uint8).reshape(n, -1, 4, 2)
+    qs = _iq4_nearest(sub.reshape(n, -1, 8, 32), (df * (ls.astype(np.float32) - 32))[..., None])
+    out = np.concatenate([d.view(np.uint8), high.view(np.uint8), low[..., 0] | (low[..., 1] << 4),
+                          qs.reshape(n, -1, 128)], -1)
+    return out.reshape(n, -1)
+
+
 def _encode(t: torch.Tensor, qtype: Q) -> tuple[np.ndarray, Q]:
     """(array to write, its ggml type): 1-D tensors stay F32 (norms, biases), as convert_hf_to_gguf.py keeps them."""
     a = t.float().numpy()
@@ -143,13 +175,19 @@ def _encode(t: torch.Tensor, qtype: Q) -> tuple[np.ndarray, Q]:
         return a, Q.F32
     if qtype == Q.F16:
         return a.astype(np.float16), Q.F16
+    if qtype == Q.IQ4_XS and a.shape[1] % 256:  # llama-quantize's fallback for rows IQ4_XS cannot hold
+        qtype = Q.IQ4_NL
+    if qtype in (Q.IQ4_NL, Q.IQ4_XS):
+        return iq4_blocks(a, qtype), qtype
     return gguf.quants.quantize(a, qtype), qtype
 
 
-def write_gguf(folder: str | os.PathLike, path: str | os.PathLike, qtype: Q = Q.F32) -> dict[str, torch.Tensor]:
+def write_gguf(folder: str | os.PathLike, path: str | os.PathLike, qtype: Q = Q.F32,
+               types: dict[str, Q] | None = None) -> dict[str, torch.Tensor]:
     """Write `path` from the HF checkpoint in `folder`. Returns the HF-named fp32 weights exactly as the file
     holds them once decoded (qtype round trip applied, permutation and norm shift undone): the checkpoint a
-    reference model should run to see the same numbers as a correct GGUF loader."""
+    reference model should run to see the same numbers as a correct GGUF loader. types: another type for the
+    tensors whose HF name contains a key (a llama-quantize mix, e.g. {"v_proj": Q.Q8_0})."""
     from transformers import AutoConfig
 
     folder, path = os.fspath(folder), os.fspath(path)
@@ -177,7 +215,7 @@ def write_gguf(folder: str | os.PathLike, path: str | os.PathLike, qtype: Q = Q.
         gguf_name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
         if gguf_name is None:
             raise KeyError(f"{hf_name}: no GGUF name for {gguf.MODEL_ARCH_NAMES[arch]}")
-        data, dtype = _encode(t, qtype)
+        data, dtype = _encode(t, next((q for key, q in (types or {}).items() if key in hf_name), qtype))
         w.add_tensor(gguf_name, data, raw_dtype=None if dtype in (Q.F32, Q.F16) else dtype)
         back = torch.from_numpy(np.ascontiguousarray(
             gguf.quants.dequantize(data, dtype) if dtype not in (Q.F32, Q.F16) else data.astype(np.float32)))

@@ -2,9 +2,13 @@
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 from hearth.kv_sizing import AUTO_FRACTION, GiB, HEADROOM_BYTES
 from hearth.loader import memory_fit
+
+if TYPE_CHECKING:
+    from hearth.loader.gguf import GGUFCheckpoint
 
 CONTEXTS = (2048, 8192, 32768)
 
@@ -13,10 +17,12 @@ def model_rows(path: str) -> list[str]:
     """The report's lines: weights per option, KV bytes per token, what fits the available memory."""
     from hearth.loader.hf_folder import read_hf_config
 
+    ckpt = None
     if os.path.isfile(path):
         from hearth.loader.gguf import load_gguf
 
-        cfg = load_gguf(path).hf_config
+        ckpt = load_gguf(path)
+        cfg = ckpt.hf_config
     else:
         cfg = read_hf_config(path)
     fp = memory_fit.footprint(path, cfg)
@@ -24,6 +30,9 @@ def model_rows(path: str) -> list[str]:
     head8 = False
     if fp.prequantized:
         options = [("as stored", fp.weight_bytes("stored"))]
+        extra = 0 if ckpt is None else gguf_widened_bytes(ckpt)
+        if extra > 0:  # (a GGUF's block types widened at load: the table below)
+            options.append(("as loaded", fp.weight_bytes("stored") + extra))
     else:
         from hearth.loader.model_loader import int8_head
 
@@ -52,4 +61,49 @@ def model_rows(path: str) -> list[str]:
         lines.append("int8 / int4 / nf4: the LM head quantized at load to int8 per row"
                      + (", beside the tied embedding table" if fp.head_tied else "")
                      + " (HEARTH_QUANT_LM_HEAD=0 keeps it bf16)")
+    if ckpt is not None:
+        lines += [""] + gguf_type_rows(ckpt)
+    return lines
+
+
+def gguf_widened_bytes(ckpt: GGUFCheckpoint) -> int:
+    """The bytes a GGUF's widened tensors take beyond their file bytes under --dtype auto."""
+    from hearth.loader.gguf.widened import widened_types
+    from hearth.loader.model_loader import resolve_model_dtype
+    from hearth.weights.gguf import KEPT_NAMES
+
+    rows = widened_types(ckpt, KEPT_NAMES, resolve_model_dtype("auto", ckpt.hf_config))
+    return sum(r.extra_bytes for r in rows)
+
+
+def gguf_type_rows(ckpt: GGUFCheckpoint) -> list[str]:
+    """Each tensor type in the file: its tensors and bytes, and whether it stays quantized (its layout and the kernel
+    a decode step of one row gets) or is widened at load (what it becomes and the memory that costs)."""
+    from hearth.loader.gguf.reader import TYPES
+    from hearth.loader.gguf.widened import widened_types
+    from hearth.loader.model_loader import resolve_model_dtype
+    from hearth.weights import dispatch, layouts
+    from hearth.weights.gguf import KEPT_NAMES
+
+    dtype = resolve_model_dtype("auto", ckpt.hf_config)
+    widened = {r.name: r for r in widened_types(ckpt, KEPT_NAMES, dtype)}
+    counts: dict[str, list[int]] = {}
+    for _, info in ckpt.tensor_infos():
+        row = counts.setdefault(TYPES[info.ggml_type][0], [0, 0])
+        row[0] += 1
+        row[1] += info.nbytes
+    mib = 1 << 20
+    lines = [f"{'tensor type':<12}{'tensors':>8}{'MiB':>10}  at load (--dtype auto: {str(dtype).removeprefix('torch.')})"]
+    for name, (n, nbytes) in sorted(counts.items(), key=lambda kv: -kv[1][1]):
+        what = "float, as stored"
+        if name in KEPT_NAMES:
+            lay = next(lay for lay in layouts.TABLE if name in lay.packs)
+            what = f"kept quantized: {lay.name} layout, {dispatch.plan(lay, 1, dispatch.caps()).value} kernel at 1 row"
+        if name in widened:  # (a kept type's tensors other than matrices and the embedding are widened too)
+            w = widened[name]
+            what = (f"{what}; {w.tensors} " if name in KEPT_NAMES else "") + (
+                f"WIDENED to {str(w.dtype).removeprefix('torch.')}"
+                + ("" if name in KEPT_NAMES else ", no kernel keeps it quantized")
+                + f": {w.memory_bytes / mib:.1f} MiB in memory (+{w.extra_bytes / mib:.1f} MiB)")
+        lines.append(f"{name:<12}{n:>8}{nbytes / mib:>10.1f}  {what}")
     return lines

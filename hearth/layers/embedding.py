@@ -14,7 +14,7 @@ class Embedding(nn.Module):
     """Token embedding without random init (the checkpoint fills it; init would cost seconds on big vocabularies).
 
     Like Linear, a float32 model keeps a 16-bit checkpoint's table in 16 bits (exact); lookups return float32.
-    A GGUF table of a kept block type (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K) stays in its repacked blocks (`qweight`) and the
+    A GGUF table of a kept block type (weights.gguf.KEPT_NAMES) stays in its repacked blocks (`qweight`) and the
     looked-up rows are dequantized (exact, like a dense table): dequantizing the whole table was a large part of a
     small model's start-up, and a tied head reads the same blocks.
     """

@@ -7,9 +7,9 @@ Schemes (EngineArgs.quantization):
                 a layer whose K is not a multiple of the group takes the largest of 128/64/32 that divides it
   prequant      (a checkpoint with a quantization_config: GPTQ, AWQ, compressed-tensors) the layers' packed
                 tensors repacked exactly into int4 / int8 (hearth.weights.formats); layers it left in float stay dense
-  gguf          (GGUF files by default, or `auto`) keep Q8_0 / Q4_0 / Q4_1 / Q4_K weights quantized, repacked into
-                hearth's int8 / int4 layout without going through floats. A layer whose shards arrive in other
-                formats (F16, Q6_K, ... or a mix of int8 and int4 types) is stored dense, exactly like Linear.
+  gguf          (GGUF files by default, or `auto`) keep the weights of weights.gguf.KEPT_NAMES quantized, repacked
+                into hearth's int8 / int4 / codebook layouts without going through floats. A layer whose shards
+                arrive in other formats (F16, Q5_K, ... or a mix of layouts) is stored dense, exactly like Linear.
 lm_head and the embeddings stay in the model dtype (tied heads read the embedding table); a GGUF's LM head of a kept
 type is also kept in its blocks (model_loader, CausalLMBase.lm_head_qweight), and an HF folder's head quantized at
 load (int8 / int4 / nf4) becomes int8 per row after loading (hearth.loader.lm_head), not a QuantLinear.

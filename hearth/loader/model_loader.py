@@ -1,6 +1,7 @@
 """Find the model the user named, read its config and tokenizer, build the model and fill its weights."""
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import logging
 import os
@@ -9,6 +10,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -22,8 +24,11 @@ from hearth.layers.pooler import PoolerConfig, read_sentence_transformers_config
 from hearth.loader.hf_folder import iter_safetensors, read_generation_config, read_hf_config, safetensors_files
 from hearth.models.registry import get_model_class, supported_architectures
 from hearth.platform import release_calling_thread
-from hearth.tokenizer import Tokenizer, resolve_chat_template
+from hearth.tokenizer import Tokenizer, builtin_templates, resolve_chat_template
 from hearth.weights import prepare
+
+if TYPE_CHECKING:
+    from hearth.loader.gguf import GGUFCheckpoint
 
 logger = logging.getLogger("hearth")
 
@@ -156,7 +161,7 @@ def _load_hf_folder(folder: str, args: EngineArgs,
     arch = _arch_of(hf_cfg, folder)
     files = safetensors_files(folder)
     gen_cfg = read_generation_config(folder)
-    dtype = _resolve_model_dtype(args.dtype, hf_cfg)
+    dtype = resolve_model_dtype(args.dtype, hf_cfg)
     max_len = _max_len(hf_cfg, args.max_model_len)
     st_len = sentence_transformers_max_len(folder)  # sentence-transformers never encodes more than this
     if args.max_model_len is None and st_len is not None:
@@ -220,7 +225,7 @@ def approx_params(hf_cfg: HFConfig) -> int:
     return layers * (attn + mlp) + int(cfg.get("vocab_size") or 0) * h
 
 
-def _resolve_model_dtype(requested: str, hf_cfg: HFConfig) -> torch.dtype:
+def resolve_model_dtype(requested: str, hf_cfg: HFConfig) -> torch.dtype:
     dtype = resolve_dtype(requested)
     if requested == "auto" and dtype == torch.bfloat16 and 0 < approx_params(hf_cfg) < SMALL_MODEL_PARAMS:
         # Why: bf16 rounding of a small model's hidden states moves its greedy answers off its fp32 reference
@@ -235,6 +240,33 @@ def _resolve_model_dtype(requested: str, hf_cfg: HFConfig) -> torch.dtype:
     return dtype
 
 
+def _builtin_template(architecture: str, tokenizer: Tokenizer, path: str) -> builtin_templates.BuiltinTemplate | None:
+    """A GGUF without a chat template (and no --chat-template): its family's built-in one, set on the tokenizer and
+    logged (None: no family matches; chat requests then answer 400)."""
+    found = builtin_templates.pick(architecture, lambda t: tokenizer.token_id(t) is not None)
+    if found is not None:
+        tokenizer.templates = found.text
+        logger.info("%s has no chat template: using the built-in %r template for GGUF architecture %r (--chat-template "
+                    "overrides); a GGUF without one is often a base model, whose chat answers may be poor",
+                    os.path.basename(path), found.name, architecture)
+    return found
+
+
+def _log_widened(ckpt: GGUFCheckpoint, keep: frozenset[str], dtype: torch.dtype) -> int:
+    """One line naming the GGUF block types dequantized at load and what they cost: a warning where the kernels do
+    not keep them (a Q5_K_M takes about three times its file size), information where --quantization none asked.
+    Returns the bytes they take beyond their file bytes."""
+    from hearth.loader.gguf.widened import describe, widened_types
+
+    rows = widened_types(ckpt, keep, dtype)
+    if rows and keep:
+        logger.warning("GGUF weights widened at load (no kernel keeps their type quantized, or their merged layer "
+                       "mixes types): %s", describe(rows))
+    elif rows:
+        logger.info("GGUF block types widened at load (--quantization none): %s", describe(rows))
+    return sum(r.extra_bytes for r in rows)
+
+
 def _load_gguf(path: str, args: EngineArgs, before_load: Callable[[nn.Module], None] | None = None) -> LoadedModel:
     from hearth.loader.gguf import load_gguf
     from hearth.weights.gguf import KEPT_NAMES
@@ -243,17 +275,21 @@ def _load_gguf(path: str, args: EngineArgs, before_load: Callable[[nn.Module], N
         raise LoadError(f"{path} is a file but not a .gguf: pass a .gguf file or an HF model folder")
     ckpt = load_gguf(path)  # (maps the file: nothing is read into memory yet)
     hf_cfg = ckpt.hf_config
-    memory_fit.check_fits(path, memory_fit.footprint(path, hf_cfg), "stored", 2)
+    dtype = resolve_model_dtype(args.dtype, hf_cfg)
+    scheme = _quantization(args.quantization, True)
+    keep = KEPT_NAMES if scheme == "gguf" else frozenset()
+    fp = memory_fit.footprint(path, hf_cfg)
+    # (the weights widened at load take their widened bytes, not their file bytes)
+    fp = dataclasses.replace(fp, stored_bytes=fp.stored_bytes + _log_widened(ckpt, keep, dtype))
+    memory_fit.check_fits(path, fp, "stored", 2)
     arch = _arch_of(hf_cfg, path)
     if args.tokenizer:
         tokenizer = Tokenizer.from_folder(args.tokenizer, resolve_chat_template(args.chat_template))
     else:
         tokenizer = ckpt.tokenizer
         tokenizer.templates = resolve_chat_template(args.chat_template) or tokenizer.templates
-    dtype = _resolve_model_dtype(args.dtype, hf_cfg)
+    builtin = None if tokenizer.templates else _builtin_template(ckpt.architecture, tokenizer, path)
     max_len = _max_len(hf_cfg, args.max_model_len)
-    scheme = _quantization(args.quantization, True)
-    keep = KEPT_NAMES if scheme == "gguf" else frozenset()
     # An untied head kept in its blocks (below) is never read densely: not dequantized at all (numpy's dequantization
     # of a big head is a visible part of start-up, for a copy freed right after).
     head_kept = bool(keep) and ckpt.has_output_weight and ckpt.head_shape(keep) == (hf_cfg["vocab_size"],
@@ -272,6 +308,8 @@ def _load_gguf(path: str, args: EngineArgs, before_load: Callable[[nn.Module], N
             # compute_logits reads only the blocks now: free the dense copy (TinyLlama Q4_0: 131 MB of fp16)
             model.lm_head.weight = nn.Parameter(torch.empty(0, dtype=model.lm_head.weight.dtype), requires_grad=False)
     eos = list(ckpt.eos_token_ids) or _eos_ids({}, hf_cfg, tokenizer)
+    if builtin is not None:  # (llama.cpp ends generation on a vocabulary's end-of-turn tokens too)
+        eos = list(dict.fromkeys([*eos, tokenizer.token_id(builtin.end_of_turn)]))
     name = args.served_model_name or os.path.basename(path).removesuffix(".gguf")
     mc = ModelConfig(path, hf_cfg, arch, dtype, max_len, eos, ckpt.bos_token_id, True, name)
     return LoadedModel(model, mc, tokenizer)

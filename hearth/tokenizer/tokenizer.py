@@ -84,6 +84,10 @@ class Tokenizer:
         text = self.backend.decode(token_ids, skip_special_tokens=skip_special_tokens)
         return clean_up_tokenization(text) if self.info.cleanup else text
 
+    def token_id(self, token: str) -> int | None:
+        """The id of a token of the vocabulary (special tokens included), None if it has no such token."""
+        return self.backend.token_to_id(token)
+
     def convert_ids_to_tokens(self, token_ids: list[int]) -> list[str]:
         return [self.backend.id_to_token(int(t)) for t in token_ids]
 

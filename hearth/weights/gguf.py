@@ -25,8 +25,16 @@ from hearth.weights.packed import PANEL_COLS, QWeight
 
 # ggml type id -> (name, weights per block, bytes per block) of the types kept quantized.
 KEPT_TYPES = {8: ("Q8_0", 32, 34), 2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20), 12: ("Q4_K", 256, 144),
-              14: ("Q6_K", 256, 210)}
+              14: ("Q6_K", 256, 210), 20: ("IQ4_NL", 32, 18), 23: ("IQ4_XS", 256, 136)}
 KEPT_NAMES = frozenset(name for name, _, _ in KEPT_TYPES.values())
+# llama.cpp's kvalues_iq4nl: the 16 non-linear values IQ4_NL / IQ4_XS indices select (ggml-common.h).
+CODEBOOK_TYPES = frozenset({"IQ4_NL", "IQ4_XS"})  # repacked into the codebook layout (iq4_to_codebook)
+IQ4_VALUES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
+
+
+def kind(type_name: str) -> tuple[int, int, bool]:
+    """(bits, group, codebook) of a kept type once repacked: shards of one layer concatenate only within one kind."""
+    return (8 if type_name in ("Q8_0", "Q6_K") else 4, 16 if type_name == "Q6_K" else 32, type_name in CODEBOOK_TYPES)
 
 
 @dataclass
@@ -43,12 +51,16 @@ class GGUFBlocks:
 
     @property
     def bits(self) -> int:
-        return 8 if self.type_name in ("Q8_0", "Q6_K") else 4
+        return kind(self.type_name)[0]
 
     @property
     def group(self) -> int:
         """Weights per scale once repacked."""
-        return 16 if self.type_name == "Q6_K" else 32
+        return kind(self.type_name)[1]
+
+    @property
+    def kind(self) -> tuple[int, int, bool]:
+        return kind(self.type_name)
 
     def index_rows(self, index: torch.Tensor) -> GGUFBlocks:
         return GGUFBlocks(self.ggml_type, self.shape, self.data[index].contiguous())
@@ -101,6 +113,8 @@ def repack(ggml_type: int, data: torch.Tensor, shape: tuple[int, int]) -> QWeigh
         return QWeight(4, 32, torch.from_numpy(qs), torch.from_numpy(d), m)
     if name == "Q6_K":
         return q6k_to_int8(b, n, k)
+    if name in ("IQ4_NL", "IQ4_XS"):
+        return iq4_to_codebook(name, b, n, k)
     # Q4_K
     d, dmin = _f16(b[:, :, 0:2]), _f16(b[:, :, 2:4])  # [N, nb]
     sc, mn = _q4k_scale_min(b[:, :, 4:16])  # [N, nb, 8]
@@ -158,6 +172,26 @@ def panel_block_bits(parts: list[GGUFBlocks]) -> int:
     """Bits of the panels panels_from_blocks would write for parts (0: it does not take them)."""
     name = panel_block_type(parts)
     return 0 if name is None else _PANEL_BLOCKS[name][0]
+
+
+def iq4_to_codebook(name: str, b: np.ndarray, n: int, k: int) -> QWeight:
+    """IQ4_NL blocks [N, nb, 18] / IQ4_XS super-blocks [N, nb, 136] -> the codebook layout, block 32: w =
+    kvalues[q] * absmax, the fp32 product gguf.quants computes (d * (ls - 32) and its product with a 7-bit kvalue
+    are exact in fp32, so no rounding order matters). Nibbles are already hearth's int4 order in both."""
+    if name == "IQ4_NL":
+        absmax = _f16(b[:, :, 0:2])  # [N, nb]
+        qs = b[:, :, 2:]
+    else:
+        d = _f16(b[:, :, 0:2])
+        high = b[:, :, 2:4].copy().view(np.uint16)  # [N, nb, 1]: 2 bits per sub-block, sub-block j at bit 2j
+        high = (high >> (2 * np.arange(8, dtype=np.uint16))) & 3  # [N, nb, 8]
+        low = b[:, :, 4:8, None] >> np.array([0, 4], np.uint8)  # [N, nb, 4, 2]: sub-block 2i + h
+        ls = (low.reshape(n, -1, 8) & 0x0F) | (high.astype(np.uint8) << 4)
+        absmax = d[..., None] * (ls.astype(np.float32) - 32.0)  # [N, nb, 8]
+        qs = b[:, :, 8:]
+    return QWeight(4, 32, torch.from_numpy(np.ascontiguousarray(qs).reshape(n, k // 2)),
+                   torch.from_numpy(np.ascontiguousarray(absmax, dtype=np.float32).reshape(n, k // 32)), None,
+                   codebook=torch.tensor(IQ4_VALUES, dtype=torch.float32))
 
 
 def repack_q6_tiles(blocks: GGUFBlocks) -> QWeight:

@@ -70,8 +70,10 @@ PANELS_INT8 = Layout("int8-panels", 5, True, "int8 in 64-column VNNI panels (AVX
 PANELS_INT4 = Layout("int4-panels", 6, True, "int4 in 64-column VNNI panels (AVX512-VNNI)",
                      {"int4": relayout.to_panels, "Q4_0": gguf.panels_from_blocks, "Q4_1": gguf.panels_from_blocks},
                      reference.dequantize, "panels")
-CODEBOOK_4 = Layout("nf4", 7, True, "4-bit indices into a 16-value codebook (bitsandbytes NF4 / FP4), fp32 absmax "
-                    "per block", {"bitsandbytes": bitsandbytes.pack_4bit, "float": bitsandbytes.quantize_nf4},
+CODEBOOK_4 = Layout("nf4", 7, True, "4-bit indices into a 16-value codebook (bitsandbytes NF4 / FP4, GGUF IQ4_NL / "
+                    "IQ4_XS), fp32 absmax per block", {"bitsandbytes": bitsandbytes.pack_4bit,
+                                                      "float": bitsandbytes.quantize_nf4,
+                                                      "IQ4_NL": gguf.repack, "IQ4_XS": gguf.repack},
                     reference.dequantize, "codebook")
 DENSE_F32 = Layout("f32", 0, False, "fp32 rows as loaded", {"f32": _as_loaded}, _dense, "dense")
 DENSE_BF16 = Layout("bf16", 1, False, "bf16 rows as loaded", {"bf16": _as_loaded}, _dense, "dense")

@@ -78,7 +78,7 @@ def _pack_parts(parts: list, scheme: str, k: int, int4_group: int | None, final:
             qw = gguf.panels_from_blocks(parts)  # straight from the file's blocks: no plain-row copy
             if qw is not None:
                 return qw
-        kinds = {(p.bits, p.group) for p in parts}
+        kinds = {p.kind for p in parts}
         if len(kinds) != 1 or not supports(k, 32):
             return None
         return done(cat([p.repack() for p in parts]))

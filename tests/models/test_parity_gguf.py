@@ -32,6 +32,10 @@ CASES = {
     "gemma-f16": dict(family="gemma", tie_word_embeddings=True, qtype=Q.F16),
     "phi3-q4_0": dict(family="phi3", qtype=Q.Q4_0),
     "llama-tied-q8_0": dict(family="llama", tie_word_embeddings=True, qtype=Q.Q8_0),  # embedding kept in blocks
+    # IQ4 in the codebook layout (embedding and tied head too); IQ4_XS rows need K % 256 (else IQ4_NL, as
+    # llama-quantize falls back): a wider model so most of its matrices are IQ4_XS
+    "llama-tied-iq4_nl": dict(family="llama", tie_word_embeddings=True, qtype=Q.IQ4_NL),
+    "qwen3-iq4_xs": dict(family="qwen3", hidden_size=256, intermediate_size=512, qtype=Q.IQ4_XS),
 }
 TEXTS = ["The quick brown fox jumps over the lazy dog.", "  Paris is\tthe capital of France\n\nhéllo wörld 🤖 123",
          "<|im_start|>user\nWhat is hearth?<|im_end|>\n<|im_start|>assistant\n", "<s>attention</s><unk>", ""]

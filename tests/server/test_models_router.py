@@ -49,7 +49,7 @@ def _models(srv: ServerProcess) -> dict[str, dict]:
 
 def _ask(srv: ServerProcess, model: str, max_tokens: int = 12) -> str:
     client = srv.client()
-    if model == "gemma3":  # NOTE: this GGUF carries no chat template: the completions API
+    if model == "gemma3":  # NOTE: a base model (no chat template of its own): the completions API
         return client.completions.create(model=model, prompt="The capital of France is the city of",
                                          max_tokens=max_tokens, temperature=0).choices[0].text
     return client.chat.completions.create(model=model, messages=FRANCE, max_tokens=max_tokens,
@@ -74,6 +74,15 @@ def test_lists_loads_and_routes(multi: ServerProcess) -> None:
     states = {m.id: m.model_extra["state"] for m in multi.client().models.list().data}
     assert states == {"smollm2": "loaded", "gemma3": "loaded"}
     print(f"cold first answer (load + generate) {ttft_cold:.1f} s")
+
+
+def test_gemma3_without_a_template_chats_with_the_builtin_one(multi: ServerProcess) -> None:
+    """The Gemma-3-270m GGUF carries no chat template: the worker picks llama.cpp's gemma format for it, so
+    /v1/chat/completions answers (it answered 400 before), and the model's turn ends on <end_of_turn>."""
+    r = multi.client().chat.completions.create(model="gemma3", messages=FRANCE, max_tokens=24, temperature=0)
+    choice = r.choices[0]
+    assert choice.message.content and choice.finish_reason in ("stop", "length")
+    assert r.usage.prompt_tokens > 10  # the system text and the turn markers went in
 
 
 def test_concurrent_requests_to_both_models(multi: ServerProcess) -> None:

@@ -87,8 +87,8 @@ def test_float32_checkpoint_stays_float32_under_auto(monkeypatch, key: str) -> N
     monkeypatch.setattr(model_loader, "resolve_dtype", lambda name: torch.bfloat16)
     big = {"hidden_size": 2048, "num_hidden_layers": 22, "num_attention_heads": 32, "intermediate_size": 5632,
            "vocab_size": 32000}
-    assert model_loader._resolve_model_dtype("auto", HFConfig(big)) == torch.bfloat16
-    assert model_loader._resolve_model_dtype("auto", HFConfig({**big, key: "float32"})) == torch.float32
+    assert model_loader.resolve_model_dtype("auto", HFConfig(big)) == torch.bfloat16
+    assert model_loader.resolve_model_dtype("auto", HFConfig({**big, key: "float32"})) == torch.float32
 
 
 def test_auto_dtype_keeps_small_models_in_float32(monkeypatch) -> None:
@@ -97,8 +97,8 @@ def test_auto_dtype_keeps_small_models_in_float32(monkeypatch) -> None:
     smollm2 = HFConfig({"hidden_size": 576, "num_hidden_layers": 30, "num_attention_heads": 9,
                         "num_key_value_heads": 3, "intermediate_size": 1536, "vocab_size": 49152})
     assert 130e6 < model_loader.approx_params(smollm2) < 140e6
-    assert model_loader._resolve_model_dtype("auto", smollm2) == torch.float32
-    assert model_loader._resolve_model_dtype("bfloat16", smollm2) == torch.bfloat16
+    assert model_loader.resolve_model_dtype("auto", smollm2) == torch.float32
+    assert model_loader.resolve_model_dtype("bfloat16", smollm2) == torch.bfloat16
 
 
 def test_busy_port_is_found_before_loading() -> None:

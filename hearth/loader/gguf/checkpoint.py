@@ -34,7 +34,7 @@ class GGUFCheckpoint:
         """(HF name, tensor in HF layout, dtype), one at a time; only one tensor's bytes are resident.
 
         Linear weights and the embedding table of a ggml type named in `keep_quantized` (a subset of
-        weights.gguf.KEPT_NAMES: Q8_0, Q4_0, Q4_1, Q4_K, Q6_K) come as GGUFBlocks (raw rows, HF row order) instead.
+        weights.gguf.KEPT_NAMES: Q8_0, Q4_0, Q4_1, Q4_K, Q6_K, IQ4_NL, IQ4_XS) come as GGUFBlocks (raw rows, HF row order) instead.
         HF names in `placeholders` (values the caller replaces, e.g. a head kept in its blocks) come as zeros of
         their shape without reading or dequantizing the file's bytes (a stride-0 view: no memory of its own).
         """
@@ -67,6 +67,20 @@ class GGUFCheckpoint:
                     yield hf, _storage(t, dtype, info, "embed_tokens" not in hf).contiguous()
             finally:
                 buf.close()
+
+    @property
+    def architecture(self) -> str:
+        """The file's general.architecture (a key of arch.ARCHS)."""
+        return self._parts[0].metadata["general.architecture"]
+
+    def tensor_infos(self) -> Iterator[tuple[str, TensorInfo]]:
+        """(HF name, header) of every tensor the model reads, without reading any bytes."""
+        assert self._arch is not None
+        for part in self._parts:
+            for info in part.tensors:
+                hf = hf_name(info.name, self._arch)
+                if hf is not None:
+                    yield hf, info
 
     @property
     def has_output_weight(self) -> bool:
@@ -149,19 +163,28 @@ def _release(buf: mmap.mmap, info: TensorInfo) -> None:
     buf.madvise(mmap.MADV_DONTNEED, lo, info.start + info.nbytes - lo)
 
 
+def kept_as_blocks(hf: str, info: TensorInfo, keep_quantized: frozenset[str]) -> bool:
+    """The tensor stays in its blocks: a linear weight, the embedding table or the LM head (GGUFCheckpoint.head_blocks)
+    of a type in keep_quantized. Every other tensor of a block type is dequantized at load (widened)."""
+    return TYPES[info.ggml_type][0] in keep_quantized and (
+        _is_linear_weight(hf, info) or hf in ("model.embed_tokens.weight", "lm_head.weight"))
+
+
+def storage_dtype(dtype: torch.dtype, info: TensorInfo, read_per_step: bool) -> torch.dtype:
+    """The dtype a model in `dtype` receives a dequantized tensor in: F16/BF16 matrices as stored in a float32 model
+    (Linear and Embedding keep 16-bit weights where the kernels read them, else widen exactly). A block type read
+    densely by a projection or the head (read_per_step: a type not kept quantized, Q5_0, Q5_K, ..., or any block
+    type when keeping is off) comes as float16: half the bytes per decode step of float32, for a rounding of
+    <= 2^-11 relative, far below the block format's own step. Embedding tables (row lookups) stay exact."""
+    if dtype != torch.float32 or len(info.shape) != 2:
+        return dtype
+    if info.ggml_type in TORCH_FLOAT:
+        return TORCH_FLOAT[info.ggml_type]
+    return torch.float16 if read_per_step else dtype
+
+
 def _storage(t: torch.Tensor, dtype: torch.dtype, info: TensorInfo, read_per_step: bool) -> torch.Tensor:
-    """The tensor a float32 model receives for a matrix: F16/BF16 as stored (Linear and Embedding keep 16-bit
-    weights where the kernels read them, else widen exactly). A block type read densely by a projection or the
-    head (read_per_step: a type not kept quantized, Q5_0, Q5_K, ..., or any block type when keeping is off)
-    comes as float16: half the bytes per decode step of float32, for a rounding of <= 2^-11 relative, far below
-    the block format's own step. Embedding tables (row lookups) stay exact."""
-    if dtype != torch.float32 or t.dim() != 2:
-        return t.to(dtype)
-    if t.dtype in (torch.float16, torch.bfloat16):
-        return t
-    if read_per_step and info.ggml_type not in TORCH_FLOAT:
-        return t.to(torch.float16)
-    return t.to(dtype)
+    return t.to(storage_dtype(dtype, info, read_per_step))
 
 
 def _is_linear_weight(hf: str, info: TensorInfo) -> bool:
