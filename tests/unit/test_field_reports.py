@@ -155,3 +155,14 @@ def test_bundled_model_runs_the_field_lines(monkeypatch, caplog) -> None:
     out = llm.generate("The capital of France is", SamplingParams(temperature=0.7, top_p=0.8, max_tokens=8,
                                                                   batch_size=1, seed=0))
     assert out[0].outputs[0].token_ids
+
+
+def test_docs_table_names_tests_of_this_file() -> None:
+    import re
+    import sys
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "vllm-drop-in.md").read_text()
+    table = page.split("## Lines from the field reports", 1)[1].split("\n## ", 1)[0]
+    named = set(re.findall(r"`(test_\w+)`", table))
+    assert named and all(hasattr(sys.modules[__name__], name) for name in named), named
