@@ -5,6 +5,8 @@ tests/unit/test_vllm_compat.py."""
 from __future__ import annotations
 
 import logging
+import os
+import shutil
 
 import pytest
 import torch
@@ -34,27 +36,55 @@ def _serve(argv: list[str]) -> EngineArgs:
     return engine_args_from(build_parser().parse_args(["serve", "/models/x.gguf", *argv]))
 
 
-# LLM(model=..., quantization_config=BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_use_double_quant=True,
-#     bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.float32), device="cpu")
-def test_bitsandbytes_config_loads_nf4_at_load(tmp_path, caplog) -> None:
-    from transformers import BitsAndBytesConfig
+@pytest.fixture(scope="module")
+def float_model(tmp_path_factory) -> str:
+    return build_checkpoint(str(tmp_path_factory.mktemp("field") / "float"),
+                            tiny_config("llama", hidden_size=128, intermediate_size=256, num_hidden_layers=2))
 
+
+def _layouts(llm: LLM) -> set[str]:
     from hearth.layers.quant_linear import QuantLinear
     from hearth.weights import layouts
 
-    folder = build_checkpoint(str(tmp_path / "float"), tiny_config("llama", hidden_size=128, intermediate_size=256,
-                                                                   num_hidden_layers=2))
+    return {layouts.of(m.qweight).name for m in llm.engine.model.modules()
+            if isinstance(m, QuantLinear) and m.qweight is not None}
+
+
+# LLM(model=..., quantization_config=BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_use_double_quant=True,
+#     bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.float32), device="cpu")
+def test_bitsandbytes_config_loads_nf4_at_load(float_model: str, caplog) -> None:
+    from transformers import BitsAndBytesConfig
+
+    folder = float_model
     config = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_use_double_quant=True, bnb_4bit_quant_type="nf4",
                                 bnb_4bit_compute_dtype=torch.float32)
     with caplog.at_level("INFO", logger="hearth"):
         llm = LLM(model=folder, quantization_config=config, device="cpu", kv_cache_space=0.05)
     assert llm.engine.args.quantization == "bitsandbytes" and llm.engine.model_config.dtype == torch.float32
-    layers = [m for m in llm.engine.model.modules() if isinstance(m, QuantLinear) and m.qweight is not None]
-    assert layers and {layouts.of(m.qweight).name for m in layers} == {"nf4"}
+    assert _layouts(llm) == {"nf4"}
     assert any(m.startswith("quantization_config: 4-bit NF4 at load") for m in _messages(caplog))
     out = llm.generate([{"prompt_token_ids": [5, 17, 42]}], SamplingParams(temperature=0.0, max_tokens=4,
                                                                            ignore_eos=True))
     assert len(out[0].outputs[0].token_ids) == 4
+
+
+def test_bitsandbytes_config_8bit(float_model: str, tmp_path) -> None:
+    """load_in_8bit: a float checkpoint gets int8 rows at load; an LLM.int8 checkpoint saved by transformers loads
+    as saved (the config agrees with it)."""
+    from transformers import BitsAndBytesConfig
+
+    eight = BitsAndBytesConfig(load_in_8bit=True)
+    assert _layouts(LLM(float_model, quantization_config=eight, kv_cache_space=0.05)) == {"int8"}
+    pytest.importorskip("bitsandbytes")
+    from transformers import AutoModelForCausalLM
+
+    saved = str(tmp_path / "int8")
+    AutoModelForCausalLM.from_pretrained(float_model, quantization_config=eight, device_map="cpu",
+                                         dtype=torch.float32).save_pretrained(saved)
+    for name in os.listdir(float_model):
+        if name.startswith("tokenizer") or name == "special_tokens_map.json":
+            shutil.copy(os.path.join(float_model, name), saved)
+    assert _layouts(LLM(saved, quantization_config=eight, kv_cache_space=0.05)) == {"int8"}
 
 
 def test_bitsandbytes_config_forms_and_refusals() -> None:
