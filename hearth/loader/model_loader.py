@@ -243,6 +243,9 @@ def _load_gguf(path: str, args: EngineArgs, before_load: Callable[[nn.Module], N
 
     if not path.endswith(".gguf"):
         raise LoadError(f"{path} is a file but not a .gguf: pass a .gguf file or an HF model folder")
+    if args.quantization == "bitsandbytes":  # (also what quantization_config=BitsAndBytesConfig(4-bit) sets)
+        raise LoadError(f"{path}: --quantization bitsandbytes (or a 4-bit quantization_config) quantizes an HF "
+                        "folder's float weights; a GGUF file is already quantized: drop it, or pass an HF folder")
     logger.debug("Loading weight file %s", path)
     ckpt = load_gguf(path)  # (maps the file: nothing is read into memory yet)
     hf_cfg = ckpt.hf_config

@@ -14,6 +14,7 @@ import torch
 from hearth import LLM, EngineArgs, SamplingParams
 from hearth.engine import kv_dtype
 from hearth.entrypoints.cli import build_parser, engine_args_from
+from hearth.errors import LoadError
 from hearth.loader.model_loader import default_model_path
 from hearth.platform import CPUInfo
 from tests.tiny_models import build_checkpoint, tiny_config
@@ -102,6 +103,8 @@ def test_bitsandbytes_config_forms_and_refusals() -> None:
         with pytest.raises(ValueError, match=f"quantization_config.{field}") as e:
             EngineArgs(model="/m", quantization_config=config)
         assert "\n" not in str(e.value)
+    with pytest.raises(LoadError, match="a GGUF file is already quantized"):
+        LLM(default_model_path(), quantization_config={"load_in_4bit": True, "bnb_4bit_quant_type": "nf4"})
 
 
 # SamplingParams(temperature=0.7, top_p=0.8, max_tokens=512, batch_size=1)
