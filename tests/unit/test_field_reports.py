@@ -129,6 +129,22 @@ def test_debug_logging(argv: list[str], env: str | None, monkeypatch) -> None:
     assert hearth_logger.getEffectiveLevel() == logging.DEBUG
 
 
+def test_hearth_serve_debug_sets_the_level(monkeypatch) -> None:
+    """`hearth serve MODEL --debug`: its own parser and plan (in process), as its main builds them."""
+    import argparse
+
+    from hearth.entrypoints.openai.serve_args import add_serve_args
+    from hearth.entrypoints.openai.serve_plan import plan_serve
+
+    monkeypatch.delenv("HEARTH_LOGGING_LEVEL", raising=False)
+    monkeypatch.delenv("VLLM_LOGGING_LEVEL", raising=False)
+    hearth_logger.setLevel(logging.NOTSET)
+    parser = argparse.ArgumentParser()
+    add_serve_args(parser)
+    plan_serve(parser.parse_args(["/models/x.gguf", "--debug"]))
+    assert hearth_logger.getEffectiveLevel() == logging.DEBUG
+
+
 # --kv-cache-dtype float16 --num-gpu-blocks 0 --cpu-kv-cache with VLLM_CPU_KV_CACHE=1; export VLLM_CPU_ONLY=1
 # VLLM_NO_CUDA=1
 def test_kv_cache_flags_and_noop_variables_parse(monkeypatch, caplog) -> None:
