@@ -50,7 +50,8 @@ class EngineArgs:
                                        "default: from available memory)", group=ENGINE)
     kv_cache_dtype: str = arg("auto", "KV-cache storage: auto (the model dtype), int8 with per-token scales "
                               "(fp8*: int8), or float16 / bfloat16 / float32 unquantized (the model dtype, with a "
-                              "log line, where the CPU or model cannot hold that type)", group=ENGINE, choices=tuple(KV_CACHE_DTYPE_CHOICES), vllm=MAPPED)
+                              "log line, where the CPU or model cannot hold that type)", group=ENGINE,
+                              choices=tuple(KV_CACHE_DTYPE_CHOICES), vllm=MAPPED)
     enable_prefix_caching: bool = arg(True, "turn automatic prefix caching off", group=ENGINE,
                                       flags=("--no-enable-prefix-caching",), action="store_false", vllm=SAME)
     threads: int | None = arg(None, "compute threads (default: physical cores)", group=ENGINE)
