@@ -197,6 +197,7 @@ def test_bundled_model_runs_the_field_lines(monkeypatch, caplog) -> None:
         llm = LLM(model=default_model_path(), device="cpu", debug=True, kv_cache_dtype="float16", num_gpu_blocks=0,
                   cpu_kv_cache=True, kv_cache_space=0.05)
     assert llm.engine.model_config.max_model_len == 512
+    assert llm.engine.cache_config.kv_cache_dtype == str(llm.engine.model_config.dtype).removeprefix("torch.")
     text = "\n".join(_messages(caplog))
     assert "Loaded model architecture: LlamaForCausalLM (hearth family llama)" in text
     assert "Loading weight file" in text
