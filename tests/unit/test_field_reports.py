@@ -18,6 +18,7 @@ from hearth.errors import LoadError
 from hearth.loader.model_loader import default_model_path
 from hearth.platform import CPUInfo
 from tests.tiny_models import build_checkpoint, tiny_config
+from tests.unit.test_vllm_compat import SERVE_LINE
 
 hearth_logger = logging.getLogger("hearth")
 
@@ -204,6 +205,21 @@ def test_bundled_model_runs_the_field_lines(monkeypatch, caplog) -> None:
     assert "--kv-cache-dtype float16:" in text and "accepted VLLM_CPU_KV_CACHE=1" in text
     out = llm.generate("The capital of France is", SamplingParams(temperature=0.7, top_p=0.8, max_tokens=8,
                                                                   batch_size=1, seed=0))
+    assert out[0].outputs[0].token_ids
+
+
+# The lines that already ran before issue 51, once more beside the rest: the seed's launch line with its no-op
+# flags and VLLM_CPU_* variables, and LLM.from_engine_args(EngineArgs(device="cpu", swap_space=2, ...)) generating.
+# (python -m ...api_server and curl: tests/unit/test_vllm_compat.py, tests/server/.)
+def test_lines_supported_before(monkeypatch, caplog) -> None:
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "0.05")
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+    with caplog.at_level("INFO", logger="hearth"):
+        args = engine_args_from(build_parser().parse_args(SERVE_LINE))
+    assert args.enforce_eager and any(m.startswith("accepted --enforce-eager") for m in _messages(caplog))
+    llm = LLM.from_engine_args(EngineArgs(model=default_model_path(), device="cpu", enforce_eager=True,
+                                          swap_space=2, max_model_len=1024, dtype="fp16", block_size=16))
+    out = llm.generate("The capital of France is", SamplingParams(temperature=0, max_tokens=4))
     assert out[0].outputs[0].token_ids
 
 
