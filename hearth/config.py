@@ -88,8 +88,9 @@ class CacheConfig:
     def __post_init__(self) -> None:
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
             raise ValueError(f"--block-size must be a power of two, got {self.block_size}")
-        if self.kv_cache_dtype not in ("auto", "int8"):
-            raise ValueError(f"--kv-cache-dtype must be auto or int8, got {self.kv_cache_dtype!r}")
+        if self.kv_cache_dtype not in ("auto", "int8", "float16", "bfloat16", "float32"):
+            raise ValueError(f"--kv-cache-dtype must be auto, int8, float16, bfloat16 or float32, got "
+                             f"{self.kv_cache_dtype!r}")
         if self.kv_cache_space_gib is not None and self.kv_cache_space_gib <= 0:
             raise ValueError(f"--kv-cache-space must be > 0 GiB, got {self.kv_cache_space_gib}")
 

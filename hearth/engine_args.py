@@ -7,6 +7,7 @@ fields (hearth/arg_fields.py). No torch here: `hearth --help` builds its parsers
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from hearth.arg_fields import MAPPED, NOOP, SAME, arg, arg_fields
 from hearth.vllm_compat import DTYPE_CHOICES, KV_CACHE_DTYPE_CHOICES
@@ -47,8 +48,10 @@ class EngineArgs:
     block_size: int = arg(16, "tokens per KV-cache block", group=ENGINE, vllm=SAME)
     kv_cache_space: float | None = arg(None, "KV-cache size in GiB (env HEARTH_KVCACHE_SPACE / VLLM_CPU_KVCACHE_SPACE; "
                                        "default: from available memory)", group=ENGINE)
-    kv_cache_dtype: str = arg("auto", "KV-cache storage: auto (the model dtype) or int8 with per-token scales "
-                              "(fp8*: int8)", group=ENGINE, choices=tuple(KV_CACHE_DTYPE_CHOICES), vllm=MAPPED)
+    kv_cache_dtype: str = arg("auto", "KV-cache storage: auto (the model dtype), int8 with per-token scales "
+                              "(fp8*: int8), or float16 / bfloat16 / float32 unquantized (the model dtype, with a "
+                              "log line, where the CPU or model cannot hold that type)", group=ENGINE,
+                              choices=tuple(KV_CACHE_DTYPE_CHOICES), vllm=MAPPED)
     enable_prefix_caching: bool = arg(True, "turn automatic prefix caching off", group=ENGINE,
                                       flags=("--no-enable-prefix-caching",), action="store_false", vllm=SAME)
     threads: int | None = arg(None, "compute threads (default: physical cores)", group=ENGINE)
@@ -145,6 +148,17 @@ class EngineArgs:
     enable_chunked_prefill: bool | None = arg(None, "no-op: prefill is always chunked by the token budget",
                                               group=VLLM, action="store_true", vllm=NOOP)
     distributed_executor_backend: str | None = arg(None, "no-op: one process", group=VLLM, vllm=NOOP)
+    num_gpu_blocks: int | None = arg(None, "no-op: no GPU; the KV cache is --kv-cache-space (default: "
+                                     "%(default)s)", group=VLLM)
+    cpu_kv_cache: bool = arg(False, "no-op: the KV cache is always in CPU memory (default: off)", group=VLLM,
+                             action="store_true")
+    debug: bool = arg(False, "debug logging, as --log-level debug (default: off)", group=VLLM, action="store_true")
+    log_level: str | None = arg(None, "hearth's log level (env HEARTH_LOGGING_LEVEL / VLLM_LOGGING_LEVEL; "
+                                "default: info)", group=VLLM, choices=("debug", "info", "warning", "error",
+                                                                       "critical"))
+    # transformers' BitsAndBytesConfig (or its dict): hearth/quantization_config.py maps it onto quantization and
+    # dtype, then clears it. Python only (no flag).
+    quantization_config: Any = None
     # A server flag (`hearth serve --max-waiting-requests`, serve_args.py), carried to the engine; not an engine flag.
     max_waiting_requests: int | None = None
 

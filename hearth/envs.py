@@ -68,6 +68,26 @@ def _threads(value: str, name: str) -> int:
     return n
 
 
+def _positive_int(value: str, name: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}") from None
+    if n < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return n
+
+
+_LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+
+
+def _log_level(value: str, name: str) -> str:
+    v = value.strip().lower()
+    if v not in _LOG_LEVELS:
+        raise ValueError(f"{name} must be one of {', '.join(_LOG_LEVELS)} (any case), got {value!r}")
+    return v
+
+
 def _isa(value: str, name: str) -> str | None:
     v = value.strip().lower()
     if v == "auto":
@@ -164,6 +184,14 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in (
     Variable("HEARTH_PANEL_CACHE_MAX_GIB", _gib, 32, "Cap in GiB on the panel cache's size on disk: packing a new "
              "checkpoint first evicts the least recently used entries beyond it, and a checkpoint whose panels "
              "alone exceed it is packed in memory instead."),
+    Variable("HEARTH_LOGGING_LEVEL", _log_level, None, "hearth's log level (what `--log-level` sets): debug adds "
+             "per-file `Loading weight ...` lines and the like; default info.", aliases=("VLLM_LOGGING_LEVEL",)),
+    Variable("HEARTH_MAX_MODEL_LEN", _positive_int, None, "The context length when --max-model-len is not given "
+             "(default: the model's).", aliases=("VLLM_CPU_MAX_MODEL_LEN",)),
+    # vLLM-era switches from field reports: nothing to switch on a CPU-only engine (vllm_compat logs them).
+    Variable("VLLM_CPU_KV_CACHE", _text, None, "Accepted, no effect: the KV cache is always in CPU memory."),
+    Variable("VLLM_CPU_ONLY", _text, None, "Accepted, no effect: hearth always runs on the CPU."),
+    Variable("VLLM_NO_CUDA", _text, None, "Accepted, no effect: hearth never uses CUDA."),
     Variable("XDG_CACHE_HOME", _text, lambda: os.path.join(os.path.expanduser("~"), ".cache"), "The root of "
              "hearth's caches: compiled kernels, tokenizers, panels (under hearth/).", shown_default="~/.cache"),
 )}
@@ -274,6 +302,14 @@ def panel_cache_dir() -> str | None:
 
 def panel_cache_max_bytes() -> int:
     return int(max(get("HEARTH_PANEL_CACHE_MAX_GIB"), 0.0) * (1 << 30))
+
+
+def logging_level() -> str | None:
+    return get("HEARTH_LOGGING_LEVEL")
+
+
+def max_model_len() -> int | None:
+    return get("HEARTH_MAX_MODEL_LEN")
 
 
 def cache_root() -> str:

@@ -1,11 +1,16 @@
 """SamplingParams: what one request asks of the sampler and the stop logic. Validated once, here."""
+import difflib
+import functools
+import logging
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from enum import IntEnum
 
 from hearth.errors import ParamError
 from hearth.structured.params import StructuredOutputsParams
 from hearth.structured.reasoning import ReasoningParams
+
+logger = logging.getLogger("hearth")
 
 _GREEDY_EPS = 1e-5
 MAX_N = 128
@@ -133,3 +138,29 @@ class SamplingParams:
                 if not 0 <= tok < vocab_size:
                     raise ParamError(name, f"{name}: token id {tok} is out of range for this model's vocabulary "
                                      f"(size {vocab_size})")
+
+
+# Keywords field reports pass that no sampler takes: accepted with a note (continuous batching forms the batches).
+_NOTED_KEYWORDS = {"batch_size": "continuous batching decides batches; --max-num-seqs caps the sequences in flight"}
+
+
+def _checked_init(init):
+    """The dataclass __init__, taking the noted keywords above with one info line and naming the nearest field of
+    any other unknown keyword in its TypeError."""
+    names = [f.name for f in fields(SamplingParams) if not f.name.startswith("_")]
+
+    @functools.wraps(init)
+    def __init__(self, *args, **kwargs) -> None:
+        for key in [k for k in kwargs if k in _NOTED_KEYWORDS]:
+            logger.info("SamplingParams(%s=%r) accepted and ignored: %s", key, kwargs.pop(key), _NOTED_KEYWORDS[key])
+        unknown = [k for k in kwargs if k not in names and k != "_stop_list"]
+        if unknown:
+            close = difflib.get_close_matches(unknown[0], names, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise TypeError(f"SamplingParams got an unexpected keyword argument {unknown[0]!r}{hint}")
+        init(self, *args, **kwargs)
+
+    return __init__
+
+
+SamplingParams.__init__ = _checked_init(SamplingParams.__init__)

@@ -10,6 +10,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from hearth import envs, log_level, quantization_config
+
 logger = logging.getLogger("hearth")
 
 # vLLM's --dtype names hearth computes in; float16 goes to bfloat16 as vLLM's CPU platform does (no fp16 GEMMs here).
@@ -17,7 +19,11 @@ _DTYPE_ALIASES = {"half": "float16", "fp16": "float16", "float": "float32", "fp3
 DTYPE_CHOICES = ["auto", "bfloat16", "float16", "half", "float32", "float"]
 # vLLM's fp8 KV caches: hearth's closest is int8 (per-token, per-kv-head scales; the same bytes per element).
 _FP8_KV = ("fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla")
-KV_CACHE_DTYPE_CHOICES = ["auto", "int8", *_FP8_KV]
+# An unquantized KV cache in a named float type (engine/kv_dtype.py decides what this CPU and model can hold).
+KV_FLOAT_DTYPES = ("float16", "bfloat16", "float32")
+KV_CACHE_DTYPE_CHOICES = ["auto", "int8", *KV_FLOAT_DTYPES, *_FP8_KV]
+# Field-report variables that switch nothing on a CPU-only engine: accepted, one info line each when set.
+_NOOP_VARIABLES = ("VLLM_CPU_KV_CACHE", "VLLM_CPU_ONLY", "VLLM_NO_CUDA")
 # vLLM quantization methods hearth refuses with a pointer to its own counterpart. Empty: bitsandbytes now loads
 # (pre-quantized checkpoints, or --quantization bitsandbytes at load: hearth/loader/hf_quant.py).
 _QUANT_EQUIVALENTS: dict[str, str] = {}
@@ -30,6 +36,12 @@ def quantization_equivalent(name: str | None) -> str | None:
 
 def normalize(args: Any) -> None:
     """Map and check the vLLM fields of an EngineArgs in place (see the module doc)."""
+    log_level.apply(args.debug, args.log_level)
+    if args.quantization_config is not None:
+        quantization_config.apply(args)
+    if args.max_model_len is None and envs.max_model_len() is not None:
+        args.max_model_len = envs.max_model_len()
+        logger.info("--max-model-len %d from VLLM_CPU_MAX_MODEL_LEN / HEARTH_MAX_MODEL_LEN", args.max_model_len)
     if args.device not in ("cpu", "auto"):
         raise ValueError(f"device={args.device!r}: hearth runs on the CPU only; use device='cpu' (or leave it out)")
     if args.pipeline_parallel_size != 1:  # (--tensor-parallel-size N is hearth's own: hearth/distributed/)
@@ -74,11 +86,18 @@ def normalize(args: Any) -> None:
         noops.append("--distributed-executor-backend (tensor parallelism is hearth's own processes)")
     if args.load_format != "auto":
         noops.append(f"--load-format {args.load_format} (the format is read from the files)")
+    if args.num_gpu_blocks is not None:
+        noops.append("--num-gpu-blocks (no GPU; the KV cache is --kv-cache-space GiB of CPU memory)")
+    if args.cpu_kv_cache:
+        noops.append("--cpu-kv-cache (the KV cache is always in CPU memory)")
+    noops += [f"{name}={envs.get(name)} (a CPU-only engine: nothing to switch)" for name in _NOOP_VARIABLES
+              if envs.get(name) is not None]
     for what in noops:
         logger.info("accepted %s", what)
     # Accepted and inert: the engine's configuration is the same as without them.
     args.disable_log_requests, args.enable_chunked_prefill = False, None
     args.distributed_executor_backend, args.load_format = None, "auto"
+    args.num_gpu_blocks, args.cpu_kv_cache = None, False
     if args.trust_remote_code:
         logger.info("accepted --trust-remote-code: hearth never runs a model's own Python code; the architecture "
                     "must be one hearth implements")

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING
 
+from hearth import log_level
 from hearth.config import EngineArgs
 from hearth.engine import worker_protocol as wp
 from hearth.engine.client_options import ClientOptions
@@ -78,6 +79,7 @@ def worker_main(conn: Connection, args: EngineArgs, opts: WorkerOptions) -> None
     """The spawned process's entry point."""
     logging.basicConfig(level=logging.INFO, format=f"%(levelname)s %(asctime)s [{opts.name}:{opts.engine_label}] "
                         "%(message)s", datefmt="%H:%M:%S")
+    log_level.apply(args.debug, args.log_level)  # (args arrive pickled: their __post_init__ ran in the parent)
     try:
         llm = _build_engine(args)
     except BaseException as e:

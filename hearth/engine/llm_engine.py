@@ -14,6 +14,7 @@ from hearth.config import CacheConfig, EngineArgs, LoRAConfig, SchedulerConfig
 from hearth.errors import ContextLengthError, LoRAError, ParamError
 from hearth.engine.block_manager import BlockManager, freeable_window
 from hearth.kv_sizing import num_kv_blocks
+from hearth.engine.kv_dtype import kv_cache_dtype
 from hearth.engine.lora_pool import AdapterWeights, LoRAPool
 from hearth.engine.model_runner import ModelRunner
 from hearth.engine.outputs import StepOutput
@@ -93,10 +94,12 @@ class LLMEngine:
         draft_model = None
         if spec_config is not None and spec_config.method == "draft_model":
             draft_model, draft_mc = load_draft_model(args, spec_config.model, mc)
-            draft_kv_dtype = torch.int8 if args.kv_cache_dtype == "int8" else draft_mc.dtype
+            draft_kv_dtype = kv_cache_dtype(args.kv_cache_dtype, draft_mc.dtype)
         space = args.kv_cache_space if args.kv_cache_space is not None else envs.kv_cache_space_gib()
-        self.cache_config = CacheConfig(args.block_size, space, args.enable_prefix_caching, args.kv_cache_dtype)
-        kv_dtype = torch.int8 if args.kv_cache_dtype == "int8" else mc.dtype
+        kv_dtype = kv_cache_dtype(args.kv_cache_dtype, mc.dtype)
+        # (a float type that fell back is reported as the type held: /metrics' cache_config_info)
+        held = args.kv_cache_dtype if args.kv_cache_dtype in ("auto", "int8") else str(kv_dtype).removeprefix("torch.")
+        self.cache_config = CacheConfig(args.block_size, space, args.enable_prefix_caching, held)
         self.scheduler_config = SchedulerConfig(
             max_num_seqs=args.max_num_seqs,
             max_num_batched_tokens=args.max_num_batched_tokens or _default_budget(self.model, args.max_num_seqs),

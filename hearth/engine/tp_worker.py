@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from hearth import log_level
 from hearth.distributed.shm_allreduce import SharedBuffers
 from hearth.distributed.tensor_parallel import serve_forwards, worker_sharder
 
@@ -13,6 +14,7 @@ def tp_worker_main(args: Any, bind: str, rank: int, world: int, port: int, buffe
     from hearth.engine.model_runner import ModelRunner
     from hearth.loader.model_loader import load_model
 
+    log_level.apply(args.debug, args.log_level)  # (args arrive pickled: their __post_init__ ran in the parent)
     try:
         loaded = load_model(args, worker_sharder(args, bind, rank, world, port, buffers))
         num_blocks, block_size, kv_dtype = conn.recv()

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import struct
 from collections.abc import Iterator
@@ -11,6 +12,8 @@ from safetensors import safe_open
 
 from hearth.config import HFConfig
 from hearth.errors import LoadError
+
+logger = logging.getLogger("hearth")
 
 _REMOTE_CODE_HINT = ("hearth never runs model code shipped with a checkpoint; use a model whose architecture "
                      "hearth supports natively")
@@ -122,6 +125,7 @@ def iter_safetensors(files: list[str], dtype: torch.dtype) -> Iterator[tuple[str
     one decides its format and converts while copying, so no second full copy is made); others go to dtype."""
     for path in files:
         check_safetensors(path)
+        logger.debug("Loading weight file %s", path)
         with safe_open(path, framework="pt") as f:
             for name in f.keys():
                 t = f.get_tensor(name)

@@ -118,6 +118,8 @@ def check_requested(spec: QuantSpec | None, requested: str | None, folder: str) 
             raise LoadError(f"--quantization {requested} needs a {requested} checkpoint, and {folder}'s config.json "
                             "has no quantization_config: drop the flag, or use int8 / int4 to quantize at load")
         return
+    if requested == "int8" and spec.method == "bitsandbytes" and spec.bits == 8:
+        return  # (quantization_config=BitsAndBytesConfig(load_in_8bit=True) asks for int8: an LLM.int8 checkpoint is)
     if requested not in (None, "auto", spec.method):
         raise LoadError(f"{folder} is already quantized ({spec.method}): drop --quantization {requested} "
                         f"(or pass --quantization {spec.method})")

@@ -22,7 +22,7 @@ from hearth.loader import checks, hf_quant, lm_head, memory_fit
 from hearth.errors import LoadError
 from hearth.layers.pooler import PoolerConfig, read_sentence_transformers_config, sentence_transformers_max_len
 from hearth.loader.hf_folder import iter_safetensors, read_generation_config, read_hf_config, safetensors_files
-from hearth.models.registry import get_model_class, supported_architectures
+from hearth.models.registry import family_of, get_model_class, supported_architectures
 from hearth.platform import release_calling_thread
 from hearth.tokenizer import Tokenizer, builtin_templates, resolve_chat_template
 from hearth.weights import prepare
@@ -141,6 +141,8 @@ def load_model(args: EngineArgs, shard: Callable[[nn.Module], object] | None = N
     # (a rank's slice must not be cached under the whole checkpoint's name)
     prepare.prepare_model(loaded.model, path if shard is None else None, loaded.model_config.dtype,
                           getattr(shard, "world", 1))
+    logger.info("Loaded model architecture: %s (hearth family %s)", loaded.model_config.architecture,
+                family_of(loaded.model_config.architecture))  # (the line field reports tell users to look for)
     logger.info("loaded %s (%s, %s) in %.1f s", path, loaded.model_config.architecture,
                 str(loaded.model_config.dtype).removeprefix("torch."), time.perf_counter() - t0)
     return loaded
@@ -273,6 +275,10 @@ def _load_gguf(path: str, args: EngineArgs, before_load: Callable[[nn.Module], N
 
     if not path.endswith(".gguf"):
         raise LoadError(f"{path} is a file but not a .gguf: pass a .gguf file or an HF model folder")
+    if args.quantization == "bitsandbytes":  # (also what quantization_config=BitsAndBytesConfig(4-bit) sets)
+        raise LoadError(f"{path}: --quantization bitsandbytes (or a 4-bit quantization_config) quantizes an HF "
+                        "folder's float weights; a GGUF file is already quantized: drop it, or pass an HF folder")
+    logger.debug("Loading weight file %s", path)
     ckpt = load_gguf(path)  # (maps the file: nothing is read into memory yet)
     hf_cfg = ckpt.hf_config
     dtype = resolve_model_dtype(args.dtype, hf_cfg)

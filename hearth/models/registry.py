@@ -34,6 +34,11 @@ def supported_architectures() -> list[str]:
     return sorted(_MODELS)
 
 
+def family_of(architecture: str) -> str:
+    """The hearth.models module implementing an architecture (its "family", as the start-up log names it)."""
+    return _MODELS[architecture][0] if architecture in _MODELS else "?"
+
+
 def get_model_class(architecture: str) -> type[nn.Module]:
     if architecture not in _MODELS:
         raise ValueError(f"unsupported architecture {architecture!r}; hearth supports: "

@@ -138,11 +138,13 @@ def test_lower_layers_never_import_higher_ones() -> None:
 # Every package and top-level module, lowest first. A module imports (anywhere, lazily too) only from its own layer
 # and the layers below it; inside the base layer, kernels is below the rest (the rule above).
 LAYERS: list[tuple[str, ...]] = [
-    ("hearth.errors", "hearth.envs", "hearth.platform", "hearth.heap", "hearth.kernels"),
+    ("hearth.errors", "hearth.envs", "hearth.platform", "hearth.platforms", "hearth.log_level", "hearth.heap",
+     "hearth.kernels"),
     ("hearth.weights",),
     ("hearth.tokenizer", "hearth.structured", "hearth.sampling_params", "hearth.pooling_params", "hearth.detokenizer",
-     "hearth.generation_defaults", "hearth.vllm_compat", "hearth.arg_fields", "hearth.engine_args", "hearth.config",
-     "hearth.kv_sizing", "hearth.metrics", "hearth.metrics_merge", "hearth.lora", "hearth.multimodal"),
+     "hearth.generation_defaults", "hearth.quantization_config", "hearth.vllm_compat", "hearth.arg_fields",
+     "hearth.engine_args", "hearth.config", "hearth.kv_sizing", "hearth.metrics", "hearth.metrics_merge",
+     "hearth.lora", "hearth.multimodal"),
     ("hearth.layers",),
     ("hearth.models",),
     ("hearth.loader",),

@@ -20,9 +20,10 @@ if TYPE_CHECKING:
     from hearth.entrypoints.openai.serving_build import ServeOptions
     from hearth.ray.plan import AppPlan
 
-# vLLM flags accepted so a `vllm serve` command line runs unchanged; they mean nothing here (their --help says so).
+# vLLM flags (and field reports' flags) accepted so their command lines run unchanged; they mean nothing here
+# (their --help says so).
 VLLM_NO_OPS = frozenset({"disable_log_requests", "load_format", "enable_chunked_prefill",
-                         "distributed_executor_backend"})
+                         "distributed_executor_backend", "num_gpu_blocks", "cpu_kv_cache"})
 RAY_FLAGS = ("ray_address", "num_replicas", "min_replicas", "max_replicas", "target_ongoing_requests",
              "num_cpus_per_replica")
 ROUTER_FLAGS = ("models_dir", "models_config", "max_loaded_models", "models_memory", "idle_unload_seconds",
