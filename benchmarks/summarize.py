@@ -244,6 +244,31 @@ def _avx2_table(rows: dict[str, dict[str, list[float]]], forced: bool = True) ->
     return lines
 
 
+LAB_SERVERS = {"hearth": "hearth", "llama": "llama-server"}
+
+
+def lab(results: str) -> dict[tuple[str, int], list[dict]]:
+    """{(server, students): [that level's run, per round]} from lab.sh's files (lab_<server>_q4_0_r<N>.json)."""
+    out: dict[tuple[str, int], list[dict]] = {}
+    for path in sorted(_glob(results, "lab_*_q4_0_r*.json"), key=lambda p: int(re.search(r"_r(\d+)\.json", p)[1])):
+        server = LAB_SERVERS[os.path.basename(path).split("_")[1]]
+        for run in _load(path)["runs"]:
+            out.setdefault((server, run["students"]), []).append(run)
+    return out
+
+
+def _lab_table(rows: dict[tuple[str, int], list[dict]]) -> list[str]:
+    lines = ["| server | students | TTFT p95 s, per round | slowest tenth's decode tok/s, per round | output tok/s, "
+             "per round | holds |", "|---|---|---|---|---|---|"]
+    for (server, students), runs in sorted(rows.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        held = [r["holds"] for r in runs]
+        lines.append(f"| {server} | {students} | {_fmt([r['ttft_s_p95'] for r in runs], '{:.2f}')} | "
+                     f"{_fmt([r['decode_tok_s_p10'] for r in runs], '{:.2f}')} | "
+                     f"{_fmt([r['output_tok_s'] for r in runs], '{:.1f}')} | "
+                     f"{'yes' if all(held) else 'no' if not any(held) else 'in some rounds'} |")
+    return lines
+
+
 def render(results: str) -> list[str]:
     """The generated part of BENCHMARKS.md: one table per case, each under the meta line of the script behind it."""
     lines: list[str] = []
@@ -285,6 +310,14 @@ def render(results: str) -> list[str]:
                   f"{_meta(results, 'avx2')} {how}; the two alternate, a round each. "
                   "Decode at N in flight: `hearth bench latency --batch-size N` against llama-batched-bench's S_TG.",
                   "", *_avx2_table(rows, _avx2_forced(results)), ""]
+    if rows := lab(results):
+        lines += ["## The school lab: how many students two cores hold (issue 55)", "",
+                  f"`benchmarks/lab.sh`, Qwen2.5-0.5B shape Q4_0 GGUF, `hearth bench lab` against both servers: each "
+                  "simulated student asks a shared 250-word course preamble plus a 30-word question of its own "
+                  "(about 500 tokens), reads the 128-token answer for 3-10 s, asks again; a level holds when TTFT p95 "
+                  "<= 2 s and the slowest tenth of answers stream at >= 5 tok/s. Both get the same text prompts; "
+                  f"llama-server one slot per student. {_meta(results, 'lab')} The two alternate, a round each.", "",
+                  *_lab_table(rows), ""]
     if rows := ab(results):
         lines += ["## Before / after (issue 43, architecture step 2: one engine client, token ids only in the engine, "
                   "configuration declared once)", "",
