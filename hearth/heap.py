@@ -51,3 +51,9 @@ def give_back() -> None:
     trim = getattr(_libc(), "malloc_trim", None)
     if trim is not None:
         trim(0)
+
+
+def free_bytes() -> int:
+    """Bytes malloc keeps free in its arenas for reuse (0 off glibc): what give_back could return."""
+    fn = _mallinfo2()
+    return fn().fordblks if fn is not None else 0

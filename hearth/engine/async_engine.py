@@ -15,6 +15,7 @@ import weakref
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 
+from hearth import heap
 from hearth.engine.llm_engine import EngineStats, LLMEngine
 from hearth.engine.output_processor import OutputProcessor, StopRequest
 from hearth.engine.outputs import StepOutput
@@ -156,6 +157,18 @@ class RequestStream:
             self.finished = self.aborted = True
             self.engine.abort(self.request_ids)
             self._state.queue.put_nowait(END)
+
+
+# Freed heap kept beyond this when the engine goes idle is given back to the OS. While steps run, glibc keeps what
+# they free (platform.keep_freed_memory: a prefill's activations are reused, not faulted in again); kept after the
+# last request, it is RSS nobody uses (a worker's grew with each new peak of its step shapes).
+IDLE_GIVE_BACK_BYTES = 64 << 20
+
+
+def give_back_when_idle() -> None:
+    """On the engine thread, once the last request has finished: return the kept heap if it is worth it."""
+    if heap.free_bytes() > IDLE_GIVE_BACK_BYTES:
+        heap.give_back()
 
 
 class AsyncEngine:
@@ -318,7 +331,8 @@ class AsyncEngine:
                 self._apply(cmd)
             if stop and not engine.has_unfinished_requests():
                 break
-            if engine.has_unfinished_requests() and self.dead is None:
+            stepped = engine.has_unfinished_requests() and self.dead is None
+            if stepped:
                 try:
                     outputs = engine.step()
                     self._dispatch(outputs)
@@ -332,6 +346,8 @@ class AsyncEngine:
             self._publish_stats()
             if finished:
                 self._wait_for_refill()
+            if stepped and not engine.has_unfinished_requests():
+                give_back_when_idle()
 
     def _wait_for_refill(self) -> None:
         """After a step that finished requests, with a free slot and nobody waiting: give clients up to
