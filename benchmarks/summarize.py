@@ -50,14 +50,19 @@ def _before_after(results: str, head: str, tail: str) -> list[str]:
     return _glob(results, f"{head}before{tail}") + _glob(results, f"{head}after{tail}")
 
 
+QUIET_LOAD = 0.5  # a run that started above this load average is marked noisy
+
+
 def _meta(results: str, name: str) -> str:
     path = os.path.join(results, f"meta_{name}.json")
     if not os.path.exists(path):
         return ""
     m = _load(path)
     cpu = f"{m['cpu']}, " if m.get("cpu") else ""
+    noisy = (" **Noisy: the machine was not quiet at the start (load average over 0.5); indicative only until "
+             "rerun.**" if m["loadavg"] >= QUIET_LOAD else "")
     return (f"Measured {m['date']} at {m['commit']} ({cpu}{m['cpus']} vCPUs, load average {m['loadavg']:.1f} at the "
-            "start).")
+            f"start).{noisy}")
 
 
 def _fmt(values: list[float], fmt: str) -> str:
