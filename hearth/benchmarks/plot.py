@@ -32,15 +32,7 @@ def plot_serve(runs: list[dict], path: str, title: str) -> None:
     ax_tp.plot(xs, [r["output_tok_s"] for r in runs], "o-", label="output tok/s")
     ax_tp.plot(xs, [r["total_tok_s"] for r in runs], "s--", label="total tok/s")
     ax_tp.set(xlabel="max concurrency", ylabel="tokens/s", title="throughput")
-    for ax in (ax_lat, ax_itl, ax_tp):
-        ax.set_xticks(xs)
-        ax.grid(alpha=0.3)
-        ax.legend()
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    print(f"wrote {path}")
+    _save(plt, fig, (ax_lat, ax_itl, ax_tp), xs, title, path)
 
 
 def plot_lab(data: dict, path: str) -> None:
@@ -62,13 +54,18 @@ def plot_lab(data: dict, path: str) -> None:
     ax_dec.set(xlabel="students", ylabel="tokens/s per answer", title="answer streaming speed")
     ax_tp.plot(xs, [r["output_tok_s"] for r in runs], "o-", label="output tok/s, all students")
     ax_tp.set(xlabel="students", ylabel="tokens/s", title="throughput")
-    for ax in (ax_ttft, ax_dec, ax_tp):
+    largest = data["largest_holding"]
+    _save(plt, fig, (ax_ttft, ax_dec, ax_tp), xs, f"{data['model']}: {data['preamble_len']} + {data['question_len']} "
+          f"in / {data['output_len']} out; " + (f"holds {largest} students" if largest else "no level holds"), path)
+
+
+def _save(plt, fig, axes, xs: list, title: str, path: str) -> None:
+    """The panels' shared finish (ticks at the measured levels, grid, legend), the title, the PNG."""
+    for ax in axes:
         ax.set_xticks(xs)
         ax.grid(alpha=0.3)
         ax.legend()
-    largest = data["largest_holding"]
-    fig.suptitle(f"{data['model']}: {data['preamble_len']} + {data['question_len']} in / {data['output_len']} out; "
-                 + (f"holds {largest} students" if largest else "no level holds"))
+    fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
