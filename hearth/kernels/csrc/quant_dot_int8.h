@@ -66,6 +66,32 @@ static inline __m256i i8_block(__m256i acc, __m256i w, const int8_t* qx) {
   return D::dot(acc, _mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
 }
 
+// dx times the weight row's scale of block b, per lane (kSpg -1: per channel, the row's scale applied at the end;
+// -2: 16-weight groups, lanes 0..3 sum weights 0..15 and lanes 4..7 16..31). micro_i8 and tile_i8_x16 share it, so
+// their float steps stay the same.
+template <int kSpg, class S>
+static inline __m256 i8_factor(float dx, const S* sc, int64_t b, int64_t spg) {
+  if constexpr (kSpg == -1)
+    return _mm256_set1_ps(dx);
+  else if constexpr (kSpg == -2)
+    return _mm256_mul_ps(_mm256_set1_ps(dx), pair_scales<1, S>(sc, b, 1));
+  else
+    return _mm256_set1_ps(dx * to_f32(sc[group_of<kSpg>(b, spg)]));
+}
+
+// Output (m, n) of the int8 kernels from its lanes: the sum, per channel its scale, the bias. Per channel with a
+// bias: one explicit fma. Written as s * scale + bias, the compiler fused it in some instantiations (MR, NR) and not
+// in others, so a row's result moved by an ulp with the rows beside it.
+template <int kSpg, class S>
+static inline void i8_store(const Problem& a, __m256 acc, const S* sc, int64_t m, int64_t n) {
+  float s = hsum8(acc);
+  if (kSpg == -1)
+    s = a.bias ? __builtin_fmaf(s, to_f32(sc[0]), a.bias[n]) : s * to_f32(sc[0]);
+  else if (a.bias)
+    s += a.bias[n];
+  a.out[m * ldo_of(a) + n] = s;
+}
+
 // Same for int8 weights. kPerChannel: one scale for the row, applied once at the end.
 template <int MR, int NR, int kSpg, bool kX2, class S>
 static inline void micro_i8(const Problem& a, const XQ& xq, int64_t m0, int64_t n0, int64_t rs = 1) {
@@ -95,29 +121,12 @@ static inline void micro_i8(const Problem& a, const XQ& xq, int64_t m0, int64_t 
                         _mm256_sign_epi8(ld256(xq.q2 + (m0 + m) * a.K + b * 32), wv[r]));
         else
           p = i8_block(_mm256_setzero_si256(), wv[r], qx);
-        __m256 f;
-        if constexpr (kSpg == -1)
-          f = _mm256_set1_ps(dx);
-        else if constexpr (kSpg == -2)  // 16-weight groups: lanes 0..3 sum weights 0..15, lanes 4..7 16..31
-          f = _mm256_mul_ps(_mm256_set1_ps(dx), pair_scales<1, S>(sc[r], b, 1));
-        else
-          f = _mm256_set1_ps(dx * to_f32(sc[r][group_of<kSpg>(b, spg)]));
-        acc[m][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), f, acc[m][r]);
+        acc[m][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), i8_factor<kSpg, S>(dx, sc[r], b, spg), acc[m][r]);
       }
     }
   }
   for (int m = 0; m < MR; ++m)
-    for (int r = 0; r < NR; ++r) {
-      const int64_t n = n0 + r * rs;
-      float s = hsum8(acc[m][r]);
-      // per channel with a bias: one explicit fma. Written as s * scale + bias, the compiler fused it in some
-      // instantiations (MR, NR) and not in others, so a row's result moved by an ulp with the rows beside it.
-      if (kSpg == -1)
-        s = a.bias ? __builtin_fmaf(s, to_f32(sc[r][0]), a.bias[n]) : s * to_f32(sc[r][0]);
-      else if (a.bias)
-        s += a.bias[n];
-      a.out[(m0 + m) * ldo_of(a) + n] = s;
-    }
+    for (int r = 0; r < NR; ++r) i8_store<kSpg, S>(a, acc[m][r], sc[r], m0 + m, n0 + r * rs);
 }
 
 #if !HQ_ZMM
@@ -154,27 +163,12 @@ static inline void tile_i8_x16(const Problem& a, const XQ& xq, int64_t m0, int64
       const float dx = xq.d[(m0 + m) * xq.ld_d + b];
       for (int r = 0; r < NR; ++r) {
         const __m256i p = _mm256_add_epi32(_mm256_madd_epi16(we[r], xe), _mm256_madd_epi16(wo[r], xo));
-        __m256 f;
-        if constexpr (kSpg == -1)
-          f = _mm256_set1_ps(dx);
-        else if constexpr (kSpg == -2)
-          f = _mm256_mul_ps(_mm256_set1_ps(dx), pair_scales<1, S>(sc[r], b, 1));
-        else
-          f = _mm256_set1_ps(dx * to_f32(sc[r][group_of<kSpg>(b, spg)]));
-        acc[m][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), f, acc[m][r]);
+        acc[m][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), i8_factor<kSpg, S>(dx, sc[r], b, spg), acc[m][r]);
       }
     }
   }
   for (int m = 0; m < MR; ++m)
-    for (int r = 0; r < NR; ++r) {  // (as micro_i8)
-      const int64_t n = n0 + r * rs;
-      float s = hsum8(acc[m][r]);
-      if (kSpg == -1)
-        s = a.bias ? __builtin_fmaf(s, to_f32(sc[r][0]), a.bias[n]) : s * to_f32(sc[r][0]);
-      else if (a.bias)
-        s += a.bias[n];
-      a.out[(m0 + m) * ldo_of(a) + n] = s;
-    }
+    for (int r = 0; r < NR; ++r) i8_store<kSpg, S>(a, acc[m][r], sc[r], m0 + m, n0 + r * rs);
 }
 
 template <int MR, int NR, class S>
